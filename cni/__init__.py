@@ -1,0 +1,1 @@
+"""rdmanet CNI plugins: the protocol core, host operations and the plugins themselves."""

@@ -1,0 +1,1 @@
+"""The CNI protocol, free of kernel I/O."""

@@ -1,0 +1,85 @@
+"""IPAM delegation (SPEC section 4, pkg/invoke): exec ``ipam.type`` found on CNI_PATH with the
+same environment and the complete stdin; only CNI_COMMAND changes with the verb."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from typing import Optional
+
+from .errors import INVALID_CONFIG, IPAM_FAILURE, CNIError
+from .invocation import Invocation
+from .result import Result
+
+
+def find_plugin(name: str, path: list[str]) -> str:
+    if not name or "/" in name or name in (".", ".."):
+        raise CNIError(INVALID_CONFIG, f"invalid plugin name {name!r}", "a plugin type is a bare binary name found on CNI_PATH")
+    for directory in path:
+        candidate = os.path.join(directory, name)
+        if os.path.isfile(candidate):
+            return candidate
+    raise CNIError(
+        INVALID_CONFIG,
+        f'failed to find plugin "{name}" in path {path}',
+        f"install {name} into one of the CNI_PATH directories or fix ipam.type",
+    )
+
+
+def exec_plugin(name: str, inv: Invocation, command: str, stdin: Optional[bytes] = None) -> Optional[dict]:
+    """Run plugin ``name`` for ``command``; returns its parsed stdout (None when empty)."""
+    binary = find_plugin(name, inv.path)
+    env = dict(inv.env)
+    env["CNI_COMMAND"] = command
+    try:
+        proc = subprocess.run(
+            [binary], input=inv.stdin if stdin is None else stdin, env=env, stdout=subprocess.PIPE, stderr=None, check=False
+        )
+    except OSError as exc:
+        raise CNIError(IPAM_FAILURE, f"cannot run IPAM plugin {binary}: {exc}", "check the plugin binary is executable") from exc
+    out = proc.stdout.strip()
+    if proc.returncode != 0:
+        raise _plugin_error(name, command, out, proc.returncode)
+    if not out:
+        return None
+    try:
+        return json.loads(out)
+    except ValueError as exc:
+        raise CNIError(IPAM_FAILURE, f"IPAM plugin {name} printed invalid JSON for {command}", out[:300].decode(errors="replace")) from exc
+
+
+def _plugin_error(name: str, command: str, out: bytes, returncode: int) -> CNIError:
+    try:
+        doc = json.loads(out)
+        return CNIError(int(doc["code"]), doc.get("msg", ""), doc.get("details", ""))
+    except (ValueError, KeyError, TypeError):
+        text = out[:300].decode(errors="replace")
+        return CNIError(IPAM_FAILURE, f"IPAM plugin {name} failed {command} with exit code {returncode}", text)
+
+
+class IPAM:
+    """The IPAM half of a main plugin: allocate on ADD, release/forward on the other verbs."""
+
+    def __init__(self, ipam_type: str, inv: Invocation) -> None:
+        self.type = ipam_type
+        self.inv = inv
+
+    def add(self) -> Result:
+        doc = exec_plugin(self.type, self.inv, "ADD")
+        result = Result.from_json(doc, f"IPAM plugin {self.type} result")
+        if not result.ips:
+            raise CNIError(IPAM_FAILURE, f"IPAM plugin {self.type} returned no IP configuration", "check the ipam block's ranges")
+        return result
+
+    def delete(self) -> None:
+        exec_plugin(self.type, self.inv, "DEL")
+
+    def check(self) -> None:
+        exec_plugin(self.type, self.inv, "CHECK")
+
+    def gc(self) -> None:
+        exec_plugin(self.type, self.inv, "GC")
+
+    def status(self) -> None:
+        exec_plugin(self.type, self.inv, "STATUS")

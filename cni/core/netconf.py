@@ -1,0 +1,91 @@
+"""The network configuration fields every plugin shares, and pydantic errors turned into CNI errors.
+
+Models are strict (JSON types, no "1500" for 1500) and tolerate unknown keys: runtimes and
+Multus add keys of their own (``deviceID``, ``pciBusID``, ``cni.dev/*``, ``args``).
+Each field's ``description`` is the fix a user reads when the field is wrong.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import INVALID_CONFIG, CNIError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow", populate_by_name=True, frozen=False)
+
+
+class IPAMRef(Model):
+    type: str = Field(min_length=1, description='name the IPAM plugin binary, e.g. "ipam": {"type": "lease-ipam", ...}')
+
+
+class RuntimeConfig(Model):
+    mac: Optional[str] = Field(None, description='runtimeConfig.mac is a MAC address such as "0a:58:0a:01:01:05"')
+    ips: Optional[list[str]] = Field(None, description="runtimeConfig.ips is a list of addresses such as 10.1.1.5/24")
+    deviceID: Optional[str] = Field(None, description="runtimeConfig.deviceID is a PCI address dddd:bb:dd.f or an auxiliary device name")
+    CNIDeviceInfoFile: Optional[str] = Field(None, description="runtimeConfig.CNIDeviceInfoFile is the absolute path Multus gives")
+
+
+class NetConf(Model):
+    cniVersion: str = "0.1.0"
+    name: str
+    type: str
+    ipam: Optional[IPAMRef] = Field(None, description='an object such as {"type": "lease-ipam", "range": "10.1.1.0/24"}')
+    dns: Optional[dict[str, Any]] = None
+    runtimeConfig: RuntimeConfig = Field(default_factory=RuntimeConfig, description="an object set by the runtime from capabilities")
+    prevResult: Optional[dict[str, Any]] = None
+
+
+def _location(loc: tuple) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p)) for i, p in enumerate(loc))
+
+
+def config_error(exc: ValidationError, model: type[BaseModel], prefix: str = "") -> CNIError:
+    """Name every bad field and, for the first, the fix taken from its description."""
+    errors = exc.errors(include_url=False)
+    parts = []
+    for err in errors:
+        where = prefix + _location(err["loc"]) if err["loc"] else (prefix.rstrip(".") or "config")
+        what = err["msg"]
+        if err["type"] == "missing":
+            what = "required field is missing"
+        parts.append(f"{where}: {what}")
+    fix = _fix_for(model, errors[0]["loc"]) if errors else ""
+    return CNIError(INVALID_CONFIG, "invalid network config: " + "; ".join(parts), fix)
+
+
+def _fix_for(model: type[BaseModel], loc: tuple) -> str:
+    """Walk the model along the error location to the deepest field that documents its fix."""
+    fix = ""
+    current: Any = model
+    for part in loc:
+        fields = getattr(current, "model_fields", None)
+        if not fields or not isinstance(part, str) or part not in fields:
+            break
+        info = fields[part]
+        if info.description:
+            fix = info.description
+        current = _model_of(info.annotation)
+    return fix
+
+
+def _model_of(annotation: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def load(model: type[M], data: dict, prefix: str = "") -> M:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise config_error(exc, model, prefix) from None

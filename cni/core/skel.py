@@ -1,0 +1,82 @@
+"""Dispatch of one CNI call to a plugin, and the only place that writes to stdout.
+
+A plugin is an object with ``add``, ``delete``, ``check``, ``gc`` and ``status`` methods, each
+taking an :class:`Invocation`. ``add`` returns a :class:`Result`; the others return None. Any
+failure is a :class:`CNIError`; anything else is a bug, reported as code 999 with the traceback
+on stderr (never on stdout).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import traceback
+from typing import IO, Mapping, Protocol
+
+from .errors import INTERNAL, CNIError
+from .invocation import Invocation, command_from, parse_invocation
+from .result import Result
+from .version import LATEST, SUPPORTED_VERSIONS, version_info
+
+log = logging.getLogger("rdmanet")
+
+
+class Plugin(Protocol):
+    def add(self, inv: Invocation) -> Result: ...
+    def delete(self, inv: Invocation) -> None: ...
+    def check(self, inv: Invocation) -> None: ...
+    def gc(self, inv: Invocation) -> None: ...
+    def status(self, inv: Invocation) -> None: ...
+
+
+def _error_version(stdin: bytes) -> str:
+    """Errors are rendered in the config's version when we can read it, else the latest."""
+    try:
+        version = json.loads(stdin).get("cniVersion")
+    except Exception:
+        return LATEST
+    return version if version in SUPPORTED_VERSIONS else LATEST
+
+
+def handle(plugin: Plugin, environ: Mapping[str, str], stdin: bytes) -> tuple[int, dict | None]:
+    """Run one call; returns (exit code, JSON document to print or None)."""
+    try:
+        if command_from(environ) == "VERSION":
+            return 0, version_info()
+        inv = parse_invocation(environ, stdin)
+        log.debug("%s container=%s ifname=%s netns=%s", inv.command, inv.container_id, inv.ifname, inv.netns)
+        if inv.command == "ADD":
+            return 0, plugin.add(inv).to_json(inv.cni_version)
+        getattr(plugin, {"DEL": "delete"}.get(inv.command, inv.command.lower()))(inv)
+        return 0, None
+    except CNIError as err:
+        log.info("CNI error %d: %s (%s)", err.code, err.msg, err.details)
+        return 1, err.to_dict(_error_version(stdin))
+    except Exception as exc:  # a bug: say so on stdout as a CNI error, traceback on stderr
+        traceback.print_exc(file=sys.stderr)
+        err = CNIError(INTERNAL, f"internal error: {type(exc).__name__}: {exc}", "this is a bug in rdmanet; the traceback is on stderr")
+        return 1, err.to_dict(_error_version(stdin))
+
+
+def configure_logging(environ: Mapping[str, str]) -> None:
+    """Logs go to stderr (libcni passes it through to the runtime's log), never to stdout."""
+    level = environ.get("RDMANET_LOG_LEVEL", "WARNING").upper()
+    logging.basicConfig(stream=sys.stderr, level=getattr(logging, level, logging.WARNING),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+def main(plugin: Plugin, environ: Mapping[str, str] | None = None, stdin: IO[bytes] | None = None,
+         stdout: IO[str] | None = None) -> int:
+    environ = os.environ if environ is None else environ
+    configure_logging(environ)
+    raw = b""
+    if environ.get("CNI_COMMAND") != "VERSION":  # VERSION ignores stdin, which may be a tty
+        raw = (stdin or sys.stdin.buffer).read()
+    code, document = handle(plugin, environ, raw)
+    out = stdout or sys.stdout
+    if document is not None:
+        out.write(json.dumps(document) + "\n")
+        out.flush()
+    return code

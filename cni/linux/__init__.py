@@ -1,0 +1,1 @@
+"""Host operations: network namespaces, links, sysfs lookups, RDMA netlink."""

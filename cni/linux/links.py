@@ -1,0 +1,199 @@
+"""Link, address and route operations over rtnetlink (pyroute2), for a socket in some netns.
+
+Every function takes an open ``IPRoute``; :func:`rtnl_in` opens one inside a namespace. Kernel
+refusals become CNIError 100 (LINK_FAILURE) with the operation and the errno text, so a user
+reads "set MTU 9000 on net1: Invalid argument" rather than a traceback.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+
+from cni.core.errors import LINK_FAILURE, CNIError
+from cni.core.result import IPConfig, Route
+
+from . import netns
+
+IFA_F_TENTATIVE = 0x40
+IFA_F_DADFAILED = 0x08
+MACVLAN_MODES = ("private", "vepa", "bridge", "passthru")
+
+
+@contextmanager
+def rtnl_in(netns_path: Optional[str] = None) -> Iterator[IPRoute]:
+    """An rtnetlink socket bound to ``netns_path`` (the caller's namespace when None)."""
+    if netns_path:
+        with netns.entered(netns_path):
+            ipr = IPRoute()
+    else:
+        ipr = IPRoute()
+    try:
+        yield ipr
+    finally:
+        ipr.close()
+
+
+def kernel_error(action: str, exc: NetlinkError) -> CNIError:
+    return CNIError(LINK_FAILURE, f"{action}: {exc.args[1] if len(exc.args) > 1 else exc}", f"errno {exc.code}")
+
+
+@dataclass
+class Link:
+    index: int
+    name: str
+    kind: str
+    mac: str
+    mtu: int
+    up: bool
+    macvlan_mode: str = ""
+    parent_index: int = 0  # IFLA_LINK
+    parent_netnsid: Optional[int] = None  # IFLA_LINK_NETNSID when the parent is in another netns
+
+    @classmethod
+    def from_msg(cls, msg) -> "Link":
+        return cls(
+            index=msg["index"],
+            name=msg.get("IFLA_IFNAME"),
+            kind=msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_KIND") or "",
+            mac=(msg.get("IFLA_ADDRESS") or "").lower(),
+            mtu=msg.get("IFLA_MTU") or 0,
+            up=bool(msg["flags"] & 1),
+            macvlan_mode=msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_DATA", "IFLA_MACVLAN_MODE") or "",
+            parent_index=msg.get("IFLA_LINK") or 0,
+            parent_netnsid=msg.get("IFLA_LINK_NETNSID"),
+        )
+
+
+def find_link(ipr: IPRoute, name: str) -> Optional[Link]:
+    try:
+        return Link.from_msg(ipr.link("get", ifname=name)[0])
+    except NetlinkError as exc:
+        if exc.code == errno.ENODEV:
+            return None
+        raise kernel_error(f"look up link {name}", exc) from exc
+
+
+def link_by_index(ipr: IPRoute, index: int) -> Optional[Link]:
+    try:
+        return Link.from_msg(ipr.link("get", index=index)[0])
+    except NetlinkError as exc:
+        if exc.code == errno.ENODEV:
+            return None
+        raise kernel_error(f"look up link #{index}", exc) from exc
+
+
+def default_route_link(ipr: IPRoute) -> Optional[str]:
+    """Name of the interface of the first default route (IPv4 first, then IPv6), like Go macvlan."""
+    for family in (2, 10):
+        for route in ipr.get_routes(family=family, table=254):
+            if route["dst_len"] == 0 and route.get("RTA_OIF"):
+                link = link_by_index(ipr, route.get("RTA_OIF"))
+                if link:
+                    return link.name
+            for hop in route.get("RTA_MULTIPATH") or []:
+                link = link_by_index(ipr, hop["oif"])
+                if route["dst_len"] == 0 and link:
+                    return link.name
+    return None
+
+
+def create_macvlan(ipr: IPRoute, name: str, master_index: int, mode: str, netns_fd: Optional[int],
+                   mac: Optional[str], mtu: Optional[int]) -> None:
+    """Create a macvlan of ``master_index``; with ``netns_fd`` it is born inside that namespace."""
+    spec = {"ifname": name, "kind": "macvlan", "link": master_index, "macvlan_mode": mode}
+    if netns_fd is not None:
+        spec["net_ns_fd"] = netns_fd
+    if mac:
+        spec["address"] = mac
+    if mtu:
+        spec["mtu"] = mtu
+    try:
+        ipr.link("add", **spec)
+    except NetlinkError as exc:
+        raise kernel_error(f"create macvlan {name} on master #{master_index} (mode {mode})", exc) from exc
+
+
+def rename(ipr: IPRoute, index: int, name: str) -> None:
+    try:
+        ipr.link("set", index=index, ifname=name)
+    except NetlinkError as exc:
+        raise kernel_error(f"rename link #{index} to {name}", exc) from exc
+
+
+def set_up(ipr: IPRoute, index: int) -> None:
+    try:
+        ipr.link("set", index=index, state="up")
+    except NetlinkError as exc:
+        raise kernel_error(f"set link #{index} up", exc) from exc
+
+
+def delete(ipr: IPRoute, index: int) -> None:
+    try:
+        ipr.link("del", index=index)
+    except NetlinkError as exc:
+        if exc.code != errno.ENODEV:
+            raise kernel_error(f"delete link #{index}", exc) from exc
+
+
+def addresses(ipr: IPRoute, index: int) -> list[ipaddress.IPv4Interface | ipaddress.IPv6Interface]:
+    return [
+        ipaddress.ip_interface(f"{a.get('IFA_ADDRESS')}/{a['prefixlen']}")
+        for a in ipr.get_addr(index=index)
+    ]
+
+
+def routes(ipr: IPRoute, index: int) -> list[Route]:
+    """Main-table routes through link ``index`` (dst, gw)."""
+    out = []
+    for family in (2, 10):
+        for r in ipr.get_routes(family=family, oif=index, table=254):
+            dst = r.get("RTA_DST") or ("0.0.0.0" if family == 2 else "::")
+            gw = r.get("RTA_GATEWAY")
+            out.append(Route(dst=ipaddress.ip_network(f"{dst}/{r['dst_len']}", strict=False),
+                             gw=ipaddress.ip_address(gw) if gw else None))
+    return out
+
+
+def configure(ipr: IPRoute, index: int, ifname: str, ips: list[IPConfig], route_list: list[Route]) -> None:
+    """Addresses, link up, then routes; a route without ``gw`` goes via the family's gateway
+    (pkg/ipam ConfigureIface). Waits up to 5 s for IPv6 DAD when an IPv6 gateway is used."""
+    for ip in ips:
+        try:
+            ipr.addr("add", index=index, address=str(ip.address.ip), prefixlen=ip.address.network.prefixlen)
+        except NetlinkError as exc:
+            raise kernel_error(f"add address {ip.address} to {ifname}", exc) from exc
+    set_up(ipr, index)
+    gateways = {ip.family: ip.gateway for ip in ips if ip.gateway is not None}
+    if 6 in gateways:
+        settle_ipv6(ipr, index, timeout=5.0)
+    for route in route_list:
+        gw = route.gw if route.gw is not None else gateways.get(route.dst.version)
+        spec = {"dst": str(route.dst), "oif": index}
+        if gw is not None:
+            spec["gateway"] = str(gw)
+        for key in ("priority", "table", "scope"):
+            if getattr(route, key) is not None:
+                spec[key] = getattr(route, key)
+        try:
+            ipr.route("add", **spec)
+        except NetlinkError as exc:
+            raise kernel_error(f"add route {route.dst} via {gw} dev {ifname}", exc) from exc
+
+
+def settle_ipv6(ipr: IPRoute, index: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        flags = [a.get("IFA_FLAGS", a["flags"]) for a in ipr.get_addr(index=index, family=10)]
+        if any(f & IFA_F_DADFAILED for f in flags):
+            raise CNIError(LINK_FAILURE, f"IPv6 duplicate address detection failed on link #{index}", "the address is in use on the network")
+        if not any(f & IFA_F_TENTATIVE for f in flags):
+            return
+        time.sleep(0.05)

@@ -1,0 +1,71 @@
+"""Network namespaces, entered per thread.
+
+``setns(2)`` changes only the calling thread, so the daemon can serve several pods at once as
+long as every entry is undone: :func:`entered` always switches back, also on error. A netlink
+socket keeps the namespace it was created in, so the usual pattern is "enter, open a socket,
+leave" (:func:`netlink_in`), after which the socket works from the host namespace.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+from contextlib import contextmanager
+from typing import Iterator
+
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class NetnsGone(Exception):
+    """The namespace path does not exist (any more)."""
+
+
+def _setns(fd: int) -> None:
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns: {os.strerror(err)}")
+
+
+def open_netns(path: str) -> int:
+    """An fd for the namespace at ``path``; NetnsGone if it vanished, OSError otherwise."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError as exc:
+        raise NetnsGone(path) from exc
+
+
+def current_netns_fd() -> int:
+    return os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+
+
+@contextmanager
+def entered(path: str) -> Iterator[int]:
+    """Run the body with this thread inside the namespace at ``path``; yields its fd."""
+    target = open_netns(path)
+    own = current_netns_fd()
+    try:
+        try:
+            _setns(target)
+        except OSError as exc:
+            if exc.errno == errno.EINVAL:
+                raise NetnsGone(f"{path} is not a network namespace") from exc
+            raise
+        try:
+            yield target
+        finally:
+            _setns(own)
+    finally:
+        os.close(own)
+        os.close(target)
+
+
+def same_netns(path: str) -> bool:
+    """True when ``path`` is the namespace this thread is in (SPEC: refuse to work on it)."""
+    try:
+        a = os.stat(path)
+    except OSError:
+        return False
+    b = os.stat("/proc/thread-self/ns/net")
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)

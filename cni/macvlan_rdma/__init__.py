@@ -1,0 +1,1 @@
+"""macvlan-rdma: a macvlan sub-interface of an RDMA NIC port, aware of the RDMA device it shares."""

@@ -1,0 +1,246 @@
+"""macvlan-rdma verbs, as short steps over cni.core and cni.linux (cni-contract section 6).
+
+ADD: check RDMA policy, resolve the master, create the macvlan inside the pod netns under a
+temporary name, rename it, let IPAM allocate, configure addresses and routes, write the
+device-info file. Every step is undone if a later one fails. DEL releases IPAM first and then
+deletes the link; a netns or link that is already gone is success.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+from contextlib import ExitStack, contextmanager
+from typing import Optional
+
+from cni.core.errors import CHECK_FAILED, INVALID_CONFIG, INVALID_ENVIRONMENT, INVALID_NETNS, NOT_AVAILABLE, CNIError
+from cni.core.invocation import Invocation
+from cni.core.ipam_exec import IPAM
+from cni.core.rdma_policy import SharedDecision, decide_shared
+from cni.core.result import DNS, Interface, Result
+from cni.linux import links, netns, sysctl
+from cni.linux.links import Link
+
+from .config import MacvlanConf, effective_mac, load_conf
+
+log = logging.getLogger("rdmanet.macvlan-rdma")
+
+
+class MacvlanRdma:
+    def add(self, inv: Invocation) -> Result:
+        conf = load_conf(inv)
+        mac = effective_mac(conf, inv)
+        _refuse_own_netns(inv)
+        with ExitStack() as stack:
+            host = stack.enter_context(links.rtnl_in())
+            pod = stack.enter_context(_pod_rtnl(inv.netns))
+            master = _master(conf, host, pod)
+            rdma = _rdma_decision(conf, master.name)
+            if pod_link := links.find_link(pod, inv.ifname):
+                raise CNIError(INVALID_ENVIRONMENT, f"CNI_IFNAME {inv.ifname} already exists in {inv.netns} (a {pod_link.kind or 'link'})",
+                               "choose another interface name, or DEL the attachment that owns it first")
+            undo = stack.enter_context(ExitStack())
+            link = _create(conf, inv, host if not conf.linkInContainer else pod, pod, master, mac)
+            undo.callback(links.delete, pod, link.index)
+            result = Result(interfaces=[Interface(name=inv.ifname, mac=link.mac, sandbox=inv.netns, mtu=link.mtu)])
+            if conf.ipam:
+                ipam = IPAM(conf.ipam.type, inv)
+                allocated = ipam.add()
+                undo.callback(_quietly, ipam.delete)
+                for ip in allocated.ips:
+                    ip.interface = 0
+                result.ips, result.routes, result.dns = allocated.ips, allocated.routes, allocated.dns
+                with netns.entered(inv.netns):
+                    sysctl.set_interface_sysctl("ipv4", inv.ifname, "arp_notify", "1")
+                    sysctl.set_interface_sysctl("ipv6", inv.ifname, "ndisc_notify", "1")
+                links.configure(pod, link.index, inv.ifname, result.ips, result.routes)
+            else:
+                links.set_up(pod, link.index)
+            if conf.dns:
+                result.dns = DNS.from_json(conf.dns)
+            _report_rdma(rdma, conf, inv, master.name)
+            undo.pop_all()
+            return result
+
+    def delete(self, inv: Invocation) -> None:
+        conf = load_conf(inv)
+        if conf.ipam:
+            IPAM(conf.ipam.type, inv).delete()
+        if not inv.netns:
+            return
+        _refuse_own_netns(inv)
+        try:
+            with links.rtnl_in(inv.netns) as pod:
+                link = links.find_link(pod, inv.ifname)
+                if link is None:
+                    return
+                if link.kind != "macvlan":
+                    log.warning("DEL: %s in %s is a %s, not a macvlan; leaving it", inv.ifname, inv.netns, link.kind or "link")
+                    return
+                links.delete(pod, link.index)
+        except netns.NetnsGone:
+            log.info("DEL: netns %s is gone; nothing to remove", inv.netns)
+
+    def check(self, inv: Invocation) -> None:
+        conf = load_conf(inv)
+        if conf.prevResult is None:
+            raise CNIError(INVALID_CONFIG, "CHECK: required prevResult missing", "the runtime passes the ADD result as prevResult")
+        prev = Result.from_json(conf.prevResult, "prevResult")
+        if conf.ipam:
+            IPAM(conf.ipam.type, inv).check()
+        expected = next((i for i in prev.interfaces if i.name == inv.ifname and i.sandbox == inv.netns), None)
+        if expected is None:
+            raise CHECKFail(f"prevResult has no interface {inv.ifname} in sandbox {inv.netns}")
+        try:
+            with links.rtnl_in() as host, links.rtnl_in(inv.netns) as pod:
+                master = _master(conf, host, pod)
+                link = links.find_link(pod, inv.ifname)
+                _check_link(conf, link, expected, master, inv)
+                _check_addresses(pod, link, prev, expected_index=prev.interfaces.index(expected))
+                _check_routes(pod, prev)
+        except netns.NetnsGone:
+            raise CHECKFail(f"netns {inv.netns} does not exist") from None
+
+    def gc(self, inv: Invocation) -> None:
+        # macvlan-rdma keeps no state of its own: links die with their netns.
+        conf = load_conf(inv)
+        if conf.ipam:
+            IPAM(conf.ipam.type, inv).gc()
+
+    def status(self, inv: Invocation) -> None:
+        conf = load_conf(inv)
+        if conf.master and not conf.linkInContainer:
+            with links.rtnl_in() as host:
+                if links.find_link(host, conf.master) is None:
+                    raise CNIError(NOT_AVAILABLE, f"master {conf.master} does not exist", "create the interface or fix master")
+        if conf.ipam:
+            IPAM(conf.ipam.type, inv).status()
+
+
+def CHECKFail(msg: str) -> CNIError:
+    return CNIError(CHECK_FAILED, f"CHECK: {msg}", "DEL and ADD the attachment again to repair it")
+
+
+def _quietly(fn) -> None:
+    try:
+        fn()
+    except Exception as exc:  # rollback must not hide the original error
+        log.warning("rollback step failed: %s", exc)
+
+
+def _refuse_own_netns(inv: Invocation) -> None:
+    if inv.netns and netns.same_netns(inv.netns) and inv.env.get("CNI_NETNS_OVERRIDE", "").lower() not in ("1", "true"):
+        raise CNIError(INVALID_NETNS, f"CNI_NETNS {inv.netns} is the plugin's own network namespace", "pass the pod's network namespace")
+
+
+@contextmanager
+def _pod_rtnl(path: str):
+    try:
+        with links.rtnl_in(path) as pod:
+            yield pod
+    except netns.NetnsGone:
+        raise CNIError(INVALID_ENVIRONMENT, f"CNI_NETNS {path} does not exist", "pass an existing network namespace path") from None
+
+
+def _master(conf: MacvlanConf, host, pod) -> Link:
+    where = pod if conf.linkInContainer else host
+    name = conf.master or links.default_route_link(where)
+    if not name:
+        raise CNIError(INVALID_CONFIG, "master is not set and there is no default route to take it from",
+                       "set \"master\" to the RDMA NIC port, e.g. \"master\": \"ens1f0\"")
+    link = links.find_link(where, name)
+    if link is None:
+        ns = "the pod's" if conf.linkInContainer else "the host"
+        raise CNIError(INVALID_CONFIG, f"master {name!r} does not exist in {ns} network namespace",
+                       "set \"master\" to an existing interface (see 'ip link')")
+    if conf.mtu and conf.mtu > link.mtu:
+        raise CNIError(INVALID_CONFIG, f"invalid network config: mtu {conf.mtu} is above master {name}'s MTU {link.mtu}",
+                       f"set mtu between 0 and {link.mtu}")
+    return link
+
+
+def _create(conf: MacvlanConf, inv: Invocation, creator, pod, master: Link, mac: Optional[str]) -> Link:
+    """Create under a temporary name inside the pod netns, then rename to CNI_IFNAME."""
+    tmp = f"mvr{secrets.token_hex(4)}"
+    pod_fd = None if conf.linkInContainer else netns.open_netns(inv.netns)
+    try:
+        links.create_macvlan(creator, tmp, master.index, conf.mode, pod_fd, mac, conf.mtu or None)
+    finally:
+        if pod_fd is not None:
+            os.close(pod_fd)
+    link = links.find_link(pod, tmp)
+    try:
+        links.rename(pod, link.index, inv.ifname)
+    except CNIError:
+        links.delete(pod, link.index)
+        raise
+    return links.link_by_index(pod, link.index)
+
+
+def _rdma_decision(conf: MacvlanConf, master: str) -> SharedDecision:
+    if conf.rdma == "off":
+        return SharedDecision(None)
+    from cni.linux import rdma_netlink, sysfs
+
+    devices = sysfs.rdma_devices_for_netdev(master, root=sysfs_root())
+    mode = rdma_netlink.netns_mode() if devices or conf.rdma == "required" else None
+    return decide_shared(conf.rdma, master, devices, mode)
+
+
+def sysfs_root() -> str:
+    """Test hook: point sysfs lookups at a fake tree (the real kernel's is used otherwise)."""
+    return os.environ.get("RDMANET_SYSFS_ROOT", "/")
+
+
+def _report_rdma(decision: SharedDecision, conf: MacvlanConf, inv: Invocation, master: str) -> None:
+    if decision.warning:
+        log.warning("%s", decision.warning)
+    if decision.device is None:
+        return
+    log.info("%s/%s: shared RDMA device %s of master %s", inv.container_id[:12], inv.ifname, decision.device, master)
+    path = conf.runtimeConfig.CNIDeviceInfoFile
+    if path:
+        from cni.linux import device_info, sysfs
+
+        device_info.write_rdma_device_info(
+            path, pci_address=sysfs.pci_address_of_netdev(master, root=sysfs_root()), rdma_device=decision.device
+        )
+
+
+def _check_link(conf: MacvlanConf, link: Optional[Link], expected: Interface, master: Link, inv: Invocation) -> None:
+    if link is None:
+        raise CHECKFail(f"interface {inv.ifname} is missing from {inv.netns}")
+    if link.kind != "macvlan":
+        raise CHECKFail(f"{inv.ifname} is a {link.kind or 'plain link'}, not a macvlan")
+    if link.macvlan_mode != conf.mode:
+        raise CHECKFail(f"{inv.ifname} is in macvlan mode {link.macvlan_mode}, expected {conf.mode}")
+    if expected.mac and link.mac != expected.mac.lower():
+        raise CHECKFail(f"{inv.ifname} has MAC {link.mac}, expected {expected.mac}")
+    if link.parent_index != master.index:
+        raise CHECKFail(f"{inv.ifname} is not on master {master.name}")
+    if conf.mtu and link.mtu != conf.mtu:
+        raise CHECKFail(f"{inv.ifname} has MTU {link.mtu}, expected {conf.mtu}")
+
+
+def _check_addresses(pod, link: Link, prev: Result, expected_index: int) -> None:
+    present = set(links.addresses(pod, link.index))
+    for ip in prev.ips:
+        if ip.interface is not None and ip.interface != expected_index:
+            continue
+        if ip.address not in present:
+            raise CHECKFail(f"address {ip.address} is missing from {link.name}")
+
+
+def _check_routes(pod, prev: Result) -> None:
+    if not prev.routes:
+        return
+    gateways = {ip.family: ip.gateway for ip in prev.ips if ip.gateway is not None}
+    present = set()
+    for link_msg in pod.get_links():
+        for route in links.routes(pod, link_msg["index"]):
+            present.add((route.dst, route.gw))
+    for route in prev.routes:
+        gw = route.gw if route.gw is not None else gateways.get(route.dst.version)
+        if (route.dst, gw) not in present:
+            raise CHECKFail(f"route {route.dst} via {gw} is missing")

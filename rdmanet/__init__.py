@@ -1,0 +1,1 @@
+"""rdmanet's operator CLI."""

@@ -1,0 +1,38 @@
+"""The `rdmanet` operator CLI.
+
+Commands: ``demo`` (attach a network namespace with the embedded defaults and show it),
+``version``. The daemon, doctor and IPAM views join here as they land.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rdmanet", description="rdmanet: RDMA-aware CNI plugins for Multus")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="attach a network namespace with macvlan-rdma + lease-ipam and show the result")
+    demo.add_argument("--master", help="host interface to put the macvlan on (default: a local veth pair the demo creates)")
+    demo.add_argument("--netns", default="rdmanet-demo", help="namespace name under /run/netns (default: %(default)s)")
+    demo.add_argument("--cni-path", default="/opt/cni/bin", help="where the plugins are installed (default: %(default)s)")
+    demo.add_argument("--keep", action="store_true", help="leave the namespace attached; 'rdmanet demo --down' removes it")
+    demo.add_argument("--down", action="store_true", help="detach (CNI DEL) and remove what a --keep run left")
+
+    sub.add_parser("version", help="print the version")
+
+    args = parser.parse_args(argv)
+    if args.command == "version":
+        from importlib.metadata import version
+
+        print(version("rdmanet"))
+        return 0
+    from .demo import run_demo
+
+    return run_demo(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

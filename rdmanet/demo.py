@@ -1,0 +1,114 @@
+"""`rdmanet demo`: what a container runtime does for a pod, done once by hand.
+
+It execs the installed ``macvlan-rdma`` exactly as a runtime would (CNI env + stdin), with the
+embedded default network below: a macvlan in bridge mode and an address from lease-ipam's
+embedded file store. This machine may have no RDMA NIC, so unless ``--master`` names a real
+port, the demo creates a veth pair (``rdmademo0``/``rdmademo1``) to stand in for one, and no
+frame leaves the host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+STANDIN_MASTER, STANDIN_PEER = "rdmademo0", "rdmademo1"
+CONTAINER_ID = "rdmanet-demo"
+IFNAME = "net1"
+
+
+def demo_config(master: str) -> dict:
+    """The embedded default network: the NAD config a user would write, minus the device plugin."""
+    return {
+        "cniVersion": "1.0.0",
+        "name": "rdmanet-demo",
+        "type": "macvlan-rdma",
+        "master": master,
+        "mode": "bridge",
+        "rdma": "auto",
+        "ipam": {
+            "type": "lease-ipam",
+            "range": "198.18.100.0/24",
+            "gateway": "198.18.100.1",
+            "routes": [{"dst": "198.19.0.0/16"}],
+        },
+    }
+
+
+def _plugin_dir(cni_path: str) -> str:
+    """The runtime's CNI bin dir, or this installation's own scripts when nothing is installed there."""
+    if os.path.isfile(os.path.join(cni_path, "macvlan-rdma")):
+        return cni_path
+    return str(Path(sys.executable).parent)
+
+
+def _cni(command: str, config: dict, netns_path: str, cni_path: str) -> subprocess.CompletedProcess:
+    env = {
+        "CNI_COMMAND": command,
+        "CNI_CONTAINERID": CONTAINER_ID,
+        "CNI_NETNS": netns_path,
+        "CNI_IFNAME": IFNAME,
+        "CNI_PATH": cni_path,
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+    }
+    plugin = os.path.join(cni_path, "macvlan-rdma")
+    return subprocess.run([plugin], input=json.dumps(config).encode(), env=env, capture_output=True)
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
+
+
+def _down(args, netns_path: str, cni_path: str) -> None:
+    master = args.master or STANDIN_MASTER
+    if os.path.exists(netns_path):
+        _cni("DEL", demo_config(master), netns_path, cni_path)
+        _ip("netns", "del", args.netns, check=False)
+    else:
+        _cni("DEL", demo_config(master), "", cni_path)
+    if not args.master:
+        _ip("link", "del", STANDIN_MASTER, check=False)
+
+
+def run_demo(args) -> int:
+    if os.geteuid() != 0:
+        print("rdmanet demo: run as root (it creates a network namespace and links)", file=sys.stderr)
+        return 1
+    if not shutil.which("ip"):
+        print("rdmanet demo: the 'ip' command (iproute2) is needed", file=sys.stderr)
+        return 1
+    cni_path = _plugin_dir(args.cni_path)
+    netns_path = f"/run/netns/{args.netns}"
+    if args.down:
+        _down(args, netns_path, cni_path)
+        print(f"removed {args.netns}")
+        return 0
+    master = args.master or STANDIN_MASTER
+    if not args.master and _ip("link", "show", STANDIN_MASTER, check=False).returncode != 0:
+        _ip("link", "add", STANDIN_MASTER, "type", "veth", "peer", "name", STANDIN_PEER)
+        _ip("link", "set", STANDIN_MASTER, "up")
+        _ip("link", "set", STANDIN_PEER, "up")
+    if not os.path.exists(netns_path):
+        _ip("netns", "add", args.netns)
+    config = demo_config(master)
+    print(f"# CNI ADD: {cni_path}/macvlan-rdma, netns {netns_path}, ifname {IFNAME}, master {master}")
+    print(json.dumps(config, indent=2))
+    proc = _cni("ADD", config, netns_path, cni_path)
+    sys.stderr.write(proc.stderr.decode(errors="replace"))
+    print("# result:")
+    print(proc.stdout.decode(errors="replace").strip())
+    if proc.returncode == 0:
+        print(f"# ip -n {args.netns} addr show {IFNAME}")
+        print(_ip("-n", args.netns, "addr", "show", IFNAME, check=False).stdout.rstrip())
+        print(f"# ip -n {args.netns} route")
+        print(_ip("-n", args.netns, "route", check=False).stdout.rstrip())
+    if args.keep and proc.returncode == 0:
+        print(f"# left attached; remove with: rdmanet demo --down{' --master ' + args.master if args.master else ''}")
+    else:
+        _down(args, netns_path, cni_path)
+        print("# CNI DEL done; namespace and stand-in links removed (use --keep to inspect)")
+    return proc.returncode

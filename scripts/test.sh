@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs everything the tests need on Debian 12 (as root) and runs the whole suite.
+# Usage: sudo scripts/test.sh [pytest args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "scripts/test.sh: run as root (the netns tests create namespaces and links)" >&2
+    exit 1
+fi
+
+# Debian packages: the venv module, Go + libcni for the cnitool front end, the Go reference
+# plugins, iproute2 and ping for the netns tests.
+packages="python3 python3-venv golang-go golang-github-appc-cni-dev containernetworking-plugins iproute2 iputils-ping"
+missing=""
+for p in $packages; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
+fi
+
+# A venv on Debian's own interpreter (absolute shebangs, no pyenv shims), with the package
+# installed editable so the console scripts run this checkout.
+if [ ! -x .venv/bin/python ]; then
+    /usr/bin/python3 -m venv .venv
+fi
+.venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
+
+exec .venv/bin/python -m pytest "$@"

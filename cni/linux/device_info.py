@@ -1,0 +1,122 @@
+"""The device-info file (device-info-spec 1.1.0) that tells the pod which RDMA device it got.
+
+Facts relied on (k8snetworkplumbingwg device-info-spec SPEC.md; Multus pkg/types/conf.go):
+
+- Multus passes the path in the ``CNIDeviceInfoFile`` capability. When the attachment has a
+  device ID, it first copies the device plugin's file there with mode 0444 (and refuses to
+  overwrite an existing file), reads the file back after ADD into the network-status
+  annotation, and deletes it on DEL. A plugin may read it, update it, or create it (with its
+  directory) when absent.
+- Schema: ``{"type": "pci", "version": "1.1.0", "pci": {"pci-address": "dddd:bb:dd.f",
+  "rdma-device"?, "pf-pci-address"?, "vhost-net"?, "representor-device"?}}``.
+
+We run as root, so the 0444 mode of Multus's copy does not stop an update: the new content is
+written to a temporary file in the same directory and renamed over the old one, which replaces
+it atomically (readers see the old or the new file, never a partial one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+from cni.core.errors import IO_FAILURE, CNIError
+from cni.linux.sysfs import is_pci_address
+
+SPEC_VERSION = "1.1.0"
+
+
+def read_device_info(path: str) -> dict | None:
+    """The JSON object in ``path``, or None when the file does not exist.
+
+    Raises CNIError(IO_FAILURE) when it cannot be read or is not a JSON object.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise CNIError(IO_FAILURE, f"cannot read device-info file {path}", str(e)) from None
+    if not isinstance(data, dict):
+        raise CNIError(IO_FAILURE, f"device-info file {path} does not hold a JSON object")
+    return data
+
+
+def write_rdma_device_info(
+    path: str,
+    *,
+    pci_address: str | None,
+    rdma_device: str,
+    pf_pci_address: str | None = None,
+) -> dict:
+    """Record ``rdma_device`` in the device-info file at ``path``; returns what was written.
+
+    An existing file keeps every field; ``pci.rdma-device`` is set, ``pci.pci-address`` and
+    ``pci.pf-pci-address`` only when given. Without a file, the directory and
+    ``{"type": "pci", "version": "1.1.0", "pci": {...}}`` are created; ``pci_address`` None
+    (soft-RoCE, no PCI parent) still writes ``pci.rdma-device``. The new file is mode 0444 when
+    the old one was 0444 (Multus's copy), else 0644. Failures raise CNIError(IO_FAILURE) naming
+    the path; malformed arguments raise ValueError.
+    """
+    if not isinstance(rdma_device, str) or not rdma_device:
+        raise ValueError(f"rdma_device must be a non-empty string, got {rdma_device!r}")
+    for name, value in (("pci_address", pci_address), ("pf_pci_address", pf_pci_address)):
+        if value is not None and not is_pci_address(value):
+            raise ValueError(f"{name} must be a PCI address dddd:bb:dd.f, got {value!r}")
+
+    data = read_device_info(path)
+    mode = 0o644
+    if data is None:
+        data = {"type": "pci", "version": SPEC_VERSION, "pci": {}}
+    else:
+        try:
+            if os.stat(path).st_mode & 0o7777 == 0o444:
+                mode = 0o444
+        except OSError as e:
+            raise CNIError(IO_FAILURE, f"cannot stat device-info file {path}", str(e)) from None
+        data.setdefault("type", "pci")
+        data.setdefault("version", SPEC_VERSION)
+        data.setdefault("pci", {})
+        if not isinstance(data["pci"], dict):
+            raise CNIError(IO_FAILURE, f"device-info file {path}: \"pci\" is not a JSON object")
+
+    pci = data["pci"]
+    if pci_address is not None:
+        pci["pci-address"] = pci_address.lower()
+    pci["rdma-device"] = rdma_device
+    if pf_pci_address is not None:
+        pci["pf-pci-address"] = pf_pci_address.lower()
+
+    _write_atomic(path, (json.dumps(data) + "\n").encode(), mode)
+    return data
+
+
+def _write_atomic(path: str, content: bytes, mode: int) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = None
+    try:
+        os.makedirs(directory, mode=0o755, exist_ok=True)
+        prefix = f".{os.path.basename(path)}."
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=prefix, suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(content)
+            f.flush()
+            os.fchmod(f.fileno(), mode)
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        tmp = None
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError as e:
+        raise CNIError(IO_FAILURE, f"cannot write device-info file {path}", str(e)) from None
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass

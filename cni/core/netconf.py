@@ -64,8 +64,10 @@ def _fix_for(model: type[BaseModel], loc: tuple) -> str:
     fix = ""
     current: Any = model
     for part in loc:
+        if isinstance(part, int):  # a list index: the element has the same model
+            continue
         fields = getattr(current, "model_fields", None)
-        if not fields or not isinstance(part, str) or part not in fields:
+        if not fields or part not in fields:
             break
         info = fields[part]
         if info.description:

@@ -1,0 +1,175 @@
+"""lease-ipam: the CNI verbs on top of the config, the requested-address rules and a store.
+
+Facts relied on (research/cni-contract.md §1, §6):
+- An IPAM plugin answers ADD with the abbreviated result: ``ips`` (with gateway, no
+  ``interface``), ``routes`` and ``dns``, rendered in the config's cniVersion (skel does that).
+- DEL is keyed by (CNI_CONTAINERID, CNI_IFNAME), must succeed when nothing is reserved and on
+  repeats, and must work when the netns is gone (we never look at it).
+- CHECK must fail when a reservation is missing; prevResult, when given, must list our addresses.
+- GC's stdin carries ``cni.dev/valid-attachments`` [{containerID, ifname}] (libcni also sends the
+  legacy ``cni.dev/attachments``). STATUS answers 50 when ADD could not succeed.
+- The Kubernetes Lease store will be chosen here (by the ``kubernetes`` key) once it exists; for
+  now every domain uses the local store.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from cni.core.errors import CHECK_FAILED, INVALID_CONFIG, NOT_AVAILABLE, CNIError
+from cni.core.invocation import Invocation
+from cni.core.result import IPConfig, Result
+
+from .location import store_location
+from .requested import assign, requested_addresses
+from .store.base import Attachment, Store
+from .store.local import CRASH_ENV, LocalStore
+
+if TYPE_CHECKING:
+    from .config import LeaseIPAMConfig
+
+log = logging.getLogger("rdmanet.ipam")
+
+VALID_KEY = "cni.dev/valid-attachments"
+LEGACY_VALID_KEY = "cni.dev/attachments"
+# whereabouts' log levels, mapped onto logging's.
+_LEVELS = {"debug": logging.DEBUG, "verbose": logging.INFO, "info": logging.INFO, "error": logging.ERROR,
+           "panic": logging.CRITICAL}
+_file_handlers: dict[str, logging.Handler] = {}
+
+StoreFactory = Callable[[str, str, Invocation], Store]
+
+
+def local_store(data_dir: str, domain: str, inv: Invocation) -> Store:
+    return LocalStore(data_dir, domain, crash_at=inv.env.get(CRASH_ENV))
+
+
+def configure_logging(config: dict) -> None:
+    """Honour ``ipam.log_file``/``ipam.log_level`` (read leniently: logging must never fail a verb)."""
+    raw = config.get("ipam")
+    if not isinstance(raw, dict):
+        return
+    level = raw.get("log_level")
+    if isinstance(level, str) and level.lower() in _LEVELS:
+        log.setLevel(_LEVELS[level.lower()])
+    path = raw.get("log_file")
+    if isinstance(path, str) and path and path not in _file_handlers:
+        try:
+            handler = logging.FileHandler(path)
+        except OSError as exc:
+            log.warning("cannot open ipam.log_file %s: %s", path, exc)
+            return
+        handler.setFormatter(logging.Formatter("%(asctime)s lease-ipam[%(process)d] %(levelname)s %(message)s"))
+        _file_handlers[path] = handler
+        log.addHandler(handler)
+
+
+def render(config: "LeaseIPAMConfig", addresses: list) -> Result:
+    ips = []
+    for rs, ip in zip(config.range_sets, addresses):
+        r = rs.range_of(ip)
+        ips.append(IPConfig(address=r.interface(ip), gateway=r.gateway))
+    return Result(ips=ips, routes=list(config.routes), dns=config.dns)
+
+
+def valid_attachments(config: dict) -> Optional[set[Attachment]]:
+    """The GC keep-list, or None when the config carries neither key."""
+    key = VALID_KEY if VALID_KEY in config else LEGACY_VALID_KEY if LEGACY_VALID_KEY in config else None
+    if key is None:
+        return None
+    value = config[key]
+    if not isinstance(value, list):
+        raise CNIError(INVALID_CONFIG, f"{key} must be a list", 'e.g. [{"containerID": "abc", "ifname": "net1"}]')
+    out = set()
+    for i, item in enumerate(value):
+        if not (isinstance(item, dict) and isinstance(item.get("containerID"), str) and isinstance(item.get("ifname"), str)):
+            raise CNIError(INVALID_CONFIG, f"{key}[{i}] must be an object with string containerID and ifname",
+                           'e.g. {"containerID": "abc", "ifname": "net1"}')
+        out.add(Attachment(item["containerID"], item["ifname"]))
+    return out
+
+
+def parse_ipam_config(config: dict) -> "LeaseIPAMConfig":
+    """Imported on use: pydantic costs ~80 ms per exec, and DEL and GC do not need it."""
+    from .config import parse_ipam_config as parse
+
+    return parse(config)
+
+
+class LeaseIPAM:
+    def __init__(self, store_factory: Optional[StoreFactory] = None) -> None:
+        self._store_factory = store_factory or local_store
+
+    def _store(self, inv: Invocation) -> Store:
+        data_dir, domain = store_location(inv.config)
+        return self._store_factory(data_dir, domain, inv)
+
+    def add(self, inv: Invocation) -> Result:
+        configure_logging(inv.config)
+        config = parse_ipam_config(inv.config)
+        requested = assign(config, requested_addresses(inv))
+        attachment = Attachment(inv.container_id, inv.ifname)
+        addresses = self._store(inv).allocate(attachment, inv.network_name, config.range_sets, requested)
+        log.info("ADD %s in %s: %s", attachment, config.domain, ", ".join(map(str, addresses)))
+        return render(config, addresses)
+
+    def delete(self, inv: Invocation) -> None:
+        configure_logging(inv.config)
+        attachment = Attachment(inv.container_id, inv.ifname)
+        freed = self._store(inv).release(attachment)  # needs only dataDir and the domain, not valid ranges
+        log.info("DEL %s: freed %s", attachment, ", ".join(map(str, freed)) or "nothing")
+
+    def check(self, inv: Invocation) -> None:
+        configure_logging(inv.config)
+        config = parse_ipam_config(inv.config)
+        attachment = Attachment(inv.container_id, inv.ifname)
+        found = self._store(inv).find(attachment)
+        if found is None:
+            raise CNIError(CHECK_FAILED, f"no reservation for {attachment} in {config.domain}",
+                           "the addresses were released (DEL or GC) or never reserved: re-create the attachment")
+        mine = {}
+        for rs in config.range_sets:
+            held = [ip for ip in found.addresses if rs.range_of(ip) is not None]
+            if not held:
+                raise CNIError(CHECK_FAILED, f"{attachment} holds no address in range {rs.describe()}",
+                               "re-create the attachment (DEL, then ADD)")
+            mine[held[0]] = rs.range_of(held[0]).interface(held[0])
+        prev = inv.config.get("prevResult")
+        if prev is not None:
+            _check_prev_result(config, Result.from_json(prev, "prevResult"), mine)
+
+    def gc(self, inv: Invocation) -> None:
+        configure_logging(inv.config)
+        valid = valid_attachments(inv.config)
+        if valid is None:
+            # Without a keep-list we free nothing. cnitool's GC DELs the attachments in its own
+            # cache and then sends GC without the key; freeing "everything not listed" would then
+            # free every attachment of this domain, including those of other runtimes (and of
+            # other networks sharing network_name) that this runtime knows nothing about.
+            log.info("GC of %s without %s: nothing freed (an absent list is not an empty one)", inv.network_name, VALID_KEY)
+            return
+        freed = self._store(inv).gc(inv.network_name, valid)
+        for reservation in freed:
+            log.info("GC freed %s: %s", reservation.attachment, ", ".join(map(str, reservation.addresses)))
+
+    def status(self, inv: Invocation) -> None:
+        configure_logging(inv.config)
+        config = parse_ipam_config(inv.config)
+        free = self._store(inv).status(config.range_sets)
+        for rs, count in zip(config.range_sets, free):
+            if count == 0:
+                raise CNIError(NOT_AVAILABLE, f"no free address in range {rs.describe()}",
+                               "free addresses (DEL or GC attachments that are gone) or widen the range")
+
+
+def _check_prev_result(config: "LeaseIPAMConfig", prev: Result, mine: dict[Any, Any]) -> None:
+    listed = {ipc.address.ip: ipc.address for ipc in prev.ips}
+    for ip, iface in mine.items():
+        if listed.get(ip) != iface:
+            raise CNIError(CHECK_FAILED, f"prevResult does not list the reserved address {iface}",
+                           "the attachment differs from what ADD returned: re-create it")
+    for ip, iface in listed.items():
+        if ip not in mine and config.range_set_of(ip) is not None:
+            raise CNIError(CHECK_FAILED, f"prevResult lists {iface}, which is not reserved for this attachment",
+                           "the attachment differs from what ADD returned: re-create it")

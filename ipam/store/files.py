@@ -1,0 +1,117 @@
+"""Durable small-file primitives for the local store.
+
+Facts relied on (POSIX, Linux):
+- ``open(O_CREAT|O_EXCL)`` fails with EEXIST when the name exists: an atomic claim.
+- ``rename`` within one directory atomically replaces the target: readers see the old or the
+  new content, never a mix.
+- A new or renamed name is durable only after ``fsync`` of the directory; file content only
+  after ``fsync`` of the file.
+- A ``write`` of a few hundred bytes to a regular file is not interrupted by SIGKILL midway, so
+  after kill -9 an exclusively created file is either empty or complete; a torn file can only
+  follow a power loss, and none is ever handed out because ADD fsyncs before answering.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable, Optional
+
+FILE_MODE = 0o600
+DIR_MODE = 0o700
+TMP_PREFIX = ".tmp."
+
+
+class Garbage:
+    """Marker for a file that exists but holds no valid JSON object (an interrupted write)."""
+
+    def __repr__(self) -> str:
+        return "GARBAGE"
+
+
+GARBAGE = Garbage()
+
+
+def ensure_dir(path: str) -> None:
+    """Create ``path`` (and parents) with mode 0700 if missing; the mode is applied to what we create."""
+    if os.path.isdir(path):
+        return
+    parent = os.path.dirname(path.rstrip("/"))
+    if parent and parent != path:
+        ensure_dir(parent)
+    try:
+        os.mkdir(path, DIR_MODE)
+    except FileExistsError:
+        return
+    os.chmod(path, DIR_MODE)  # umask may have removed bits; it cannot have added any
+    if parent:
+        fsync_dir(parent)
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def encode(document: dict) -> bytes:
+    return (json.dumps(document, sort_keys=True) + "\n").encode()
+
+
+def read_json(path: str) -> Any:
+    """The JSON object in ``path``; None when the file is missing; GARBAGE when empty or invalid."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return GARBAGE
+    return doc if isinstance(doc, dict) else GARBAGE
+
+
+def atomic_write(directory: str, name: str, data: bytes, durable: bool = True) -> None:
+    """Replace ``directory/name`` with ``data`` via a temp file and rename (the caller holds the lock)."""
+    tmp = os.path.join(directory, f"{TMP_PREFIX}{name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+    try:
+        os.write(fd, data)
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, os.path.join(directory, name))
+    if durable:
+        fsync_dir(directory)
+
+
+def create_exclusive(path: str, data: bytes, after_create: Optional[Callable[[], None]] = None) -> bool:
+    """Create ``path`` with ``data`` unless it exists (False then); content is fsynced before True."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+    except FileExistsError:
+        return False
+    try:
+        if after_create is not None:
+            after_create()
+        os.write(fd, data)
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        remove(path)  # never leave an empty claim behind a failed write (ENOSPC, EIO)
+        raise
+    os.close(fd)
+    return True
+
+
+def remove(path: str) -> bool:
+    """Unlink ``path``; False when it was already gone."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    return True

@@ -143,6 +143,7 @@ def run(
     cap_args: Mapping[str, Any] | str | None = None,
     cache_dir: pathlib.Path | str | None = None,
     valid_attachments: Sequence[Mapping[str, str]] | str | None = None,
+    extra_env: Mapping[str, str] | None = None,
     timeout: float = 60,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``cnitool <verb> <net> <netns_path>`` and return the finished process.
@@ -150,7 +151,9 @@ def run(
     The child gets a bare environment: PATH plus only the CNI variables given
     here. ``cni_path`` is a ':'-joined string or a sequence of directories;
     ``cap_args`` and ``valid_attachments`` may be Python objects (JSON-encoded
-    here) or ready JSON strings; ``None`` leaves a variable unset. The exit
+    here) or ready JSON strings; ``None`` leaves a variable unset.
+    ``extra_env`` adds further variables (e.g. ``RDMANET_SYSFS_ROOT``); libcni
+    passes the runtime's environment on to every plugin it executes. The exit
     status is not checked.
     """
     env = {
@@ -171,6 +174,8 @@ def run(
             if isinstance(valid_attachments, str)
             else json.dumps(list(valid_attachments))
         )
+    if extra_env:
+        env.update(extra_env)
     return subprocess.run(
         [os.fspath(binary), verb, net, os.fspath(netns_path)],
         env=env,

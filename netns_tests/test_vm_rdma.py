@@ -132,8 +132,10 @@ def test_macvlan_rdma_add_reports_rxe_and_del_cleans_up(vm):
     assert [i["name"] for i in result["interfaces"]] == ["net1"]
     address = result["ips"][0]["address"]
     assert address.startswith("198.18.5.") and address.endswith("/24")
-    assert entry["devinfo"]["pci"]["rdma-device"] == RXE, entry["devinfo"]
-    assert entry["devinfo"]["type"] == "pci"
+    # rxe0 has no PCI parent and a "pci" device-info file needs pci-address (device-info-spec
+    # 1.1.0), so the device is reported in the log and no device-info file is invented
+    assert f"shared RDMA device {RXE} of master" in add["stderr"], add["stderr"]
+    assert "FileNotFoundError" in entry["devinfo"], entry["devinfo"]
     assert entry["link"]["kind"] == "macvlan" and entry["link"]["macvlan_mode"] == "bridge"
     assert entry["link"]["ipv4"] == [address]
     assert address.split("/")[0] in entry["ipam_files"]

@@ -57,10 +57,11 @@ def test_create_with_pf_address(tmp_path):
     }
 
 
-def test_soft_roce_without_pci_address(tmp_path):
+def test_soft_roce_without_pci_address_creates_no_file(tmp_path):
+    # device-info-spec 1.1.0: a "pci" file must carry pci-address, which soft-RoCE lacks
     path = tmp_path / "f"
-    write_rdma_device_info(str(path), pci_address=None, rdma_device="rxe0")
-    assert load(path) == {"type": "pci", "version": "1.1.0", "pci": {"rdma-device": "rxe0"}}
+    assert write_rdma_device_info(str(path), pci_address=None, rdma_device="rxe0") is None
+    assert not path.exists()
 
 
 def test_update_multus_read_only_copy_keeps_fields_and_mode(tmp_path):

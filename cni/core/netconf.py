@@ -33,12 +33,12 @@ class RuntimeConfig(Model):
 
 class NetConf(Model):
     cniVersion: str = "0.1.0"
-    name: str
-    type: str
+    name: str = Field(description='name the network, e.g. "name": "rdma-net" (letters, digits, _ . -)')
+    type: str = Field(description='type is the plugin binary, e.g. "type": "macvlan-rdma"')
     ipam: Optional[IPAMRef] = Field(None, description='an object such as {"type": "lease-ipam", "range": "10.1.1.0/24"}')
-    dns: Optional[dict[str, Any]] = None
+    dns: Optional[dict[str, Any]] = Field(None, description='dns is an object such as {"nameservers": ["10.0.0.53"], "search": ["svc"]}')
     runtimeConfig: RuntimeConfig = Field(default_factory=RuntimeConfig, description="an object set by the runtime from capabilities")
-    prevResult: Optional[dict[str, Any]] = None
+    prevResult: Optional[dict[str, Any]] = Field(None, description="prevResult is the previous plugin's CNI result object, set by the runtime")
 
 
 def _location(loc: tuple) -> str:

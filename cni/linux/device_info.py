@@ -25,6 +25,8 @@ from cni.core.errors import IO_FAILURE, CNIError
 from cni.linux.sysfs import is_pci_address
 
 SPEC_VERSION = "1.1.0"
+_BROKEN_FIX = ("the file must be a device-info-spec JSON object (Multus copies it from the device plugin's "
+               "file under /var/run/k8s.cni.cncf.io/devinfo/dp/); remove or repair it and retry")
 
 
 def read_device_info(path: str) -> dict | None:
@@ -38,9 +40,9 @@ def read_device_info(path: str) -> dict | None:
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise CNIError(IO_FAILURE, f"cannot read device-info file {path}", str(e)) from None
+        raise CNIError(IO_FAILURE, f"cannot read device-info file {path}: {e}", _BROKEN_FIX) from None
     if not isinstance(data, dict):
-        raise CNIError(IO_FAILURE, f"device-info file {path} does not hold a JSON object")
+        raise CNIError(IO_FAILURE, f"device-info file {path} does not hold a JSON object", _BROKEN_FIX)
     return data
 
 
@@ -50,13 +52,14 @@ def write_rdma_device_info(
     pci_address: str | None,
     rdma_device: str,
     pf_pci_address: str | None = None,
-) -> dict:
+) -> dict | None:
     """Record ``rdma_device`` in the device-info file at ``path``; returns what was written.
 
     An existing file keeps every field; ``pci.rdma-device`` is set, ``pci.pci-address`` and
     ``pci.pf-pci-address`` only when given. Without a file, the directory and
-    ``{"type": "pci", "version": "1.1.0", "pci": {...}}`` are created; ``pci_address`` None
-    (soft-RoCE, no PCI parent) still writes ``pci.rdma-device``. The new file is mode 0444 when
+    ``{"type": "pci", "version": "1.1.0", "pci": {...}}`` are created, except when ``pci_address``
+    is None (soft-RoCE, no PCI parent): the spec requires ``pci.pci-address`` in a "pci" file, so
+    no file is created then and None is returned. The new file is mode 0444 when
     the old one was 0444 (Multus's copy), else 0644. Failures raise CNIError(IO_FAILURE) naming
     the path; malformed arguments raise ValueError.
     """
@@ -69,6 +72,8 @@ def write_rdma_device_info(
     data = read_device_info(path)
     mode = 0o644
     if data is None:
+        if pci_address is None:
+            return None
         data = {"type": "pci", "version": SPEC_VERSION, "pci": {}}
     else:
         try:

@@ -41,8 +41,13 @@ def rtnl_in(netns_path: Optional[str] = None) -> Iterator[IPRoute]:
         ipr.close()
 
 
-def kernel_error(action: str, exc: NetlinkError) -> CNIError:
-    return CNIError(LINK_FAILURE, f"{action}: {exc.args[1] if len(exc.args) > 1 else exc}", f"errno {exc.code}")
+def kernel_error(action: str, exc: NetlinkError, hint: str = "") -> CNIError:
+    details = f"{hint} (errno {exc.code})" if hint else f"errno {exc.code}"
+    return CNIError(LINK_FAILURE, f"{action}: {exc.args[1] if len(exc.args) > 1 else exc}", details)
+
+
+MAC_IN_USE_HINT = ("another interface on the same master already has this MAC address; choose another mac "
+                   "(config mac, CNI_ARGS MAC or runtimeConfig.mac) or omit it for a random one")
 
 
 @dataclass
@@ -72,22 +77,21 @@ class Link:
         )
 
 
-def find_link(ipr: IPRoute, name: str) -> Optional[Link]:
+def _get_link(ipr: IPRoute, what: str, **key) -> Optional[Link]:
     try:
-        return Link.from_msg(ipr.link("get", ifname=name)[0])
+        return Link.from_msg(ipr.link("get", **key)[0])
     except NetlinkError as exc:
         if exc.code == errno.ENODEV:
             return None
-        raise kernel_error(f"look up link {name}", exc) from exc
+        raise kernel_error(f"look up link {what}", exc) from exc
+
+
+def find_link(ipr: IPRoute, name: str) -> Optional[Link]:
+    return _get_link(ipr, name, ifname=name)
 
 
 def link_by_index(ipr: IPRoute, index: int) -> Optional[Link]:
-    try:
-        return Link.from_msg(ipr.link("get", index=index)[0])
-    except NetlinkError as exc:
-        if exc.code == errno.ENODEV:
-            return None
-        raise kernel_error(f"look up link #{index}", exc) from exc
+    return _get_link(ipr, f"#{index}", index=index)
 
 
 def default_route_link(ipr: IPRoute) -> Optional[str]:
@@ -106,8 +110,9 @@ def default_route_link(ipr: IPRoute) -> Optional[str]:
 
 
 def create_macvlan(ipr: IPRoute, name: str, master_index: int, mode: str, netns_fd: Optional[int],
-                   mac: Optional[str], mtu: Optional[int]) -> None:
-    """Create a macvlan of ``master_index``; with ``netns_fd`` it is born inside that namespace."""
+                   mac: Optional[str], mtu: Optional[int], master_name: Optional[str] = None) -> None:
+    """Create a macvlan of ``master_index``; with ``netns_fd`` it is born inside that namespace.
+    ``master_name`` only makes error messages readable."""
     spec = {"ifname": name, "kind": "macvlan", "link": master_index, "macvlan_mode": mode}
     if netns_fd is not None:
         spec["net_ns_fd"] = netns_fd
@@ -118,7 +123,14 @@ def create_macvlan(ipr: IPRoute, name: str, master_index: int, mode: str, netns_
     try:
         ipr.link("add", **spec)
     except NetlinkError as exc:
-        raise kernel_error(f"create macvlan {name} on master #{master_index} (mode {mode})", exc) from exc
+        master = master_name or f"#{master_index}"
+        hint = ""
+        if exc.code == errno.EINVAL:
+            hint = (f"a master in passthru mode takes exactly one macvlan and passthru needs a master without "
+                    f"other macvlans (see 'ip -d link show' for macvlans on {master}); otherwise check mode, mac and mtu")
+        elif exc.code == errno.EADDRINUSE:
+            hint = MAC_IN_USE_HINT
+        raise kernel_error(f"create macvlan on master {master} (mode {mode})", exc, hint) from exc
 
 
 def rename(ipr: IPRoute, index: int, name: str) -> None:
@@ -128,11 +140,12 @@ def rename(ipr: IPRoute, index: int, name: str) -> None:
         raise kernel_error(f"rename link #{index} to {name}", exc) from exc
 
 
-def set_up(ipr: IPRoute, index: int) -> None:
+def set_up(ipr: IPRoute, index: int, name: Optional[str] = None) -> None:
     try:
         ipr.link("set", index=index, state="up")
     except NetlinkError as exc:
-        raise kernel_error(f"set link #{index} up", exc) from exc
+        hint = MAC_IN_USE_HINT if exc.code == errno.EADDRINUSE else ""
+        raise kernel_error(f"set {name or f'link #{index}'} up", exc, hint) from exc
 
 
 def delete(ipr: IPRoute, index: int) -> None:
@@ -170,10 +183,10 @@ def configure(ipr: IPRoute, index: int, ifname: str, ips: list[IPConfig], route_
             ipr.addr("add", index=index, address=str(ip.address.ip), prefixlen=ip.address.network.prefixlen)
         except NetlinkError as exc:
             raise kernel_error(f"add address {ip.address} to {ifname}", exc) from exc
-    set_up(ipr, index)
+    set_up(ipr, index, ifname)
     gateways = {ip.family: ip.gateway for ip in ips if ip.gateway is not None}
     if 6 in gateways:
-        settle_ipv6(ipr, index, timeout=5.0)
+        settle_ipv6(ipr, index, timeout=5.0, name=ifname)
     for route in route_list:
         gw = route.gw if route.gw is not None else gateways.get(route.dst.version)
         spec = {"dst": str(route.dst), "oif": index}
@@ -188,12 +201,14 @@ def configure(ipr: IPRoute, index: int, ifname: str, ips: list[IPConfig], route_
             raise kernel_error(f"add route {route.dst} via {gw} dev {ifname}", exc) from exc
 
 
-def settle_ipv6(ipr: IPRoute, index: int, timeout: float) -> None:
+def settle_ipv6(ipr: IPRoute, index: int, timeout: float, name: Optional[str] = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        flags = [a.get("IFA_FLAGS", a["flags"]) for a in ipr.get_addr(index=index, family=10)]
-        if any(f & IFA_F_DADFAILED for f in flags):
-            raise CNIError(LINK_FAILURE, f"IPv6 duplicate address detection failed on link #{index}", "the address is in use on the network")
+        addrs = [(a.get("IFA_ADDRESS"), a.get("IFA_FLAGS", a["flags"])) for a in ipr.get_addr(index=index, family=10)]
+        flags = [f for _, f in addrs]
+        if failed := [addr for addr, f in addrs if f & IFA_F_DADFAILED]:
+            raise CNIError(LINK_FAILURE, f"IPv6 duplicate address detection failed for {', '.join(failed)} on {name or f'link #{index}'}",
+                           "another host or pod on the same network already uses the address; free it, or exclude it from the IPAM range")
         if not any(f & IFA_F_TENTATIVE for f in flags):
             return
         time.sleep(0.05)

@@ -56,7 +56,7 @@ class MacvlanRdma:
                     sysctl.set_interface_sysctl("ipv6", inv.ifname, "ndisc_notify", "1")
                 links.configure(pod, link.index, inv.ifname, result.ips, result.routes)
             else:
-                links.set_up(pod, link.index)
+                links.set_up(pod, link.index, inv.ifname)
             if conf.dns:
                 result.dns = DNS.from_json(conf.dns)
             _report_rdma(rdma, conf, inv, master.name)
@@ -140,7 +140,8 @@ def _pod_rtnl(path: str):
         with links.rtnl_in(path) as pod:
             yield pod
     except netns.NetnsGone:
-        raise CNIError(INVALID_ENVIRONMENT, f"CNI_NETNS {path} does not exist", "pass an existing network namespace path") from None
+        raise CNIError(INVALID_ENVIRONMENT, f"CNI_NETNS {path} does not exist or is not a network namespace",
+                       "pass an existing network namespace path such as /run/netns/<name> or /proc/<pid>/ns/net") from None
 
 
 def _master(conf: MacvlanConf, host, pod) -> Link:
@@ -165,7 +166,7 @@ def _create(conf: MacvlanConf, inv: Invocation, creator, pod, master: Link, mac:
     tmp = f"mvr{secrets.token_hex(4)}"
     pod_fd = None if conf.linkInContainer else netns.open_netns(inv.netns)
     try:
-        links.create_macvlan(creator, tmp, master.index, conf.mode, pod_fd, mac, conf.mtu or None)
+        links.create_macvlan(creator, tmp, master.index, conf.mode, pod_fd, mac, conf.mtu or None, master_name=master.name)
     finally:
         if pod_fd is not None:
             os.close(pod_fd)

@@ -93,6 +93,7 @@ def cni(command: str, container: str, netns: str, conf: dict) -> dict:
         "CNI_NETNS": netns,
         "CNI_IFNAME": "net1",
         "CNI_PATH": CNI_PATH,
+        "RDMANET_LOG_LEVEL": "INFO",
     }
     start = time.monotonic()
     proc = subprocess.run([PLUGIN], input=json.dumps(conf), env=env, capture_output=True, text=True, timeout=120, check=False)

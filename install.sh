@@ -30,7 +30,7 @@ done
 
 [ "$(id -u)" -eq 0 ] || { echo "install.sh: run as root" >&2; exit 1; }
 SRC=$(cd "$(dirname "$0")" && pwd)
-PLUGINS="macvlan-rdma lease-ipam"
+PLUGINS="macvlan-rdma host-device-rdma lease-ipam"
 MANIFEST="$PREFIX/installed-files"
 
 if [ "$UNINSTALL" -eq 1 ]; then

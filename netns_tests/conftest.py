@@ -142,7 +142,7 @@ def cni_bin() -> Iterator[pathlib.Path]:
     venv_bin = _venv_bin()
     path = pathlib.Path(tempfile.mkdtemp(prefix=f"{PREFIX}-bin-"))
     try:
-        for script in (nt.PLUGIN, "lease-ipam"):
+        for script in (nt.PLUGIN, "host-device-rdma", "lease-ipam"):
             if (venv_bin / script).is_file():
                 shutil.copy2(venv_bin / script, path / script)
         for entry in sorted(nt.GO_PLUGIN_DIR.iterdir()):

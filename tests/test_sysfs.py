@@ -25,10 +25,21 @@ import os
 import pytest
 
 from cni.linux.sysfs import (
+    DPDK_DRIVERS,
+    device_exists,
+    device_id_of_netdev,
+    driver_of_device,
+    driver_of_pci,
     is_pci_address,
+    netdev_of_kernelpath,
+    netdevs_of_auxiliary,
+    netdevs_of_pci,
     pci_address_of_netdev,
+    pf_netdev_of_vf,
+    pf_of_vf,
     rdma_devices_for_device_id,
     rdma_devices_for_netdev,
+    vf_index,
 )
 
 BRIDGE = "sys/devices/pci0000:3a/0000:3a:00.0"
@@ -85,6 +96,16 @@ class Tree:
         if parent_ifname is not None:
             self.file(f"{node}/parent", parent_ifname + "\n")
         self.rel_link(f"sys/class/infiniband/{name}", node)
+
+    def driver(self, devpath: str, bus: str, name: str) -> None:
+        """Bind ``devpath`` to driver ``name``: ``driver -> ../../../../bus/<bus>/drivers/<name>``."""
+        self.dir(f"sys/bus/{bus}/drivers/{name}")
+        self.rel_link(f"{devpath}/driver", f"sys/bus/{bus}/drivers/{name}")
+
+    def vf(self, pf: str, vf: str, index: int) -> None:
+        """VF ``vf`` of PF ``pf`` (both PCI device paths): ``physfn`` and ``virtfn<index>``."""
+        self.rel_link(f"{vf}/physfn", pf)
+        self.rel_link(f"{pf}/virtfn{index}", vf)
 
 
 @pytest.fixture
@@ -307,3 +328,333 @@ def test_invalid_names_rejected(tree, bad):
 )
 def test_is_pci_address(value, ok):
     assert is_pci_address(value) is ok
+
+
+# ================================================================== device selection lookups
+#
+# A second host, laid out like a ConnectX-6 Dx with SR-IOV and SFs plus a virtio NIC:
+#
+#   /sys/devices/pci0000:00/0000:00:02.0/            root port
+#       0000:03:00.0/   PF, mlx5_core: net/ens2f0np0, infiniband/mlx5_0, sriov_numvfs=3,
+#                       virtfn0..2 -> VF0..VF2, stale virtfn3 -> 0000:03:00.5
+#           mlx5_core.sf.2/  SF (auxiliary, driver mlx5_core.sf): net/enp3s0f0s2, infiniband/mlx5_3
+#       0000:03:00.2/   VF0, mlx5_core: net/ens2f0v0, infiniband/mlx5_2
+#       0000:03:00.3/   VF1, vfio-pci: no netdev (DPDK)
+#       0000:03:00.4/   VF2, bound to "acme_vf": no netdev
+#       0000:03:00.5/   has physfn, but only the stale virtfn3 (>= sriov_numvfs) names it
+#   /sys/devices/pci0000:00/0000:00:03.0/            virtio-pci: virtio0/net/eth0
+#   /sys/devices/pci0000:00/0000:00:04.0/            no driver, no netdev
+
+ROOT_PORT = "sys/devices/pci0000:00/0000:00:02.0"
+H_PF = f"{ROOT_PORT}/0000:03:00.0"
+H_VF0 = f"{ROOT_PORT}/0000:03:00.2"
+H_VF1 = f"{ROOT_PORT}/0000:03:00.3"
+H_VF2 = f"{ROOT_PORT}/0000:03:00.4"
+H_VF5 = f"{ROOT_PORT}/0000:03:00.5"
+H_SF = f"{H_PF}/mlx5_core.sf.2"
+H_VIRTIO = "sys/devices/pci0000:00/0000:00:03.0"
+H_BARE = "sys/devices/pci0000:00/0000:00:04.0"
+
+
+def build_sriov_host(root) -> Tree:
+    t = Tree(root)
+    for bus in ("pci", "auxiliary", "virtio"):
+        t.dir(f"sys/bus/{bus}/devices")
+    t.device(H_PF, "pci")
+    t.driver(H_PF, "pci", "mlx5_core")
+    t.netdev(H_PF, "ens2f0np0")
+    t.ibdev(H_PF, "mlx5_0")
+    t.file(f"{H_PF}/sriov_numvfs", "3\n")
+    for index, vf in enumerate((H_VF0, H_VF1, H_VF2)):
+        t.device(vf, "pci")
+        t.vf(H_PF, vf, index)
+    t.driver(H_VF0, "pci", "mlx5_core")
+    t.netdev(H_VF0, "ens2f0v0")
+    t.ibdev(H_VF0, "mlx5_2")
+    t.driver(H_VF1, "pci", "vfio-pci")
+    t.driver(H_VF2, "pci", "acme_vf")
+    t.device(H_VF5, "pci")
+    t.driver(H_VF5, "pci", "mlx5_core")
+    t.netdev(H_VF5, "ens2f0v3")
+    t.vf(H_PF, H_VF5, 3)
+    t.device(H_SF, "auxiliary")
+    t.driver(H_SF, "auxiliary", "mlx5_core.sf")
+    t.netdev(H_SF, "enp3s0f0s2")
+    t.ibdev(H_SF, "mlx5_3")
+    t.device(H_VIRTIO, "pci")
+    t.driver(H_VIRTIO, "pci", "virtio-pci")
+    t.device(f"{H_VIRTIO}/virtio0", "virtio")
+    t.netdev(f"{H_VIRTIO}/virtio0", "eth0")
+    t.device(H_BARE, "pci")
+    return t
+
+
+@pytest.fixture
+def host(tmp_path):
+    return build_sriov_host(tmp_path)
+
+
+def test_host_links_are_the_kernels(host):
+    r = host.root
+    assert os.readlink(f"{r}/sys/bus/pci/devices/0000:03:00.2") == (
+        "../../../devices/pci0000:00/0000:00:02.0/0000:03:00.2"
+    )
+    assert os.readlink(f"{r}/{H_VF0}/physfn") == "../0000:03:00.0"
+    assert os.readlink(f"{r}/{H_PF}/virtfn0") == "../0000:03:00.2"
+    assert os.readlink(f"{r}/{H_VF0}/driver") == "../../../../bus/pci/drivers/mlx5_core"
+    assert os.readlink(f"{r}/{H_SF}/driver") == "../../../../../bus/auxiliary/drivers/mlx5_core.sf"
+    assert os.readlink(f"{r}/sys/bus/auxiliary/devices/mlx5_core.sf.2") == (
+        "../../../devices/pci0000:00/0000:00:02.0/0000:03:00.0/mlx5_core.sf.2"
+    )
+
+
+@pytest.mark.parametrize(
+    "pci, expected",
+    [
+        ("0000:03:00.0", ["ens2f0np0"]),  # PF (its SF's netdev is not the PF's)
+        ("0000:03:00.2", ["ens2f0v0"]),  # VF
+        ("0000:03:00.2".upper(), ["ens2f0v0"]),
+        ("0000:03:00.3", []),  # vfio-pci VF
+        ("0000:00:03.0", ["eth0"]),  # virtio: <pci>/virtio0/net
+        ("0000:00:04.0", []),
+        ("0000:99:00.0", []),  # no such device
+    ],
+)
+def test_netdevs_of_pci(host, pci, expected):
+    assert netdevs_of_pci(pci, root=host.root) == expected
+
+
+def test_netdevs_of_pci_prefers_net_over_virtio(host):
+    host.netdev(H_VIRTIO, "direct0")
+    assert netdevs_of_pci("0000:00:03.0", root=host.root) == ["direct0"]
+
+
+def test_netdevs_of_pci_two_sorted(host):
+    host.netdev(H_PF, "ens2f0np0b")
+    host.netdev(H_PF, "a0")
+    assert netdevs_of_pci("0000:03:00.0", root=host.root) == ["a0", "ens2f0np0", "ens2f0np0b"]
+
+
+def test_netdevs_of_pci_two_virtio_children(host):
+    host.device(f"{H_VIRTIO}/virtio1", "virtio")
+    host.netdev(f"{H_VIRTIO}/virtio1", "eth1")
+    host.dir(f"{H_VIRTIO}/virtio_other_file_like_dir_without_net")
+    assert netdevs_of_pci("0000:00:03.0", root=host.root) == ["eth0", "eth1"]
+
+
+@pytest.mark.parametrize(
+    "dev_id, expected",
+    [("mlx5_core.sf.2", ["enp3s0f0s2"]), ("mlx5_core.sf.9", [])],
+)
+def test_netdevs_of_auxiliary(host, dev_id, expected):
+    assert netdevs_of_auxiliary(dev_id, root=host.root) == expected
+
+
+@pytest.mark.parametrize(
+    "path, expected",
+    [
+        ("/sys/devices/pci0000:00/0000:00:02.0/0000:03:00.2", ["ens2f0v0"]),
+        ("/sys/devices/pci0000:00/0000:00:02.0/0000:03:00.2/", ["ens2f0v0"]),
+        ("/sys/devices/pci0000:00/0000:00:02.0/0000:03:00.0/mlx5_core.sf.2", ["enp3s0f0s2"]),
+        ("/sys/devices/pci0000:00/0000:00:03.0/virtio0", ["eth0"]),
+        ("/sys/devices/pci0000:00/0000:00:02.0/0000:03:00.3", []),
+        ("/sys/devices/nosuch", []),
+    ],
+)
+def test_netdev_of_kernelpath(host, path, expected):
+    assert netdev_of_kernelpath(path, root=host.root) == expected
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["sys/devices/x", "/sys/class/net/eth0", "/sys/devices/../class/net", "/sys/devices/a/../../b",
+     "/sys/devices/\0", 7],
+)
+def test_netdev_of_kernelpath_rejects(host, path):
+    with pytest.raises(ValueError):
+        netdev_of_kernelpath(path, root=host.root)
+
+
+@pytest.mark.parametrize(
+    "pci, expected",
+    [
+        ("0000:03:00.0", "mlx5_core"),
+        ("0000:03:00.3", "vfio-pci"),
+        ("0000:03:00.4", "acme_vf"),
+        ("0000:00:03.0", "virtio-pci"),
+        ("0000:00:04.0", None),  # unbound
+        ("0000:99:00.0", None),  # no such device
+    ],
+)
+def test_driver_of_pci(host, pci, expected):
+    assert driver_of_pci(pci, root=host.root) == expected
+
+
+def test_driver_of_auxiliary(host):
+    assert driver_of_device("auxiliary", "mlx5_core.sf.2", root=host.root) == "mlx5_core.sf"
+
+
+def test_dangling_driver_link_is_no_driver(host):
+    host.link(f"{H_BARE}/driver", "../../../bus/pci/drivers/gone")
+    assert driver_of_pci("0000:00:04.0", root=host.root) is None
+
+
+def test_dpdk_drivers():
+    assert DPDK_DRIVERS == ("vfio-pci", "uio_pci_generic", "igb_uio")
+
+
+@pytest.mark.parametrize(
+    "pci, pf, pf_netdev",
+    [
+        ("0000:03:00.2", "0000:03:00.0", "ens2f0np0"),
+        ("0000:03:00.3", "0000:03:00.0", "ens2f0np0"),  # DPDK VF still knows its PF
+        ("0000:03:00.0", None, None),  # a PF
+        ("0000:00:03.0", None, None),
+        ("0000:99:00.0", None, None),
+    ],
+)
+def test_pf_of_vf(host, pci, pf, pf_netdev):
+    assert pf_of_vf(pci, root=host.root) == pf
+    assert pf_netdev_of_vf(pci, root=host.root) == pf_netdev
+
+
+def test_pf_netdev_first_of_several(host):
+    host.netdev(H_PF, "a_pf_port1")
+    assert pf_netdev_of_vf("0000:03:00.2", root=host.root) == "a_pf_port1"
+
+
+def test_pf_without_netdev(host):
+    import shutil
+
+    shutil.rmtree(f"{host.root}/{H_PF}/net")
+    assert pf_of_vf("0000:03:00.2", root=host.root) == "0000:03:00.0"
+    assert pf_netdev_of_vf("0000:03:00.2", root=host.root) is None
+
+
+def test_dangling_physfn_is_not_a_vf(host):
+    host.link(f"{H_BARE}/physfn", "../0000:00:09.0")
+    assert pf_of_vf("0000:00:04.0", root=host.root) is None
+    assert pf_netdev_of_vf("0000:00:04.0", root=host.root) is None
+
+
+@pytest.mark.parametrize(
+    "vf, expected",
+    [
+        ("0000:03:00.2", 0),
+        ("0000:03:00.3", 1),
+        ("0000:03:00.4", 2),
+        ("0000:03:00.4".upper(), 2),
+        ("0000:03:00.5", None),  # only virtfn3, and sriov_numvfs is 3
+        ("0000:03:00.0", None),  # the PF itself
+    ],
+)
+def test_vf_index(host, vf, expected):
+    assert vf_index("0000:03:00.0", vf, root=host.root) == expected
+
+
+def test_vf_index_without_sriov_numvfs_scans_all_links(host):
+    os.unlink(f"{host.root}/{H_PF}/sriov_numvfs")
+    assert vf_index("0000:03:00.0", "0000:03:00.5", root=host.root) == 3
+
+
+def test_vf_index_with_unreadable_numvfs_scans_all_links(host):
+    host.file(f"{H_PF}/sriov_numvfs", "garbage\n")
+    assert vf_index("0000:03:00.0", "0000:03:00.5", root=host.root) == 3
+
+
+def test_vf_index_double_digit(host):
+    vf = f"{ROOT_PORT}/0000:03:01.6"
+    host.file(f"{H_PF}/sriov_numvfs", "16\n")
+    host.device(vf, "pci")
+    host.vf(H_PF, vf, 12)
+    assert vf_index("0000:03:00.0", "0000:03:01.6", root=host.root) == 12
+
+
+def test_vf_index_missing_pf(host):
+    assert vf_index("0000:99:00.0", "0000:03:00.2", root=host.root) is None
+
+
+def test_vf_index_ignores_non_link_virtfn(host):
+    host.dir(f"{H_BARE}/virtfn0/0000:03:00.2")
+    assert vf_index("0000:00:04.0", "0000:03:00.2", root=host.root) is None
+
+
+@pytest.mark.parametrize(
+    "kind, dev_id, expected",
+    [
+        ("pci", "0000:03:00.2", True),
+        ("pci", "0000:03:00.2".upper(), True),
+        ("pci", "0000:99:00.0", False),
+        ("auxiliary", "mlx5_core.sf.2", True),
+        ("auxiliary", "mlx5_core.sf.9", False),
+        ("auxiliary", "0000:03:00.2", False),  # not searched across buses
+    ],
+)
+def test_device_exists(host, kind, dev_id, expected):
+    assert device_exists(kind, dev_id, root=host.root) is expected
+
+
+@pytest.mark.parametrize(
+    "kind, dev_id",
+    [("usb", "1-1"), ("pci", "mlx5_core.sf.2"), ("pci", "03:00.2"), ("auxiliary", "a/b"), ("auxiliary", "..")],
+)
+def test_device_exists_rejects(host, kind, dev_id):
+    with pytest.raises(ValueError):
+        device_exists(kind, dev_id, root=host.root)
+
+
+@pytest.mark.parametrize(
+    "ifname, expected",
+    [
+        ("ens2f0np0", ("pci", "0000:03:00.0")),
+        ("ens2f0v0", ("pci", "0000:03:00.2")),
+        ("enp3s0f0s2", ("auxiliary", "mlx5_core.sf.2")),
+        ("eth0", ("pci", "0000:00:03.0")),  # virtio -> its PCI function
+        ("nosuch0", None),
+    ],
+)
+def test_device_id_of_netdev(host, ifname, expected):
+    assert device_id_of_netdev(ifname, root=host.root) == expected
+
+
+def test_device_id_of_virtual_and_other_bus(tree):
+    assert device_id_of_netdev("veth0", root=tree.root) is None
+    usb = "sys/devices/pci0000:00/0000:00:14.0/usb2/2-1/2-1:1.0"
+    tree.device("sys/devices/pci0000:00/0000:00:14.0", "pci")
+    tree.device(usb, "usb")
+    tree.netdev(usb, "enx001122334455")
+    assert device_id_of_netdev("enx001122334455", root=tree.root) is None
+
+
+def test_device_id_without_subsystem_link_uses_the_name(tmp_path):
+    t = Tree(tmp_path)
+    t.dir(PF)
+    t.netdev(PF, "ens1f0np0")
+    assert device_id_of_netdev("ens1f0np0", root=str(tmp_path)) == ("pci", "0000:3b:00.0")
+
+
+def test_rdma_devices_of_the_host_ids(host):
+    assert rdma_devices_for_device_id("0000:03:00.2", root=host.root) == ["mlx5_2"]
+    assert rdma_devices_for_device_id("mlx5_core.sf.2", root=host.root) == ["mlx5_3"]
+    assert rdma_devices_for_device_id("0000:03:00.3", root=host.root) == []  # vfio VF: zero
+    host.ibdev(H_SF, "mlx5_4")
+    assert rdma_devices_for_device_id("mlx5_core.sf.2", root=host.root) == ["mlx5_3", "mlx5_4"]
+
+
+@pytest.mark.parametrize("bad", ["", "..", "a/b", "03:00.2", "0000:03:00.8"])
+def test_pci_functions_reject_bad_addresses(host, bad):
+    for fn in (netdevs_of_pci, driver_of_pci, pf_of_vf, pf_netdev_of_vf):
+        with pytest.raises(ValueError):
+            fn(bad, root=host.root)
+    with pytest.raises(ValueError):
+        vf_index("0000:03:00.0", bad, root=host.root)
+    with pytest.raises(ValueError):
+        vf_index(bad, "0000:03:00.2", root=host.root)
+
+
+def test_new_lookups_stay_in_root(host, tmp_path):
+    # an absolute physfn resolves inside root, not on the host's /sys
+    host.link(f"{H_BARE}/physfn", f"/{H_PF}")
+    assert pf_of_vf("0000:00:04.0", root=host.root) == "0000:03:00.0"
+    host.link(f"{H_BARE}/net", "../" * 8 + "etc")
+    assert netdevs_of_pci("0000:00:04.0", root=host.root) == []

@@ -27,6 +27,7 @@ POOL_EXHAUSTED = 102  # no free address in a range
 ADDRESS_UNAVAILABLE = 103  # a requested address is taken or outside every range
 IPAM_FAILURE = 104  # the delegated IPAM plugin failed or returned garbage
 CHECK_FAILED = 105  # CHECK found the attachment differs from what ADD made
+DEVICE_BUSY = 106  # the device is allocated to another live pod
 
 
 class CNIError(Exception):

@@ -57,3 +57,35 @@ def decide_shared(setting: str, link: str, devices: list[str], mode: Optional[st
     if len(devices) > 1:
         return SharedDecision(None, f"master {link} has several RDMA devices {devices}; not reporting one")
     return SharedDecision(device)
+
+
+EXCLUSIVE_MODE_FIX = (
+    "switch the host to exclusive RDMA netns mode: 'rdma system set netns exclusive' while no pod "
+    "netns exists, or at boot with the module parameter 'options ib_core netns_mode=0'; "
+    'or set "rdma": "auto" to move only the netdev'
+)
+
+
+def decide_exclusive(setting: str, device_id: str, devices: list[str], mode: Optional[str]) -> Optional[str]:
+    """Exclusive mode (host-device-rdma): the RDMA device to move with the netdev, or None.
+
+    "auto" moves it when the host is in exclusive mode and the device has exactly one RDMA
+    device; "required" fails unless that is so.
+    """
+    if setting == "off":
+        return None
+    if len(devices) > 1:
+        raise CNIError(RDMA_MISMATCH, f"{device_id} has several RDMA devices {devices}, expected one",
+                       'set "rdma": "off" or pick a single function (PF, VF or SF)')
+    if not devices:
+        if setting == "required":
+            raise CNIError(RDMA_MISMATCH, f'rdma is "required" but {device_id} has no RDMA device',
+                           "load the NIC's RDMA driver (e.g. mlx5_ib) or set \"rdma\": \"auto\"")
+        return None
+    if mode == EXCLUSIVE:
+        return devices[0]
+    if setting == "required":
+        found = "shared" if mode == SHARED else "unknown (no RDMA netlink)"
+        raise CNIError(RDMA_MISMATCH, f'rdma is "required" but the RDMA netns mode is {found}: {devices[0]} cannot move into the pod',
+                       EXCLUSIVE_MODE_FIX)
+    return None

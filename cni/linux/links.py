@@ -41,6 +41,17 @@ def rtnl_in(netns_path: Optional[str] = None) -> Iterator[IPRoute]:
         ipr.close()
 
 
+@contextmanager
+def rtnl_in_fd(fd: int) -> Iterator[IPRoute]:
+    """An rtnetlink socket bound to the namespace open as ``fd``."""
+    with netns.entered_fd(fd):
+        ipr = IPRoute()
+    try:
+        yield ipr
+    finally:
+        ipr.close()
+
+
 def kernel_error(action: str, exc: NetlinkError, hint: str = "") -> CNIError:
     details = f"{hint} (errno {exc.code})" if hint else f"errno {exc.code}"
     return CNIError(LINK_FAILURE, f"{action}: {exc.args[1] if len(exc.args) > 1 else exc}", details)
@@ -58,6 +69,8 @@ class Link:
     mac: str
     mtu: int
     up: bool
+    alias: str = ""
+    altnames: tuple = ()
     macvlan_mode: str = ""
     parent_index: int = 0  # IFLA_LINK
     parent_netnsid: Optional[int] = None  # IFLA_LINK_NETNSID when the parent is in another netns
@@ -71,10 +84,17 @@ class Link:
             mac=(msg.get("IFLA_ADDRESS") or "").lower(),
             mtu=msg.get("IFLA_MTU") or 0,
             up=bool(msg["flags"] & 1),
+            alias=msg.get("IFLA_IFALIAS") or "",
+            altnames=_altnames(msg),
             macvlan_mode=msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_DATA", "IFLA_MACVLAN_MODE") or "",
             parent_index=msg.get("IFLA_LINK") or 0,
             parent_netnsid=msg.get("IFLA_LINK_NETNSID"),
         )
+
+
+def _altnames(msg) -> tuple:
+    props = msg.get("IFLA_PROP_LIST")
+    return tuple(value for key, value in props["attrs"] if key == "IFLA_ALT_IFNAME") if props else ()
 
 
 def _get_link(ipr: IPRoute, what: str, **key) -> Optional[Link]:
@@ -146,6 +166,31 @@ def set_up(ipr: IPRoute, index: int, name: Optional[str] = None) -> None:
     except NetlinkError as exc:
         hint = MAC_IN_USE_HINT if exc.code == errno.EADDRINUSE else ""
         raise kernel_error(f"set {name or f'link #{index}'} up", exc, hint) from exc
+
+
+def set_attrs(ipr: IPRoute, index: int, what: str, **attrs) -> None:
+    """One RTM_NEWLINK set request (name, mtu, address, ifalias, net_ns_fd, state ...)."""
+    try:
+        ipr.link("set", index=index, **attrs)
+    except NetlinkError as exc:
+        hint = MAC_IN_USE_HINT if exc.code == errno.EADDRINUSE else ""
+        raise kernel_error(what, exc, hint) from exc
+
+
+def drop_altname(ipr: IPRoute, index: int, altname: str) -> None:
+    """Remove an alternative name (the kernel may keep the old name as one after a rename)."""
+    try:
+        ipr.link("property_del", index=index, altname=altname)
+    except NetlinkError as exc:
+        if exc.code not in (errno.ENOENT, errno.ENODATA, errno.EOPNOTSUPP, errno.EINVAL):
+            raise kernel_error(f"drop altname {altname}", exc) from exc
+
+
+def find_by_alias(ipr: IPRoute, alias: str) -> Optional[Link]:
+    for msg in ipr.get_links():
+        if msg.get("IFLA_IFALIAS") == alias:
+            return Link.from_msg(msg)
+    return None
 
 
 def delete(ipr: IPRoute, index: int) -> None:

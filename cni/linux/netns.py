@@ -69,3 +69,43 @@ def same_netns(path: str) -> bool:
         return False
     b = os.stat("/proc/thread-self/ns/net")
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+@contextmanager
+def temporary() -> Iterator[int]:
+    """A fresh, unnamed network namespace for the body; yields its fd.
+
+    The calling thread unshares into a new namespace, keeps an fd to it and switches straight
+    back, so nothing is mounted under /run/netns and nothing outlives the fd: when it is closed
+    the kernel destroys the namespace, and a physical device still inside returns to the host
+    (virtual ones are destroyed). Used for renames away from both the host's and the pod's names.
+    """
+    own = current_netns_fd()
+    try:
+        if _libc.unshare(CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"unshare(CLONE_NEWNET): {os.strerror(err)}")
+        try:
+            tmp = current_netns_fd()
+        finally:
+            _setns(own)
+        try:
+            yield tmp
+        finally:
+            os.close(tmp)
+    finally:
+        os.close(own)
+
+
+@contextmanager
+def entered_fd(fd: int) -> Iterator[None]:
+    """Like :func:`entered` for a namespace already open as ``fd``."""
+    own = current_netns_fd()
+    try:
+        _setns(fd)
+        try:
+            yield
+        finally:
+            _setns(own)
+    finally:
+        os.close(own)

@@ -146,3 +146,173 @@ def pci_address_of_netdev(ifname: str, root: str = "/") -> str | None:
         parts = parts[:-1]
         host = _resolve(root, "/" + "/".join(parts))[0]
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Device selection (host-device-rdma): netdevs, drivers and SR-IOV links of a device ID.
+#
+# Kernel facts relied on (and how host-device / sriov-cni use them):
+#
+# - ``/sys/bus/pci/devices/<pci>`` and ``/sys/bus/auxiliary/devices/<id>`` are symlinks to the
+#   device directories; a netdev whose parent is the device appears as ``<dev>/net/<ifname>/``.
+#   virtio-net is one level down: the PCI function's child ``virtioN`` owns the netdev
+#   (``<pci>/virtio0/net/eth0``), which host-device's ``pciBusID`` lookup handles.
+# - ``<dev>/driver`` is a symlink to ``/sys/bus/<bus>/drivers/<name>`` while a driver is bound,
+#   absent otherwise. A PCI function bound to vfio-pci, uio_pci_generic or igb_uio has no netdev
+#   (DPDK mode in sriov-cni and host-device).
+# - A VF has ``physfn -> ../<pf>``; its PF has ``virtfnN -> ../<vf>`` for N < ``sriov_numvfs``
+#   and ``sriov_numvfs`` itself. (Stale ``virtfnN`` above ``sriov_numvfs`` are ignored like
+#   sriov-cni does.) The PF's netdevs are under ``<vf>/physfn/net/``.
+# - An mlx5 sub-function is an auxiliary device ``mlx5_core.sf.N`` under its PF's PCI directory
+#   with its own ``net/`` and ``infiniband/``.
+# ---------------------------------------------------------------------------------------------
+
+DPDK_DRIVERS = ("vfio-pci", "uio_pci_generic", "igb_uio")
+
+DEVICE_KINDS = ("pci", "auxiliary")
+
+_VIRTFN_RE = re.compile(r"^virtfn([0-9]+)$")
+
+
+def _pci(value: str) -> str:
+    """A validated PCI address in sysfs spelling (lower case); ValueError otherwise."""
+    if not is_pci_address(value):
+        raise ValueError(f"invalid PCI address {value!r} (want dddd:bb:dd.f)")
+    return value.lower()
+
+
+def _bus_path(kind: str, dev_id: str) -> str:
+    if kind == "pci":
+        return f"/sys/bus/pci/devices/{_pci(dev_id)}"
+    if kind == "auxiliary":
+        return f"/sys/bus/auxiliary/devices/{_check_name('auxiliary device ID', dev_id)}"
+    raise ValueError(f"invalid device kind {kind!r} (want one of {DEVICE_KINDS})")
+
+
+def _link_basename(root: str, path: str) -> str | None:
+    """Basename of what symlink ``path`` resolves to inside root, None if it is dangling/absent."""
+    host, parts = _resolve(root, path)
+    return parts[-1] if parts and os.path.exists(host) else None
+
+
+def device_exists(kind: str, dev_id: str, root: str = "/") -> bool:
+    """True when ``/sys/bus/<kind>/devices/<id>`` resolves to a device directory.
+
+    ``kind`` is "pci" (``dev_id`` must be a PCI address) or "auxiliary"; ValueError otherwise.
+    """
+    return os.path.isdir(_resolve(root, _bus_path(kind, dev_id))[0])
+
+
+def netdevs_of_pci(pci: str, root: str = "/") -> list[str]:
+    """Netdevs of PCI function ``pci``, sorted: ``<pci>/net/*``, else ``<pci>/virtio*/net/*``."""
+    base = _bus_path("pci", pci)
+    found = _subdirs(root, f"{base}/net")
+    if found:
+        return found
+    virtio = [d for d in _subdirs(root, base) if d.startswith("virtio")]
+    return sorted({n for d in virtio for n in _subdirs(root, f"{base}/{d}/net")})
+
+
+def netdevs_of_auxiliary(dev_id: str, root: str = "/") -> list[str]:
+    """Netdevs of auxiliary device ``dev_id`` (e.g. ``mlx5_core.sf.2``), sorted."""
+    return _subdirs(root, f"{_bus_path('auxiliary', dev_id)}/net")
+
+
+def netdev_of_kernelpath(path: str, root: str = "/") -> list[str]:
+    """Netdevs under host-device's ``kernelpath`` (``<path>/net/*``), sorted.
+
+    ``path`` must be absolute, start with ``/sys/devices/`` and have no ``..`` component
+    (ValueError otherwise); it is read inside root like every other lookup.
+    """
+    if not isinstance(path, str) or "\0" in path or not path.startswith("/sys/devices/"):
+        raise ValueError(f"invalid kernelpath {path!r} (want an absolute /sys/devices/... path)")
+    if ".." in path.split("/"):
+        raise ValueError(f"invalid kernelpath {path!r} ('..' is not allowed)")
+    return _subdirs(root, f"{path.rstrip('/')}/net")
+
+
+def driver_of_device(kind: str, dev_id: str, root: str = "/") -> str | None:
+    """Name of the driver bound to a PCI or auxiliary device (basename of ``driver``), or None."""
+    return _link_basename(root, f"{_bus_path(kind, dev_id)}/driver")
+
+
+def driver_of_pci(pci: str, root: str = "/") -> str | None:
+    """Name of the driver bound to PCI function ``pci`` (e.g. ``mlx5_core``, ``vfio-pci``), or None."""
+    return driver_of_device("pci", pci, root)
+
+
+def pf_of_vf(pci: str, root: str = "/") -> str | None:
+    """PCI address of the PF of VF ``pci`` (where ``physfn`` leads); None for a non-VF."""
+    name = _link_basename(root, f"{_bus_path('pci', pci)}/physfn")
+    return name.lower() if name is not None and is_pci_address(name) else None
+
+
+def pf_netdev_of_vf(pci: str, root: str = "/") -> str | None:
+    """The PF's netdev of VF ``pci``: first entry of ``<vf>/physfn/net/`` (sriov-cni), or None."""
+    found = _subdirs(root, f"{_bus_path('pci', pci)}/physfn/net")
+    return found[0] if found else None
+
+
+def sriov_numvfs(pf_pci: str, root: str = "/") -> int | None:
+    """The PF's ``sriov_numvfs`` (VFs currently enabled), None when absent or unreadable."""
+    text = _read_text(root, f"{_bus_path('pci', pf_pci)}/sriov_numvfs")
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def vf_index(pf_pci: str, vf_pci: str, root: str = "/") -> int | None:
+    """N such that the PF's ``virtfnN`` link names ``vf_pci``, else None.
+
+    As sriov-cni does, only N < ``sriov_numvfs`` counts when that file exists; the link's
+    target is compared by basename (``virtfn3 -> ../0000:3b:00.5``).
+    """
+    vf = _pci(vf_pci)
+    host_pf = _resolve(root, _bus_path("pci", pf_pci))[0]
+    limit = sriov_numvfs(pf_pci, root)
+    try:
+        entries = os.listdir(host_pf)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    for entry in entries:
+        m = _VIRTFN_RE.fullmatch(entry)
+        if m is None or (limit is not None and int(m.group(1)) >= limit):
+            continue
+        link = os.path.join(host_pf, entry)
+        if os.path.islink(link) and os.path.basename(os.readlink(link).rstrip("/")).lower() == vf:
+            return int(m.group(1))
+    return None
+
+
+def device_id_of_netdev(ifname: str, root: str = "/") -> tuple[str, str] | None:
+    """The device ID behind netdev ``ifname`` as a device plugin names it, or None.
+
+    From ``/sys/class/net/<if>/device`` and that device's ``subsystem`` link:
+    ``("auxiliary", "mlx5_core.sf.2")`` on the auxiliary bus; ``("pci", "dddd:bb:dd.f")`` for a
+    PCI function (PF or VF; a device without a ``subsystem`` link counts when it is named like a
+    PCI address); for virtio-net (device ``virtioN`` on the virtio bus) the PCI function it sits
+    on, the ID ``pciBusID`` would name. None for a virtual netdev, a missing one, or another bus
+    (USB).
+    """
+    _check_name("interface name", ifname)
+    host, parts = _resolve(root, f"/sys/class/net/{ifname}/device")
+    if not parts or not os.path.isdir(host):
+        return None
+    bus = _bus_of(root, parts)
+    if bus == "auxiliary":
+        return ("auxiliary", parts[-1])
+    if bus == "virtio" and len(parts) > 1:
+        parts = parts[:-1]
+        bus = _bus_of(root, parts)
+    if is_pci_address(parts[-1]) and bus in ("pci", None):
+        return ("pci", parts[-1].lower())
+    return None
+
+
+def _bus_of(root: str, parts: list[str]) -> str | None:
+    """Bus name of the device at ``parts`` (``subsystem -> .../bus/<name>``), None if unknown."""
+    host, sub = _resolve(root, "/" + "/".join(parts + ["subsystem"]))
+    if os.path.isdir(host) and len(sub) >= 2 and sub[-2] == "bus":
+        return sub[-1]
+    return None

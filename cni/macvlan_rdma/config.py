@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-import re
 from typing import Literal, Optional
 
 from pydantic import Field, field_validator
 
-from cni.core.args import split_list
+from cni.core import macaddr
 from cni.core.invocation import Invocation
+from cni.core.macaddr import normalize_mac
 from cni.core.netconf import NetConf, load
-
-_MAC_RE = re.compile(r"^[0-9a-fA-F]{2}([:-][0-9a-fA-F]{2}){5}$")
-
-
-def normalize_mac(value: str, field: str) -> str:
-    if not _MAC_RE.match(value):
-        raise ValueError(f"{value!r} is not a MAC address like 0a:58:0a:01:01:05 ({field})")
-    mac = value.replace("-", ":").lower()
-    if int(mac[:2], 16) & 1:
-        raise ValueError(f"{value!r} is a multicast MAC address; use a unicast one ({field})")
-    return mac
 
 
 class MacvlanConf(NetConf):
@@ -49,14 +38,4 @@ def load_conf(inv: Invocation) -> MacvlanConf:
 
 
 def effective_mac(conf: MacvlanConf, inv: Invocation) -> Optional[str]:
-    """config ``mac`` < CNI_ARGS ``MAC`` < ``runtimeConfig.mac`` (Go macvlan and sriov-cni)."""
-    from cni.core.errors import INVALID_CONFIG, CNIError
-
-    mac = conf.mac
-    for value, where in ((inv.args.get("MAC"), "CNI_ARGS MAC"), (conf.runtimeConfig.mac, "runtimeConfig.mac")):
-        if value:
-            try:
-                mac = normalize_mac(split_list(value)[0] if where.startswith("CNI") else value, where)
-            except ValueError as exc:
-                raise CNIError(INVALID_CONFIG, f"invalid network config: {exc}", "give a unicast MAC address such as 0a:58:0a:01:01:05") from None
-    return mac
+    return macaddr.effective_mac(conf.mac, conf.runtimeConfig.mac, inv)

@@ -10,10 +10,18 @@
 #   3. extract the uncompressed vmlinux ELF from its bzImage (PVH boot: no decompression);
 #   4. build an uncompressed initramfs: busybox-static, the kernel's virtio-pci / 9p / overlay
 #      modules with their dependencies, and init.sh as /init;
-#   5. write $CACHE/vm.env, which harness.py reads.
+#   5. build netdevsim.ko out of tree (Debian's 6.1 kernel has no CONFIG_NETDEVSIM): install
+#      linux-headers-<kver> and linux-source-<major.minor> at the kernel package's version (plus
+#      make and gcc when missing), unpack only drivers/net/netdevsim/ from the source tarball and
+#      run "make -C /usr/src/linux-headers-<kver> M=<dir> CONFIG_NETDEVSIM=m modules"; the .ko is
+#      cached in $CACHE/netdevsim/<kernel package>_<version>/, so this runs once per machine;
+#   6. write $CACHE/vm.env, which harness.py reads.
 #
 # Cache dir: $RDMANET_VM_CACHE, default /var/cache/rdmanet-vm. Exit status non-zero with a
-# message naming the failed step.
+# message naming the failed step. A failed netdevsim build is NOT fatal (the rxe tests need none
+# of it): prepare.sh warns, writes the reason to $CACHE/netdevsim/error and leaves
+# RDMANET_VM_NETDEVSIM empty in vm.env, so that the VF tests fail with that reason instead of
+# being skipped. The next run retries the build.
 set -euo pipefail
 
 CACHE="${RDMANET_VM_CACHE:-/var/cache/rdmanet-vm}"
@@ -164,7 +172,112 @@ else
     say "initramfs up to date: $INITRD"
 fi
 
-# --- 5. what the harness reads ---------------------------------------------------------------
+# --- 5. netdevsim.ko -------------------------------------------------------------------------
+NSIM_ROOT="$CACHE/netdevsim"
+NSIM_DIR="$NSIM_ROOT/${KPKG}_${KVERSION}"
+NSIM_KO="$NSIM_DIR/netdevsim.ko"
+NSIM_ERROR_FILE="$NSIM_ROOT/error"
+NSIM_LOG="$NSIM_ROOT/build.log"
+NSIM_ERROR=""
+
+# Every step records its failure in NSIM_ERROR and returns 1 (never die: see the header).
+nsim_fail() { NSIM_ERROR="$*"; return 1; }
+nsim_install() {   # nsim_install pkg[=version]...: apt-get install, updating the lists once on failure
+    local log="$NSIM_ROOT/apt.log"
+    if ! apt-get install -y -qq --no-install-recommends --allow-downgrades "$@" > "$log" 2>&1; then
+        if [ "$UPDATED" = 0 ]; then
+            say "apt-get update"
+            apt-get update -qq > /dev/null 2>&1 && UPDATED=1
+        fi
+        apt-get install -y -qq --no-install-recommends --allow-downgrades "$@" > "$log" 2>&1 \
+            || nsim_fail "apt-get install $* failed: $(grep -E '^(E|Err):' "$log" | tail -n2 | tr '\n' ' ')" \
+            || return 1
+    fi
+    rm -f "$log"
+}
+version_of() { dpkg-query -W -f='${Status} ${Version}' "$1" 2> /dev/null | sed -n 's/^install ok installed //p'; }
+available() { [ -n "$(apt-cache madison "$1" 2> /dev/null | awk -v v="$2" '$3 == v')" ]; }
+
+build_netdevsim() {
+    local series srcpkg hdrpkg want=() tarball hdrdir work src
+    series="$(echo "$KVER" | cut -d. -f1,2)"          # 6.1.0-56-amd64 -> 6.1
+    srcpkg="linux-source-$series"
+    hdrpkg="linux-headers-$KVER"
+    hdrdir="/usr/src/linux-headers-$KVER"
+    tarball="/usr/src/linux-source-$series.tar.xz"
+    mkdir -p "$NSIM_ROOT"
+    # headers: exactly the kernel package's version (vermagic and symbol CRCs must match)
+    [ "$(version_of "$hdrpkg")" = "$KVERSION" ] || want+=("$hdrpkg=$KVERSION")
+    # source: the same version when the archive still has it, else the newest of the series
+    if [ "$(version_of "$srcpkg")" != "$KVERSION" ]; then
+        if available "$srcpkg" "$KVERSION"; then
+            want+=("$srcpkg=$KVERSION")
+        elif [ -z "$(version_of "$srcpkg")" ]; then
+            say "warning: $srcpkg $KVERSION is not in the archive; using its candidate version"
+            want+=("$srcpkg")
+        fi
+    fi
+    for p in make gcc; do installed "$p" || want+=("$p"); done
+    if [ "${#want[@]}" -gt 0 ]; then
+        say "installing ${want[*]} (to build netdevsim.ko)"
+        nsim_install "${want[@]}" || return 1
+    fi
+    [ -f "$hdrdir/Makefile" ] || nsim_fail "$hdrdir/Makefile missing after installing $hdrpkg" || return 1
+    [ -f "$tarball" ] || nsim_fail "$tarball missing after installing $srcpkg" || return 1
+
+    work="$(mktemp -d "$NSIM_ROOT/build.XXXXXX")"
+    src="$work/linux-source-$series/drivers/net/netdevsim"
+    say "unpacking drivers/net/netdevsim/ from $tarball ($(version_of "$srcpkg"))"
+    if ! tar -xJf "$tarball" -C "$work" "linux-source-$series/drivers/net/netdevsim" > "$NSIM_LOG" 2>&1; then
+        rm -rf "$work"
+        nsim_fail "tar could not unpack drivers/net/netdevsim from $tarball: $(tail -n1 "$NSIM_LOG")"
+        return 1
+    fi
+    say "building netdevsim.ko against $hdrdir"
+    if ! make -C "$hdrdir" M="$src" CONFIG_NETDEVSIM=m -j"$(nproc)" modules >> "$NSIM_LOG" 2>&1 \
+        || [ ! -s "$src/netdevsim.ko" ]; then
+        rm -rf "$work"
+        nsim_fail "make M=drivers/net/netdevsim modules failed (log: $NSIM_LOG): $(grep -m1 -E 'error|Error' "$NSIM_LOG")"
+        return 1
+    fi
+    local magic
+    magic="$(modinfo -F vermagic "$src/netdevsim.ko" 2> /dev/null)"
+    if [ "${magic%% *}" != "$KVER" ]; then
+        rm -rf "$work"
+        nsim_fail "netdevsim.ko has vermagic '$magic', not $KVER"
+        return 1
+    fi
+    mkdir -p "$NSIM_DIR"
+    # without its debug info the module is ~20x smaller: cheaper to read over 9p under TCG
+    strip --strip-debug -o "$NSIM_KO.tmp" "$src/netdevsim.ko" 2> /dev/null || cp "$src/netdevsim.ko" "$NSIM_KO.tmp"
+    mv "$NSIM_KO.tmp" "$NSIM_KO"
+    echo "$(version_of "$srcpkg")" > "$NSIM_DIR/source-version"
+    rm -rf "$work"
+}
+
+rm -rf "$NSIM_ROOT"/build.*   # left by an interrupted run (we hold the cache lock)
+if [ -s "$NSIM_KO" ]; then
+    say "netdevsim.ko present: $NSIM_KO"
+else
+    start=$SECONDS
+    if build_netdevsim; then
+        say "netdevsim.ko built in $((SECONDS - start)) s: $NSIM_KO (depends: $(modinfo -F depends "$NSIM_KO"))"
+    else
+        NSIM_KO=""
+        say "warning: no netdevsim.ko, the VF tests will fail: $NSIM_ERROR"
+    fi
+fi
+if [ -n "$NSIM_KO" ]; then
+    rm -f "$NSIM_ERROR_FILE"
+    for old in "$NSIM_ROOT"/*_*; do   # drop the modules of other kernels
+        [ "$old" = "$NSIM_DIR" ] || rm -rf "$old"
+    done
+else
+    mkdir -p "$NSIM_ROOT"
+    echo "$NSIM_ERROR" > "$NSIM_ERROR_FILE"
+fi
+
+# --- 6. what the harness reads ---------------------------------------------------------------
 cat > "$CACHE/vm.env.tmp" << EOF
 RDMANET_VM_KPKG=$KPKG
 RDMANET_VM_KPKG_VERSION=$KVERSION
@@ -172,6 +285,8 @@ RDMANET_VM_KVER=$KVER
 RDMANET_VM_VMLINUX=$VMLINUX
 RDMANET_VM_INITRD=$INITRD
 RDMANET_VM_MODULES=$MODDIR
+RDMANET_VM_NETDEVSIM=$NSIM_KO
+RDMANET_VM_NETDEVSIM_ERROR_FILE=$([ -n "$NSIM_KO" ] || echo "$NSIM_ERROR_FILE")
 EOF
 mv "$CACHE/vm.env.tmp" "$CACHE/vm.env"
 say "ready: $CACHE/vm.env"

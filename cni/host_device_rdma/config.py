@@ -1,0 +1,59 @@
+"""host-device-rdma's network configuration: host-device's selectors, sriov-cni's VF knobs, ``rdma``."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import Field, field_validator
+
+from cni.core import macaddr
+from cni.core.invocation import Invocation
+from cni.core.netconf import NetConf, load
+
+DEFAULT_STATE_DIR = "/var/lib/cni/host-device-rdma"
+
+
+class HostDeviceConf(NetConf):
+    device: Optional[str] = Field(None, min_length=1, max_length=15, description="device is a host interface name, e.g. ens1f0")
+    hwaddr: Optional[str] = Field(None, description="hwaddr is the MAC address of the host interface to move")
+    kernelpath: Optional[str] = Field(None, description="kernelpath is a /sys/devices/... path of the device")
+    pciBusID: Optional[str] = Field(None, description="pciBusID is a PCI address dddd:bb:dd.f (Multus sets it from the resourceName)")
+    deviceID: Optional[str] = Field(None, description="deviceID is a PCI address or auxiliary device name (Multus sets it from the resourceName)")
+    mtu: int = Field(0, ge=0, le=65535, description="mtu is 0 (keep) or the MTU to set in the pod")
+    mac: Optional[str] = Field(None, description="mac is a unicast MAC address such as 0a:58:0a:01:01:05")
+    vlan: Optional[int] = Field(None, ge=0, le=4094, description="vlan is a VF VLAN ID 0-4094 (SR-IOV VFs only)")
+    vlanQoS: Optional[int] = Field(None, ge=0, le=7, description="vlanQoS is 0-7 and needs a non-zero vlan")
+    vlanProto: Optional[str] = Field(None, description='vlanProto is "802.1q" or "802.1ad"')
+    spoofchk: Optional[Literal["on", "off"]] = Field(None, description='spoofchk is "on" or "off"')
+    trust: Optional[Literal["on", "off"]] = Field(None, description='trust is "on" or "off"')
+    link_state: Optional[Literal["auto", "enable", "disable"]] = Field(None, description='link_state is "auto", "enable" or "disable"')
+    min_tx_rate: Optional[int] = Field(None, ge=0, description="min_tx_rate is in Mbps, 0 disables it")
+    max_tx_rate: Optional[int] = Field(None, ge=0, description="max_tx_rate is in Mbps, 0 disables it")
+    rdma: Literal["auto", "required", "off"] = Field(
+        "auto", description='rdma is "auto" (move the RDMA device in exclusive mode), "required" or "off"'
+    )
+    stateDir: str = Field(DEFAULT_STATE_DIR, min_length=2, pattern=r"^/", description="stateDir is an absolute directory")
+
+    @field_validator("mac", "hwaddr")
+    @classmethod
+    def _mac(cls, value: Optional[str], info) -> Optional[str]:
+        return macaddr.normalize_mac(value, info.field_name) if value else value
+
+    @field_validator("vlanProto")
+    @classmethod
+    def _proto(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and value.lower() not in ("802.1q", "802.1ad"):
+            raise ValueError(f'{value!r} is not "802.1q" or "802.1ad"')
+        return value.lower() if value else value
+
+    def vf_knobs_set(self) -> bool:
+        return any(getattr(self, k) is not None for k in
+                   ("vlan", "vlanQoS", "vlanProto", "spoofchk", "trust", "link_state", "min_tx_rate", "max_tx_rate"))
+
+
+def load_conf(inv: Invocation) -> HostDeviceConf:
+    return load(HostDeviceConf, inv.config)
+
+
+def effective_mac(conf: HostDeviceConf, inv: Invocation) -> Optional[str]:
+    return macaddr.effective_mac(conf.mac, conf.runtimeConfig.mac, inv)

@@ -37,6 +37,7 @@ class FakePF:
         self.name = name
         self.vfs = {i: kernel_vf() for i in range(num_vfs)}
         self.fail = {}  # IFLA_VF_* -> errno
+        self.refuse = lambda name, entry: None  # or an errno for this request
         self.mac_busy = 0  # answer EBUSY to this many MAC requests
         self.mac_sticks = True  # False: accept MAC requests but keep the old MAC
         self.requests = []  # (IFLA_VF_* name, decoded payload) per set request
@@ -80,6 +81,9 @@ class FakePF:
         if name in self.fail:
             raise NetlinkError(self.fail[name], "refused")
         entry = payload.get_attrs("IFLA_VF_VLAN_INFO")[0] if name == "IFLA_VF_VLAN_LIST" else payload
+        code = self.refuse(name, entry)
+        if code:
+            raise NetlinkError(code, "refused")
         vf = entry["vf"]
         if vf not in self.vfs:
             raise NetlinkError(errno.EINVAL, "Invalid argument")
@@ -338,7 +342,7 @@ def test_apply_snapshots_only_what_changed(pf):
     assert vs.apply_vf(pf, PF_INDEX, 0, VfSettings(spoofchk=True, trust=True)) == VfSettings()
     assert pf.requests == []
     vs.restore_vf(pf, PF_INDEX, 0, VfSettings())  # empty snapshot: nothing sent
-    assert pf.requests == [] and pf.gets == 3
+    assert pf.requests == [] and pf.gets == 2
 
 
 def test_apply_8021ad_uses_the_vlan_list(pf):
@@ -385,12 +389,14 @@ def test_refused_undo_is_reported(pf):
         vs.apply_vf(pf, PF_INDEX, 0, VfSettings(trust=True, link_state="enable"))
     assert info.value.msg == "set link_state enable on VF 0 of eth0: Invalid argument"
     assert "restoring the settings changed before it also failed" not in info.value.details
-    # now make the undo fail too
+    assert "(trust) were restored" in info.value.details
+    assert pf.vfs[0] == kernel_vf()
+    # now make the undo fail too: setting VLAN 5 works, going back to 0 does not
     pf.fail = {"IFLA_VF_LINK_STATE": errno.EINVAL}
-    vs.apply_vf(pf, PF_INDEX, 0, VfSettings(trust=True))
-    pf.fail = {"IFLA_VF_LINK_STATE": errno.EINVAL, "IFLA_VF_VLAN": errno.EIO}
+    pf.refuse = lambda name, entry: errno.EIO if name == "IFLA_VF_VLAN" and entry["vlan"] == 0 else None
     with pytest.raises(CNIError) as info:
         vs.apply_vf(pf, PF_INDEX, 0, VfSettings(vlan=5, link_state="enable"))
+    assert info.value.msg == "set link_state enable on VF 0 of eth0: Invalid argument"
     assert "restoring the settings changed before it also failed: could not restore VF 0 of eth0: " \
            "set vlan 0 qos 0 proto 802.1q: Input/output error" in info.value.details
 

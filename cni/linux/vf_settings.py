@@ -40,7 +40,7 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from pyroute2.netlink.exceptions import NetlinkError
 
@@ -395,8 +395,7 @@ def _set(ipr: Any, pf_index: int, pf: str, vf: int, group: str, values: VfSettin
         raise _refused(group, "set " + _describe_group(group, values), exc.code, pf) from None
 
 
-def _set_mac(ipr: Any, pf_index: int, pf: str, vf: int, mac: str,
-             sleep: Callable[[float], None] = time.sleep) -> None:
+def _set_mac(ipr: Any, pf_index: int, pf: str, vf: int, mac: str) -> None:
     """Set the admin MAC and read it back, up to MAC_ATTEMPTS times MAC_RETRY_DELAY apart, as
     sriov-cni does (a VF being reset answers EBUSY or keeps its old MAC for a moment). Errnos that
     another attempt cannot change (PERMANENT_ERRNOS) fail at once."""
@@ -404,7 +403,7 @@ def _set_mac(ipr: Any, pf_index: int, pf: str, vf: int, mac: str,
     why = ""
     for attempt in range(MAC_ATTEMPTS):
         if attempt:
-            sleep(MAC_RETRY_DELAY)
+            time.sleep(MAC_RETRY_DELAY)
         try:
             ipr.link("set", index=pf_index, vf=vf_request(vf, "mac", VfSettings(mac=mac)))
         except NetlinkError as exc:

@@ -17,7 +17,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from cni.core.errors import CHECK_FAILED, INVALID_CONFIG, NOT_AVAILABLE, CNIError
+from cni.core.errors import CHECK_FAILED, NOT_AVAILABLE, CNIError
+from cni.core.gc import VALID_KEY
+from cni.core.gc import valid_attachments as core_valid_attachments
 from cni.core.invocation import Invocation
 from cni.core.result import IPConfig, Result
 
@@ -31,8 +33,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rdmanet.ipam")
 
-VALID_KEY = "cni.dev/valid-attachments"
-LEGACY_VALID_KEY = "cni.dev/attachments"
 # whereabouts' log levels, mapped onto logging's.
 _LEVELS = {"debug": logging.DEBUG, "verbose": logging.INFO, "info": logging.INFO, "error": logging.ERROR,
            "panic": logging.CRITICAL}
@@ -74,20 +74,9 @@ def render(config: "LeaseIPAMConfig", addresses: list) -> Result:
 
 
 def valid_attachments(config: dict) -> Optional[set[Attachment]]:
-    """The GC keep-list, or None when the config carries neither key."""
-    key = VALID_KEY if VALID_KEY in config else LEGACY_VALID_KEY if LEGACY_VALID_KEY in config else None
-    if key is None:
-        return None
-    value = config[key]
-    if not isinstance(value, list):
-        raise CNIError(INVALID_CONFIG, f"{key} must be a list", 'e.g. [{"containerID": "abc", "ifname": "net1"}]')
-    out = set()
-    for i, item in enumerate(value):
-        if not (isinstance(item, dict) and isinstance(item.get("containerID"), str) and isinstance(item.get("ifname"), str)):
-            raise CNIError(INVALID_CONFIG, f"{key}[{i}] must be an object with string containerID and ifname",
-                           'e.g. {"containerID": "abc", "ifname": "net1"}')
-        out.add(Attachment(item["containerID"], item["ifname"]))
-    return out
+    """The GC keep-list as attachments, or None when the config carries neither key."""
+    valid = core_valid_attachments(config)
+    return None if valid is None else {Attachment(cid, ifname) for cid, ifname in valid}
 
 
 def parse_ipam_config(config: dict) -> "LeaseIPAMConfig":

@@ -47,3 +47,8 @@ class CNIError(Exception):
 
     def __repr__(self) -> str:
         return f"CNIError({self.code}, {self.msg!r}, {self.details!r})"
+
+
+def check_failed(msg: str) -> CNIError:
+    """CHECK found the attachment differs from what ADD made."""
+    return CNIError(CHECK_FAILED, f"CHECK: {msg}", "DEL and ADD the attachment again to repair it")

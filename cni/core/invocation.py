@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from .args import parse_cni_args
-from .errors import DECODING_FAILURE, INVALID_CONFIG, INVALID_ENVIRONMENT, UNKNOWN_CONTAINER, CNIError
+from .errors import (
+    DECODING_FAILURE,
+    INVALID_CONFIG,
+    INVALID_ENVIRONMENT,
+    UNKNOWN_CONTAINER,
+    CNIError,
+)
 from .version import IMPLICIT_VERSION, require_supported
 
 COMMANDS = ("ADD", "DEL", "CHECK", "GC", "STATUS", "VERSION")

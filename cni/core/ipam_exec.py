@@ -4,6 +4,7 @@ same environment and the complete stdin; only CNI_COMMAND changes with the verb.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 from typing import Optional
@@ -11,6 +12,8 @@ from typing import Optional
 from .errors import INVALID_CONFIG, IPAM_FAILURE, CNIError
 from .invocation import Invocation
 from .result import Result
+
+log = logging.getLogger("rdmanet")
 
 
 def find_plugin(name: str, path: list[str]) -> str:
@@ -71,6 +74,21 @@ class IPAM:
         if not result.ips:
             raise CNIError(IPAM_FAILURE, f"IPAM plugin {self.type} returned no IP configuration", "check the ipam block's ranges")
         return result
+
+    def add_into(self, result: Result, undo) -> None:
+        """ADD, with the addresses on interface 0 of ``result`` (the plugin's one interface);
+        registers the IPAM DEL on ``undo`` (an ExitStack) for when a later step fails."""
+        allocated = self.add()
+        undo.callback(self._delete_quietly)
+        for ip in allocated.ips:
+            ip.interface = 0
+        result.ips, result.routes, result.dns = allocated.ips, allocated.routes, allocated.dns
+
+    def _delete_quietly(self) -> None:
+        try:
+            self.delete()
+        except Exception as exc:  # rollback must not hide the original error
+            log.warning("rollback: IPAM DEL failed: %s", exc)
 
     def delete(self) -> None:
         exec_plugin(self.type, self.inv, "DEL")

@@ -16,12 +16,19 @@ import os
 from contextlib import ExitStack, contextmanager
 from typing import Iterator, Optional
 
-from cni.core.errors import CHECK_FAILED, INVALID_CONFIG, INVALID_ENVIRONMENT, RDMA_MISMATCH, CNIError
+from cni.core.errors import (
+    INVALID_CONFIG,
+    INVALID_ENVIRONMENT,
+    RDMA_MISMATCH,
+    CNIError,
+    check_failed,
+)
+from cni.core.gc import valid_attachments
 from cni.core.invocation import Invocation
 from cni.core.ipam_exec import IPAM
 from cni.core.rdma_policy import decide_exclusive
 from cni.core.result import DNS, Interface, Result
-from cni.linux import links, netns, sysctl
+from cni.linux import links, netns, sysfs
 from cni.linux.state import StateDir
 
 from . import device_lock
@@ -33,16 +40,12 @@ log = logging.getLogger("rdmanet.host-device-rdma")
 STATE_VERSION = 1
 
 
-def sysfs_root() -> str:
-    """Test hook: point sysfs lookups at a fake tree (the real kernel's is used otherwise)."""
-    return os.environ.get("RDMANET_SYSFS_ROOT", "/")
-
 
 class HostDeviceRdma:
     def add(self, inv: Invocation) -> Result:
         conf = load_conf(inv)
         mac = effective_mac(conf, inv)
-        _require_netns(inv)
+        netns.refuse_own(inv.netns, inv.env)
         states = StateDir(conf.stateDir)
         key = states.key(inv.network_name, inv.container_id, inv.ifname)
         holder = _holder(inv)
@@ -85,19 +88,11 @@ class HostDeviceRdma:
                 states.save(key, state)
                 undo.callback(_quietly, _move_rdma_to_host, rdma_device, inv.netns)
             if conf.ipam:
-                ipam = IPAM(conf.ipam.type, inv)
-                allocated = ipam.add()
-                undo.callback(_quietly, ipam.delete)
-                for ip in allocated.ips:
-                    ip.interface = 0
-                result.ips, result.routes, result.dns = allocated.ips, allocated.routes, allocated.dns
-                if not ref.dpdk:
+                IPAM(conf.ipam.type, inv).add_into(result, undo)
+                if not ref.dpdk:  # DPDK: the addresses are returned for the workload to use, not configured
                     with links.rtnl_in_fd(pod_fd) as pod:
                         index = links.find_link(pod, inv.ifname).index
-                        with netns.entered_fd(pod_fd):
-                            sysctl.set_interface_sysctl("ipv4", inv.ifname, "arp_notify", "1")
-                            sysctl.set_interface_sysctl("ipv6", inv.ifname, "ndisc_notify", "1")
-                        links.configure(pod, index, inv.ifname, result.ips, result.routes)
+                        links.configure_in_pod(pod, pod_fd, index, inv.ifname, result.ips, result.routes)
             if conf.dns:
                 result.dns = DNS.from_json(conf.dns)
             _write_device_info(conf, ref, rdma_device)
@@ -136,7 +131,7 @@ class HostDeviceRdma:
         states = StateDir(conf.stateDir)
         state = states.load(states.key(inv.network_name, inv.container_id, inv.ifname))
         if state is None or not state.get("done"):
-            raise _check_failed(f"no completed attachment {inv.container_id}/{inv.ifname} in {conf.stateDir}")
+            raise check_failed(f"no completed attachment {inv.container_id}/{inv.ifname} in {conf.stateDir}")
         if conf.ipam:
             IPAM(conf.ipam.type, inv).check()
         ref = DeviceRef.from_dict(state["device"])
@@ -146,13 +141,13 @@ class HostDeviceRdma:
                 with links.rtnl_in(inv.netns) as pod:
                     link = links.find_link(pod, inv.ifname)
                     if link is None:
-                        raise _check_failed(f"{inv.ifname} is missing from {inv.netns}")
+                        raise check_failed(f"{inv.ifname} is missing from {inv.netns}")
                     if expected and expected.mac and link.mac != expected.mac.lower():
-                        raise _check_failed(f"{inv.ifname} has MAC {link.mac}, expected {expected.mac}")
+                        raise check_failed(f"{inv.ifname} has MAC {link.mac}, expected {expected.mac}")
                     present = set(links.addresses(pod, link.index))
                     for ip in prev.ips:
                         if ip.address not in present:
-                            raise _check_failed(f"address {ip.address} is missing from {inv.ifname}")
+                            raise check_failed(f"address {ip.address} is missing from {inv.ifname}")
             rdma = state.get("rdma")
             if rdma and rdma.get("moved"):
                 from cni.linux import rdma_netlink
@@ -161,20 +156,20 @@ class HostDeviceRdma:
                     nl = rdma_netlink.RdmaNetlink()
                 with nl:
                     if nl.device_by_name(rdma["device"]) is None:
-                        raise _check_failed(f"RDMA device {rdma['device']} is not in {inv.netns}")
+                        raise check_failed(f"RDMA device {rdma['device']} is not in {inv.netns}")
         except netns.NetnsGone:
-            raise _check_failed(f"netns {inv.netns} does not exist") from None
+            raise check_failed(f"netns {inv.netns} does not exist") from None
         if state.get("vf"):
             from .vf import check_vf_settings
 
             with links.rtnl_in() as host:
                 problem = check_vf_settings(host, ref, state["vf"])
             if problem:
-                raise _check_failed(problem)
+                raise check_failed(problem)
 
     def gc(self, inv: Invocation) -> None:
         conf = load_conf(inv)
-        valid = _valid_attachments(inv.config)
+        valid = valid_attachments(inv.config)
         if valid is not None:
             for key, state in StateDir(conf.stateDir).entries():
                 if state.get("network") != inv.network_name:
@@ -253,13 +248,6 @@ def _quietly(fn, *args) -> None:
         log.warning("rollback step %s failed: %s", getattr(fn, "__name__", fn), exc)
 
 
-def _check_failed(msg: str) -> CNIError:
-    return CNIError(CHECK_FAILED, f"CHECK: {msg}", "DEL and ADD the attachment again to repair it")
-
-
-def _require_netns(inv: Invocation) -> None:
-    if netns.same_netns(inv.netns) and inv.env.get("CNI_NETNS_OVERRIDE", "").lower() not in ("1", "true"):
-        raise CNIError(8, f"CNI_NETNS {inv.netns} is the plugin's own network namespace", "pass the pod's network namespace")
 
 
 @contextmanager
@@ -286,18 +274,18 @@ def _select(conf: HostDeviceConf, host) -> DeviceRef:
                 return msg.get("IFLA_IFNAME")
         return None
 
-    return select_device(fields, netdev_by_mac=netdev_by_mac, root=sysfs_root())
+    return select_device(fields, netdev_by_mac=netdev_by_mac, root=sysfs.default_root())
 
 
 def _rdma_device(conf: HostDeviceConf, ref: DeviceRef) -> Optional[str]:
     if conf.rdma == "off":
         return None
-    from cni.linux import rdma_netlink, sysfs
+    from cni.linux import rdma_netlink
 
     if ref.device_id:
-        devices = sysfs.rdma_devices_for_device_id(ref.device_id, root=sysfs_root())
+        devices = sysfs.rdma_devices_for_device_id(ref.device_id, root=sysfs.default_root())
     else:
-        devices = sysfs.rdma_devices_for_netdev(ref.netdev, root=sysfs_root())
+        devices = sysfs.rdma_devices_for_netdev(ref.netdev, root=sysfs.default_root())
     mode = rdma_netlink.netns_mode() if devices or conf.rdma == "required" else None
     return decide_exclusive(conf.rdma, ref.describe(), devices, mode)
 
@@ -347,10 +335,3 @@ def _write_device_info(conf: HostDeviceConf, ref: DeviceRef, rdma_device: Option
 
     device_info.write_rdma_device_info(path, pci_address=ref.device_id if ref.kind == "pci" else None,
                                        rdma_device=rdma_device, pf_pci_address=ref.pf_pci)
-
-
-def _valid_attachments(config: dict) -> Optional[set]:
-    for key in ("cni.dev/valid-attachments", "cni.dev/attachments"):
-        if isinstance(config.get(key), list):
-            return {(a.get("containerID"), a.get("ifname")) for a in config[key] if isinstance(a, dict)}
-    return None

@@ -20,7 +20,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 from cni.core.errors import LINK_FAILURE, CNIError
 from cni.core.result import IPConfig, Route
 
-from . import netns
+from . import netns, sysctl
 
 IFA_F_TENTATIVE = 0x40
 IFA_F_DADFAILED = 0x08
@@ -244,6 +244,15 @@ def configure(ipr: IPRoute, index: int, ifname: str, ips: list[IPConfig], route_
             ipr.route("add", **spec)
         except NetlinkError as exc:
             raise kernel_error(f"add route {route.dst} via {gw} dev {ifname}", exc) from exc
+
+
+def configure_in_pod(pod: IPRoute, pod_fd: int, index: int, ifname: str, ips: list[IPConfig], route_list: list[Route]) -> None:
+    """Turn on gratuitous ARP / unsolicited NA for the new link (in the pod netns), then
+    :func:`configure` it."""
+    with netns.entered_fd(pod_fd):
+        sysctl.set_interface_sysctl("ipv4", ifname, "arp_notify", "1")
+        sysctl.set_interface_sysctl("ipv6", ifname, "ndisc_notify", "1")
+    configure(pod, index, ifname, ips, route_list)
 
 
 def settle_ipv6(ipr: IPRoute, index: int, timeout: float, name: Optional[str] = None) -> None:

@@ -61,6 +61,14 @@ def entered(path: str) -> Iterator[int]:
         os.close(target)
 
 
+def refuse_own(path: str, env) -> None:
+    """SPEC/skel: a plugin must not work on its own netns unless CNI_NETNS_OVERRIDE says so."""
+    if path and same_netns(path) and env.get("CNI_NETNS_OVERRIDE", "").lower() not in ("1", "true"):
+        from cni.core.errors import INVALID_NETNS, CNIError
+
+        raise CNIError(INVALID_NETNS, f"CNI_NETNS {path} is the plugin's own network namespace", "pass the pod's network namespace")
+
+
 def same_netns(path: str) -> bool:
     """True when ``path`` is the namespace this thread is in (SPEC: refuse to work on it)."""
     try:

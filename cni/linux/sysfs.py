@@ -316,3 +316,9 @@ def _bus_of(root: str, parts: list[str]) -> str | None:
     if os.path.isdir(host) and len(sub) >= 2 and sub[-2] == "bus":
         return sub[-1]
     return None
+
+
+def default_root() -> str:
+    """Where the plugins read sysfs: "/" unless RDMANET_SYSFS_ROOT points at a fake tree (a test
+    hook: netns tests give a veth the PCI and RDMA identity of a NIC this machine lacks)."""
+    return os.environ.get("RDMANET_SYSFS_ROOT", "/")

@@ -14,12 +14,18 @@ import secrets
 from contextlib import ExitStack, contextmanager
 from typing import Optional
 
-from cni.core.errors import CHECK_FAILED, INVALID_CONFIG, INVALID_ENVIRONMENT, INVALID_NETNS, NOT_AVAILABLE, CNIError
+from cni.core.errors import (
+    INVALID_CONFIG,
+    INVALID_ENVIRONMENT,
+    NOT_AVAILABLE,
+    CNIError,
+    check_failed,
+)
 from cni.core.invocation import Invocation
 from cni.core.ipam_exec import IPAM
 from cni.core.rdma_policy import SharedDecision, decide_shared
 from cni.core.result import DNS, Interface, Result
-from cni.linux import links, netns, sysctl
+from cni.linux import links, netns, sysfs
 from cni.linux.links import Link
 
 from .config import MacvlanConf, effective_mac, load_conf
@@ -31,7 +37,7 @@ class MacvlanRdma:
     def add(self, inv: Invocation) -> Result:
         conf = load_conf(inv)
         mac = effective_mac(conf, inv)
-        _refuse_own_netns(inv)
+        netns.refuse_own(inv.netns, inv.env)
         with ExitStack() as stack:
             host = stack.enter_context(links.rtnl_in())
             pod = stack.enter_context(_pod_rtnl(inv.netns))
@@ -45,16 +51,9 @@ class MacvlanRdma:
             undo.callback(links.delete, pod, link.index)
             result = Result(interfaces=[Interface(name=inv.ifname, mac=link.mac, sandbox=inv.netns, mtu=link.mtu)])
             if conf.ipam:
-                ipam = IPAM(conf.ipam.type, inv)
-                allocated = ipam.add()
-                undo.callback(_quietly, ipam.delete)
-                for ip in allocated.ips:
-                    ip.interface = 0
-                result.ips, result.routes, result.dns = allocated.ips, allocated.routes, allocated.dns
-                with netns.entered(inv.netns):
-                    sysctl.set_interface_sysctl("ipv4", inv.ifname, "arp_notify", "1")
-                    sysctl.set_interface_sysctl("ipv6", inv.ifname, "ndisc_notify", "1")
-                links.configure(pod, link.index, inv.ifname, result.ips, result.routes)
+                IPAM(conf.ipam.type, inv).add_into(result, undo)
+                pod_fd = stack.enter_context(_fd(netns.open_netns(inv.netns)))
+                links.configure_in_pod(pod, pod_fd, link.index, inv.ifname, result.ips, result.routes)
             else:
                 links.set_up(pod, link.index, inv.ifname)
             if conf.dns:
@@ -69,7 +68,7 @@ class MacvlanRdma:
             IPAM(conf.ipam.type, inv).delete()
         if not inv.netns:
             return
-        _refuse_own_netns(inv)
+        netns.refuse_own(inv.netns, inv.env)
         try:
             with links.rtnl_in(inv.netns) as pod:
                 link = links.find_link(pod, inv.ifname)
@@ -91,7 +90,7 @@ class MacvlanRdma:
             IPAM(conf.ipam.type, inv).check()
         expected = next((i for i in prev.interfaces if i.name == inv.ifname and i.sandbox == inv.netns), None)
         if expected is None:
-            raise CHECKFail(f"prevResult has no interface {inv.ifname} in sandbox {inv.netns}")
+            raise check_failed(f"prevResult has no interface {inv.ifname} in sandbox {inv.netns}")
         try:
             with links.rtnl_in() as host, links.rtnl_in(inv.netns) as pod:
                 master = _master(conf, host, pod)
@@ -100,7 +99,7 @@ class MacvlanRdma:
                 _check_addresses(pod, link, prev, expected_index=prev.interfaces.index(expected))
                 _check_routes(pod, prev)
         except netns.NetnsGone:
-            raise CHECKFail(f"netns {inv.netns} does not exist") from None
+            raise check_failed(f"netns {inv.netns} does not exist") from None
 
     def gc(self, inv: Invocation) -> None:
         # macvlan-rdma keeps no state of its own: links die with their netns.
@@ -118,20 +117,14 @@ class MacvlanRdma:
             IPAM(conf.ipam.type, inv).status()
 
 
-def CHECKFail(msg: str) -> CNIError:
-    return CNIError(CHECK_FAILED, f"CHECK: {msg}", "DEL and ADD the attachment again to repair it")
 
-
-def _quietly(fn) -> None:
+@contextmanager
+def _fd(fd: int):
     try:
-        fn()
-    except Exception as exc:  # rollback must not hide the original error
-        log.warning("rollback step failed: %s", exc)
+        yield fd
+    finally:
+        os.close(fd)
 
-
-def _refuse_own_netns(inv: Invocation) -> None:
-    if inv.netns and netns.same_netns(inv.netns) and inv.env.get("CNI_NETNS_OVERRIDE", "").lower() not in ("1", "true"):
-        raise CNIError(INVALID_NETNS, f"CNI_NETNS {inv.netns} is the plugin's own network namespace", "pass the pod's network namespace")
 
 
 @contextmanager
@@ -182,16 +175,12 @@ def _create(conf: MacvlanConf, inv: Invocation, creator, pod, master: Link, mac:
 def _rdma_decision(conf: MacvlanConf, master: str) -> SharedDecision:
     if conf.rdma == "off":
         return SharedDecision(None)
-    from cni.linux import rdma_netlink, sysfs
+    from cni.linux import rdma_netlink
 
-    devices = sysfs.rdma_devices_for_netdev(master, root=sysfs_root())
+    devices = sysfs.rdma_devices_for_netdev(master, root=sysfs.default_root())
     mode = rdma_netlink.netns_mode() if devices or conf.rdma == "required" else None
     return decide_shared(conf.rdma, master, devices, mode)
 
-
-def sysfs_root() -> str:
-    """Test hook: point sysfs lookups at a fake tree (the real kernel's is used otherwise)."""
-    return os.environ.get("RDMANET_SYSFS_ROOT", "/")
 
 
 def _report_rdma(decision: SharedDecision, conf: MacvlanConf, inv: Invocation, master: str) -> None:
@@ -202,26 +191,26 @@ def _report_rdma(decision: SharedDecision, conf: MacvlanConf, inv: Invocation, m
     log.info("%s/%s: shared RDMA device %s of master %s", inv.container_id[:12], inv.ifname, decision.device, master)
     path = conf.runtimeConfig.CNIDeviceInfoFile
     if path:
-        from cni.linux import device_info, sysfs
+        from cni.linux import device_info
 
         device_info.write_rdma_device_info(
-            path, pci_address=sysfs.pci_address_of_netdev(master, root=sysfs_root()), rdma_device=decision.device
+            path, pci_address=sysfs.pci_address_of_netdev(master, root=sysfs.default_root()), rdma_device=decision.device
         )
 
 
 def _check_link(conf: MacvlanConf, link: Optional[Link], expected: Interface, master: Link, inv: Invocation) -> None:
     if link is None:
-        raise CHECKFail(f"interface {inv.ifname} is missing from {inv.netns}")
+        raise check_failed(f"interface {inv.ifname} is missing from {inv.netns}")
     if link.kind != "macvlan":
-        raise CHECKFail(f"{inv.ifname} is a {link.kind or 'plain link'}, not a macvlan")
+        raise check_failed(f"{inv.ifname} is a {link.kind or 'plain link'}, not a macvlan")
     if link.macvlan_mode != conf.mode:
-        raise CHECKFail(f"{inv.ifname} is in macvlan mode {link.macvlan_mode}, expected {conf.mode}")
+        raise check_failed(f"{inv.ifname} is in macvlan mode {link.macvlan_mode}, expected {conf.mode}")
     if expected.mac and link.mac != expected.mac.lower():
-        raise CHECKFail(f"{inv.ifname} has MAC {link.mac}, expected {expected.mac}")
+        raise check_failed(f"{inv.ifname} has MAC {link.mac}, expected {expected.mac}")
     if link.parent_index != master.index:
-        raise CHECKFail(f"{inv.ifname} is not on master {master.name}")
+        raise check_failed(f"{inv.ifname} is not on master {master.name}")
     if conf.mtu and link.mtu != conf.mtu:
-        raise CHECKFail(f"{inv.ifname} has MTU {link.mtu}, expected {conf.mtu}")
+        raise check_failed(f"{inv.ifname} has MTU {link.mtu}, expected {conf.mtu}")
 
 
 def _check_addresses(pod, link: Link, prev: Result, expected_index: int) -> None:
@@ -230,7 +219,7 @@ def _check_addresses(pod, link: Link, prev: Result, expected_index: int) -> None
         if ip.interface is not None and ip.interface != expected_index:
             continue
         if ip.address not in present:
-            raise CHECKFail(f"address {ip.address} is missing from {link.name}")
+            raise check_failed(f"address {ip.address} is missing from {link.name}")
 
 
 def _check_routes(pod, prev: Result) -> None:
@@ -244,4 +233,4 @@ def _check_routes(pod, prev: Result) -> None:
     for route in prev.routes:
         gw = route.gw if route.gw is not None else gateways.get(route.dst.version)
         if (route.dst, gw) not in present:
-            raise CHECKFail(f"route {route.dst} via {gw} is missing")
+            raise check_failed(f"route {route.dst} via {gw} is missing")

@@ -41,15 +41,39 @@ from contextlib import ExitStack, contextmanager
 from datetime import datetime, timezone
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
-from cni.core.errors import (ADDRESS_UNAVAILABLE, IO_FAILURE, NOT_AVAILABLE, POOL_EXHAUSTED, TRY_AGAIN_LATER,
-                             CNIError)
+from cni.core.errors import (
+    ADDRESS_UNAVAILABLE,
+    IO_FAILURE,
+    NOT_AVAILABLE,
+    POOL_EXHAUSTED,
+    TRY_AGAIN_LATER,
+    CNIError,
+)
 
 from ..ranges import IPAddress, RangeSet
 from .base import Attachment, Reservation, Store
+from .files import (
+    FILE_MODE,
+    GARBAGE,
+    TMP_PREFIX,
+    atomic_write,
+    create_exclusive,
+    encode,
+    ensure_dir,
+    fsync_dir,
+    read_json,
+    remove,
+)
 from .flock import LockTimeout, exclusive
-from .files import (FILE_MODE, GARBAGE, TMP_PREFIX, atomic_write, create_exclusive, encode, ensure_dir, fsync_dir,
-                    read_json, remove)
-from .layout import CURSOR_PREFIX, INDEX_DIR, LOCK_NAME, address_name, index_name, listed_addresses, owner_of
+from .layout import (
+    CURSOR_PREFIX,
+    INDEX_DIR,
+    LOCK_NAME,
+    address_name,
+    index_name,
+    listed_addresses,
+    owner_of,
+)
 
 log = logging.getLogger("rdmanet.ipam")
 

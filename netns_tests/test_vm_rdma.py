@@ -1,8 +1,8 @@
 """rdmanet's RDMA code against a real RDMA netlink: Debian's kernel under qemu with rdma_rxe.
 
-This host's kernel has no RDMA core, so ONE VM boot (module-scoped fixture) runs
-``vm/guest_checks.py`` with the venv's interpreter inside the guest (soft-RoCE ``rxe0`` on a veth);
-it writes one JSON report, and each test below asserts one part of it on the host. See
+This host's kernel has no RDMA core, so ONE VM boot per session (vm/shared_boot.py, shared with
+test_vm_vf.py) runs ``vm/guest_checks.py`` with the venv's interpreter inside the guest (soft-RoCE
+``rxe0`` on a veth); it writes one JSON report, and each test below asserts one part of it on the host. See
 ``vm/harness.py`` and shared/research/kernel-vm.md for the VM and the kernel facts relied on.
 
 The whole module is skipped, with the reason, when the VM cannot run (not root, prepare.sh
@@ -12,17 +12,13 @@ failed, qemu missing). When it can, the boot must succeed: a failed boot fails t
 from __future__ import annotations
 
 import errno
-import json
-import shlex
-import subprocess
-import time
 
 import pytest
 
 try:
-    from netns_tests.vm import harness
+    from netns_tests.vm import harness, shared_boot
 except ImportError:  # netns_tests not importable as a package: the test's dir is on sys.path
-    from vm import harness  # type: ignore[no-redef]
+    from vm import harness, shared_boot  # type: ignore[no-redef]
 
 RXE, NETDEV = "rxe0", "rxenet0"
 SHARED_FIX = "rdma system set netns shared"
@@ -31,40 +27,11 @@ _reason = harness.vm_available()
 pytestmark = pytest.mark.skipif(_reason is not None, reason=f"test VM unavailable: {_reason}")
 
 
-def _say(request, text: str) -> None:
-    """Print, and show it in pytest's normal output too (not only in captured output)."""
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    if capture is None:
-        print(text)
-        return
-    with capture.global_and_fixture_disabled():
-        print(text)
-
-
 @pytest.fixture(scope="module")
 def vm(request):
-    """Boot once, run the guest checks, hand the parsed report (and the run) to the tests."""
-    # up-to-date bytecode on the host, so the guest (read-only root) compiles nothing
-    subprocess.run(
-        [harness.VENV_PYTHON, "-m", "compileall", "-q", "cni", "ipam", "netns_tests/vm"],
-        cwd=harness.CHECKOUT, capture_output=True, check=False, timeout=120,
-    )
-    script = f"cd {shlex.quote(str(harness.CHECKOUT))} && exec {shlex.quote(harness.VENV_PYTHON)} -B netns_tests/vm/guest_checks.py\n"
-    start = time.monotonic()
-    run = harness.run_in_vm(script, timeout=240)
-    try:
-        elapsed = time.monotonic() - start
-        _say(request, f"\n[test VM] boot + checks: {elapsed:.1f} s on the host ({run.accel}); "
-                      f"checks in the guest: {run.guest_seconds} s")
-        assert run.returncode == 0, f"guest checks did not complete:\n{run.describe()}"
-        report = json.loads(run.file("checks.json"))
-        _say(request, "[test VM] sections: " + ", ".join(
-            f"{name} {entry['seconds']} s{'' if entry.get('ok') else ' FAILED'}"
-            for name, entry in report.items() if isinstance(entry, dict) and "seconds" in entry
-        ))
-        yield report, run
-    finally:
-        run.cleanup()
+    """The parsed guest report (and the run) of the session's one VM boot, shared with
+    test_vm_vf.py (vm/shared_boot.py): the first module to ask boots."""
+    return shared_boot.guest_report(request)
 
 
 def section(vm, name: str) -> dict:

@@ -9,10 +9,13 @@ from __future__ import annotations
 import copy
 import errno
 import json
+import types
 
 import pytest
 from pyroute2.iproute.linux import get_arguments_processor
+from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST
 from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl import RTM_NEWLINK
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 
 from cni.core.errors import INVALID_CONFIG, LINK_FAILURE, CNIError
@@ -41,6 +44,10 @@ class FakePF:
         self.mac_busy = 0  # answer EBUSY to this many MAC requests
         self.mac_sticks = True  # False: accept MAC requests but keep the old MAC
         self.requests = []  # (IFLA_VF_* name, decoded payload) per set request
+        self.raw = []  # encoded hand-built requests
+        self.seq = 0
+        self.outcome = {}  # msg_seq -> answer or NetlinkError, for get()
+        self.cleaned = []
         self.gets = 0
 
     # -- the IPRoute API used by vf_settings
@@ -53,6 +60,29 @@ class FakePF:
             return [self._answer()]
         assert command == "set"
         return self._set(self._request(kw))
+
+    def put(self, msg, msg_type, msg_flags):
+        """A hand-built request (vf_settings.vlan_list_msg): check the header, encode it as the
+        socket would, decode it with pyroute2's real ifinfmsg; get() gives the outcome."""
+        assert msg_type == RTM_NEWLINK and msg_flags == NLM_F_REQUEST | NLM_F_ACK
+        msg.encode()
+        self.raw.append(bytes(msg.data))
+        decoded = ifinfmsg(msg.data)
+        decoded.decode()
+        self.seq += 1
+        try:
+            if decoded["index"] != PF_INDEX:
+                raise NetlinkError(errno.ENODEV, "No such device")
+            self.outcome[self.seq] = self._set(decoded)
+        except NetlinkError as exc:
+            self.outcome[self.seq] = exc
+        return types.SimpleNamespace(msg_seq=self.seq, cleanup=lambda: self.cleaned.append(True))
+
+    def get(self, msg_seq):
+        outcome = self.outcome.pop(msg_seq)
+        if isinstance(outcome, NetlinkError):
+            raise outcome
+        return outcome
 
     @staticmethod
     def _request(kw):
@@ -255,14 +285,28 @@ def test_plan_proto_alone_changes_the_vlan_group():
 def test_vf_request_shapes():
     assert vs.vf_request(1, "vlan", VfSettings(vlan=100, qos=3, vlan_proto="802.1q")) == \
         {"vf": 1, "vlan": {"vlan": 100, "qos": 3}}
-    assert vs.vf_request(1, "vlan", VfSettings(vlan=100, qos=3, vlan_proto="802.1ad")) == \
-        {"vf": 1, "vlan": [{"vlan": 100, "qos": 3, "proto": 0x88A8}]}
+    with pytest.raises(ValueError, match="vlan_list_msg"):
+        vs.vf_request(1, "vlan", VfSettings(vlan=100, qos=3, vlan_proto="802.1ad"))
     assert vs.vf_request(2, "rate", VfSettings(min_tx_rate=10, max_tx_rate=100)) == \
         {"vf": 2, "rate": {"min_tx_rate": 10, "max_tx_rate": 100}}
     assert vs.vf_request(0, "spoofchk", VfSettings(spoofchk=False)) == {"vf": 0, "spoofchk": 0}
     assert vs.vf_request(0, "trust", VfSettings(trust=True)) == {"vf": 0, "trust": 1}
     assert vs.vf_request(0, "link_state", VfSettings(link_state="disable")) == {"vf": 0, "link_state": 2}
     assert vs.vf_request(0, "mac", VfSettings(mac="02:00:00:00:00:01")) == {"vf": 0, "mac": "02:00:00:00:00:01"}
+
+
+def test_vlan_list_msg_carries_the_whole_struct_ifla_vf_vlan_info():
+    FakePF()._answer()  # pyroute2's ifinfmsg in use first (its compiled NLA tables must not leak in)
+    msg = vs.vlan_list_msg(PF_INDEX, 3, VfSettings(vlan=200, qos=5, vlan_proto="802.1ad"))
+    msg["header"]["type"] = RTM_NEWLINK
+    msg.encode()
+    data = bytes(msg.data)
+    # nlmsghdr 16 + ifinfomsg 16, then the nest: VFINFO_LIST(22) > VF_INFO(1) > VF_VLAN_LIST(12) > VLAN_INFO(1)
+    assert data[32:].hex() == (
+        "20001600" "1c000100" "18000c00" "14000100"  # len 20 = 4 + sizeof(struct ifla_vf_vlan_info) 16
+        "03000000" "c8000000" "05000000" "88a8" "0000"  # vf 3, vlan 200, qos 5, __be16 0x88a8, padding
+    )
+    assert int.from_bytes(data[20:24], "little") == PF_INDEX
 
 
 def test_describe():
@@ -348,6 +392,8 @@ def test_apply_snapshots_only_what_changed(pf):
 def test_apply_8021ad_uses_the_vlan_list(pf):
     snap = vs.apply_vf(pf, PF_INDEX, 3, VfSettings(vlan=200, qos=1, vlan_proto="802.1AD"))
     assert pf.requests == [("IFLA_VF_VLAN_LIST", [{"vf": 3, "vlan": 200, "qos": 1, "proto": 0x88A8}])]
+    assert len(pf.raw) == 1 and pf.raw[0][44:48].hex() == "14000100"  # IFLA_VF_VLAN_INFO of 4 + 16 bytes
+    assert pf.cleaned == [True] and pf.outcome == {}
     assert pf.vfs[3]["proto"] == 0x88A8
     assert snap == VfSettings(vlan=0, qos=0, vlan_proto="802.1q")
     vs.restore_vf(pf, PF_INDEX, 3, snap)
@@ -375,7 +421,7 @@ def test_kernel_refusal_names_what_vf_pf_and_fix_and_undoes_earlier_changes(pf):
         vs.apply_vf(pf, PF_INDEX, 1, WANTED)
     err = info.value
     assert err.code == LINK_FAILURE
-    assert err.msg == "set trust on on VF 1 of eth0: Operation not supported"
+    assert err.msg == "enable trust on VF 1 of eth0: Operation not supported"
     assert "does not support this VF setting; remove trust from the network config" in err.details
     assert f"(errno {errno.EOPNOTSUPP})" in err.details
     assert "(vlan, mac, rate, spoofchk) were restored" in err.details
@@ -406,7 +452,7 @@ def test_kernel_einval_for_out_of_range_vf_on_set(pf, monkeypatch):
     monkeypatch.setattr(vs, "_read", lambda ipr, idx, vf: (CURRENT, "eth0"))
     with pytest.raises(CNIError) as info:
         vs.apply_vf(pf, PF_INDEX, 4, VfSettings(trust=True))
-    assert info.value.msg == "set trust on on VF 4 of eth0: Invalid argument"
+    assert info.value.msg == "enable trust on VF 4 of eth0: Invalid argument"
     assert "not below its sriov_numvfs" in info.value.details
 
 
@@ -449,7 +495,7 @@ def test_restore_is_best_effort_and_lists_every_failure(pf):
     with pytest.raises(CNIError) as info:
         vs.restore_vf(pf, PF_INDEX, 1, snap)
     assert info.value.code == LINK_FAILURE
-    assert info.value.msg == ("could not restore VF 1 of eth0: set trust off: Operation not supported; "
+    assert info.value.msg == ("could not restore VF 1 of eth0: disable trust: Operation not supported; "
                               "set min_tx_rate 0 max_tx_rate 0 Mbps: Invalid argument")
     # everything else was restored
     got = pf.vfs[1]

@@ -10,7 +10,7 @@ from typing import Optional
 
 from cni.core.errors import INVALID_CONFIG, LINK_FAILURE, CNIError
 from cni.linux import links
-from cni.linux.vf_settings import VfSettings, apply_vf, read_vf, restore_vf
+from cni.linux.vf_settings import VfSettings, apply_vf, read_vf, restore_vf, validate
 
 from .config import HostDeviceConf
 from .selection import DeviceRef
@@ -38,7 +38,7 @@ def _pf_index(host, ref: DeviceRef, pf: Optional[str]) -> int:
 
 
 def apply_vf_settings(host, ref: DeviceRef, conf: HostDeviceConf, mac: Optional[str]) -> dict:
-    wanted = wanted_settings(conf, mac)
+    wanted = validate(wanted_settings(conf, mac))  # stored as the kernel will read it back
     snapshot = apply_vf(host, _pf_index(host, ref, ref.pf_netdev), ref.vf_index, wanted)
     return {"pf": ref.pf_netdev, "vf": ref.vf_index, "applied": wanted.to_dict(), "snapshot": snapshot.to_dict()}
 

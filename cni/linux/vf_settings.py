@@ -7,18 +7,18 @@ The PF holds each VF's administrative settings; they are set with RTM_NEWLINK on
 
 :class:`VfSettings` has one Optional field per knob (None = leave alone / unknown):
 
-============== =================================== ============================================
-field          values                              kernel attribute (one request per row)
-============== =================================== ============================================
-mac            "aa:bb:cc:dd:ee:ff" (admin MAC)      IFLA_VF_MAC, retried and read back
-vlan, qos,     0-4094, 0-7, "802.1q" | "802.1ad"    IFLA_VF_VLAN (802.1q) or IFLA_VF_VLAN_LIST
-vlan_proto                                           (802.1ad), the three in one request
-min_tx_rate,   Mbps, 0 = no limit                   IFLA_VF_RATE, both in one request
+================ ================================ ==============================================
+field            values                           kernel attribute (one request per row)
+================ ================================ ==============================================
+mac              "aa:bb:cc:dd:ee:ff" (admin MAC)  IFLA_VF_MAC, retried and read back
+vlan, qos,       0-4094, 0-7,                     IFLA_VF_VLAN (802.1q) or IFLA_VF_VLAN_LIST
+vlan_proto       "802.1q" | "802.1ad"             (802.1ad: see VlanListMsg), all three at once
+min_tx_rate,     Mbps, 0 = no limit               IFLA_VF_RATE, both at once
 max_tx_rate
-spoofchk       bool                                IFLA_VF_SPOOFCHK
-trust          bool                                IFLA_VF_TRUST
-link_state     "auto" | "enable" | "disable"       IFLA_VF_LINK_STATE
-============== =================================== ============================================
+spoofchk         bool                             IFLA_VF_SPOOFCHK
+trust            bool                             IFLA_VF_TRUST
+link_state       "auto" | "enable" | "disable"    IFLA_VF_LINK_STATE
+================ ================================ ==============================================
 
 :func:`apply_vf` changes only what differs from the VF's current settings and returns the
 snapshot of the previous values of exactly what it changed; :func:`restore_vf` writes such a
@@ -42,7 +42,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST, nla, nlmsg
 from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl import RTM_NEWLINK
 
 from cni.core.errors import INVALID_CONFIG, LINK_FAILURE, CNIError
 
@@ -72,7 +74,6 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("trust", ("trust",)),
     ("link_state", ("link_state",)),
 )
-GROUP_OF = {f: name for name, fields in GROUPS for f in fields}
 
 # sriov-cni's config keys, for the messages that tell a user what to change
 CONFIG_KEYS = {
@@ -164,7 +165,9 @@ def normalize_mac(value: str) -> str:
 
 def validate(wanted: VfSettings) -> VfSettings:
     """Check ``wanted`` with sriov-cni's rules and return it normalised (MAC and protocol lowercase;
-    ``qos`` 0 and ``vlan_proto`` 802.1q filled in when ``vlan`` is set). CNIError 7 when invalid."""
+    ``qos`` 0 and ``vlan_proto`` 802.1q filled in when ``vlan`` is set). CNIError 7 when invalid.
+    Beyond sriov-cni: the MAC must be unicast (or all zero, "no admin MAC"), the rates fit the
+    kernel's u32, and min_tx_rate <= max_tx_rate when both are non-zero."""
 
     def bad(msg: str, fix: str) -> CNIError:
         return CNIError(INVALID_CONFIG, f"invalid VF settings: {msg}", fix)
@@ -243,23 +246,63 @@ def plan(current: VfSettings, wanted: VfSettings) -> list[tuple[str, VfSettings,
     return steps
 
 
+class VlanListMsg(nlmsg):
+    """RTM_NEWLINK ``IFLA_VFINFO_LIST`` → ``IFLA_VF_INFO`` → ``IFLA_VF_VLAN_LIST`` →
+    ``IFLA_VF_VLAN_INFO`` with the whole 16-byte ``struct ifla_vf_vlan_info`` (vf, vlan, qos,
+    __be16 vlan_proto, 2 bytes of tail padding). pyroute2's own ``ivvi`` (what
+    ``vf={"vlan": [...]}`` sends) stops after vlan_proto, 14 bytes, and the kernel (6.1's
+    do_setvfinfo checks ``nla_len(attr) < sizeof(struct ifla_vf_vlan_info)``) answers EINVAL.
+
+    Not a subclass of pyroute2's ifinfmsg on purpose: pyroute2 marks a message class's NLA table
+    compiled with a class attribute that subclasses inherit, so once any ifinfmsg was used a
+    subclass would silently encode with ifinfmsg's tables (the 14-byte ivvi) instead of these."""
+
+    fields = (("family", "B"), ("__align", "x"), ("ifi_type", "H"), ("index", "i"), ("flags", "I"), ("change", "I"))
+    nla_map = ((22, "IFLA_VFINFO_LIST", "vflist"),)
+
+    class vflist(nla):
+        nla_map = ((1, "IFLA_VF_INFO", "vfinfo"),)
+
+        class vfinfo(nla):
+            nla_map = ((12, "IFLA_VF_VLAN_LIST", "vlist"),)
+
+            class vlist(nla):
+                nla_map = ((1, "IFLA_VF_VLAN_INFO", "info"),)
+
+                class info(nla):
+                    fields = (("vf", "I"), ("vlan", "I"), ("qos", "I"), ("proto", ">H"), ("pad", "H"))
+
+
+def vlan_list_msg(pf_index: int, vf: int, values: VfSettings) -> VlanListMsg:
+    """The request setting vlan, qos and a protocol other than 802.1Q (IFLA_VF_VLAN_LIST)."""
+    msg = VlanListMsg()
+    msg["index"] = pf_index
+    info = {"vf": vf, "vlan": values.vlan, "qos": values.qos or 0, "proto": _proto_number(values.vlan_proto), "pad": 0}
+    msg["attrs"] = [("IFLA_VFINFO_LIST", {"attrs": [("IFLA_VF_INFO", {"attrs": [
+        ("IFLA_VF_VLAN_LIST", {"attrs": [("IFLA_VF_VLAN_INFO", info)]})]})]})]
+    return msg
+
+
+def uses_vlan_list(values: VfSettings) -> bool:
+    return _proto_number(values.vlan_proto) != VLAN_PROTOS["802.1q"]
+
+
 def vf_request(vf: int, group: str, values: VfSettings) -> dict[str, Any]:
     """The ``vf=`` argument of ``ipr.link("set", ...)`` writing ``group`` with ``values`` (a fresh
-    dict: pyroute2 consumes it)."""
+    dict: pyroute2 consumes it). Not for a VLAN with 802.1ad (``vlan_list_msg``)."""
     if group == "mac":
-        return {"vf": vf, "mac": values.mac}
+        return {"vf": vf, "mac": values.mac.lower()}
     if group == "vlan":
-        proto = _proto_number(values.vlan_proto)
-        qos = values.qos or 0
-        if proto == VLAN_PROTOS["802.1q"]:
-            return {"vf": vf, "vlan": {"vlan": values.vlan, "qos": qos}}  # IFLA_VF_VLAN
-        return {"vf": vf, "vlan": [{"vlan": values.vlan, "qos": qos, "proto": proto}]}  # IFLA_VF_VLAN_LIST
+        if uses_vlan_list(values):
+            raise ValueError("a VLAN protocol other than 802.1Q goes in vlan_list_msg()")
+        return {"vf": vf, "vlan": {"vlan": values.vlan, "qos": values.qos or 0}}  # IFLA_VF_VLAN
     if group == "rate":
         return {"vf": vf, "rate": {"min_tx_rate": values.min_tx_rate or 0, "max_tx_rate": values.max_tx_rate or 0}}
     if group in ("spoofchk", "trust"):
         return {"vf": vf, group: int(bool(getattr(values, group)))}
     if group == "link_state":
-        return {"vf": vf, "link_state": LINK_STATES[values.link_state]}
+        state = values.link_state
+        return {"vf": vf, "link_state": LINK_STATES[state] if state in LINK_STATES else int(state)}  # as read
     raise ValueError(f"unknown VF settings group {group!r}")
 
 
@@ -387,18 +430,41 @@ def read_vf(ipr: Any, pf_index: int, vf: int) -> VfSettings:
     return _read(ipr, pf_index, vf)[0]
 
 
+def _request(ipr: Any, msg: Any) -> None:
+    """Send a hand-built RTM_NEWLINK and wait for its ACK (NetlinkError when the kernel refuses).
+    put + get: IPRoute.nlm_request of pyroute2 0.9.7 fails with KeyError 'nlm_generator'."""
+    request = ipr.put(msg, RTM_NEWLINK, NLM_F_REQUEST | NLM_F_ACK)
+    try:
+        ipr.get(msg_seq=request.msg_seq)
+    finally:
+        cleanup = getattr(request, "cleanup", None)
+        if cleanup is not None:
+            cleanup()
+
+
+def _action(group: str, values: VfSettings) -> str:
+    """What a request does, for messages: "enable trust", "set vlan 100 qos 3 proto 802.1q"."""
+    if group in ("spoofchk", "trust"):
+        return f"{'enable' if getattr(values, group) else 'disable'} {group}"
+    return "set " + _describe_group(group, values)
+
+
 def _set(ipr: Any, pf_index: int, pf: str, vf: int, group: str, values: VfSettings) -> None:
     """Send one group's request; _Refused when the kernel says no."""
     try:
-        ipr.link("set", index=pf_index, vf=vf_request(vf, group, values))
+        if group == "vlan" and uses_vlan_list(values):
+            _request(ipr, vlan_list_msg(pf_index, vf, values))
+        else:
+            ipr.link("set", index=pf_index, vf=vf_request(vf, group, values))
     except NetlinkError as exc:
-        raise _refused(group, "set " + _describe_group(group, values), exc.code, pf) from None
+        raise _refused(group, _action(group, values), exc.code, pf) from None
 
 
 def _set_mac(ipr: Any, pf_index: int, pf: str, vf: int, mac: str) -> None:
     """Set the admin MAC and read it back, up to MAC_ATTEMPTS times MAC_RETRY_DELAY apart, as
     sriov-cni does (a VF being reset answers EBUSY or keeps its old MAC for a moment). Errnos that
     another attempt cannot change (PERMANENT_ERRNOS) fail at once."""
+    mac = mac.lower()
     what = f"set mac {mac}"
     why = ""
     for attempt in range(MAC_ATTEMPTS):
@@ -433,7 +499,8 @@ def apply_vf(ipr: Any, pf_index: int, vf: int, wanted: VfSettings) -> VfSettings
     Requests go in sriov-cni's order: vlan/qos/proto, MAC (retried and read back), rates,
     spoofchk, trust, link state. When one is refused, the ones already made are undone (best
     effort) and CNIError 100 ``"<what> on VF <n> of <pf>: <strerror>"`` is raised; its details say
-    what to do and what became of the undo."""
+    what to do and what became of the undo. A previous value the driver does not report (None in
+    ``read_vf``, e.g. spoofchk of some drivers) cannot be snapshotted, so it is not restored."""
     wanted = validate(wanted)
     current, pf = _read(ipr, pf_index, vf)
     snapshot = VfSettings()

@@ -1,7 +1,8 @@
 """RDMA checks run INSIDE the test VM (Debian's kernel, rdma_rxe), reported as one JSON document.
 
-Run by netns_tests/test_vm_rdma.py through harness.run_in_vm with the venv's interpreter:
-``python guest_checks.py`` as root in the guest. Writes ``$RDMANET_VM_RESULTS/checks.json``
+Run by vm/shared_boot.py (one boot shared by netns_tests/test_vm_rdma.py and test_vm_vf.py)
+through harness.run_in_vm with the venv's interpreter: ``python guest_checks.py [--netdevsim KO]
+[--netdevsim-error TEXT]`` as root in the guest. Writes ``$RDMANET_VM_RESULTS/checks.json``
 (and prints the same JSON on stdout). Every section is recorded even when an earlier one failed:
 each is ``{"ok": bool, ..., "error": "<traceback tail>"}`` with its own facts; the host-side tests
 assert on them one by one. The guest is thrown away after the run, so nothing is undone here
@@ -15,10 +16,21 @@ Sections, in order (later ones rely on the objects earlier ones create):
   move       move_device() to a new netns: good request (EOPNOTSUPP), bad index, bad fd
   plugin     macvlan-rdma ADD / DEL by raw exec, host-local IPAM, device-info file, GIDs of net1
   exclusive  switch to exclusive mode; netns_mode(); move again; ADD with rdma "required" fails 101
+SR-IOV VF settings on netdevsim (built by prepare.sh; Debian's kernel has none), vf_settings.py:
+  netdevsim  insmod netdevsim.ko (its deps by modprobe); netdevsim10 with one port; 4 VFs; VF 1
+             spoofchk on with the ip tool (real NICs start with it on, netdevsim off); vfinfo_list
+  vf_apply   read_vf, apply_vf(mac, vlan 100 qos 3, spoofchk off, trust on, link_state disable,
+             rates 10/100) on VF 1: snapshot, read back, `ip -d -j link show` vfinfo_list; again
+  vf_restore restore_vf(the snapshot after a JSON round trip): vfinfo_list of the PF again
+  vf_8021ad  vlan 200 qos 5 proto 802.1ad on VF 2, read back, vfinfo_list, restore; the same
+             through pyroute2's own vf={"vlan": [...]} (a 14-byte IFLA_VF_VLAN_INFO)
+  vf_errors  VF 4 (of 0-3) by read_vf / apply_vf / the kernel itself; qos 8 refused by the driver;
+             rates refused in switchdev mode (EOPNOTSUPP) after a VLAN change, which is undone
 """
 
 from __future__ import annotations
 
+import argparse
 import errno
 import json
 import os
@@ -26,6 +38,11 @@ import subprocess
 import sys
 import time
 import traceback
+
+_parser = argparse.ArgumentParser()
+_parser.add_argument("--netdevsim", default="", help="path of netdevsim.ko for the VF sections")
+_parser.add_argument("--netdevsim-error", default="", help="why there is none (recorded in the report)")
+ARGS = _parser.parse_args()
 
 RESULTS = os.environ.get("RDMANET_VM_RESULTS") or os.getcwd()
 VENV_BIN = os.path.dirname(os.path.abspath(sys.executable))
@@ -281,6 +298,161 @@ def _exclusive(entry):
     entry["link_after_failed_add"] = link_in("rdmanet-pod2", "net1")
     entry["devinfo_written"] = os.path.exists(DEVINFO_EXCL)
     entry["ipam_files"] = sorted(os.listdir(f"{IPAM_DIR}/vmnet2")) if os.path.isdir(f"{IPAM_DIR}/vmnet2") else []
+
+
+# ------------------------------------------------------------------------ SR-IOV VF settings
+
+NSIM_ID = 10
+NSIM_DEV = f"/sys/bus/netdevsim/devices/netdevsim{NSIM_ID}"
+NUM_VFS = 4
+VF, VF_AD = 1, 2
+WANTED = {"mac": "02:5a:00:00:00:01", "vlan": 100, "qos": 3, "spoofchk": False, "trust": True,
+          "link_state": "disable", "min_tx_rate": 10, "max_tx_rate": 100}
+nsim: dict = {}  # pf name and index, for the sections after netdevsim
+
+try:
+    from pyroute2 import IPRoute
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    from cni.core.errors import CNIError
+    from cni.linux import vf_settings as vfs
+except BaseException:  # each VF section then records its NameError
+    out["vf_import_error"] = traceback.format_exc()[-3000:]
+
+
+def vfinfo(pf: str) -> list:
+    return json.loads(sh("ip", "-d", "-j", "link", "show", "dev", pf).stdout)[0].get("vfinfo_list")
+
+
+def nl_errno(fn) -> object:
+    """The errno of the NetlinkError fn() raises, "no error", or another exception's repr."""
+    try:
+        fn()
+    except NetlinkError as e:
+        return e.code
+    except Exception as e:  # noqa: BLE001 - recorded for the host-side assertion message
+        return repr(e)
+    return "no error"
+
+
+def pf_of_nsim() -> tuple[str, int]:
+    if not nsim:
+        raise RuntimeError("no netdevsim PF: the netdevsim section failed (see it)")
+    return nsim["pf"], nsim["index"]
+
+
+def cni_error(fn, *args) -> dict:
+    """{"code", "msg", "details"} of the CNIError fn(*args) raises, or {"no error": result}."""
+    try:
+        result = fn(*args)
+    except CNIError as exc:
+        return {"code": exc.code, "msg": exc.msg, "details": exc.details}
+    return {"no error": repr(result)}
+
+
+@section("netdevsim")
+def _netdevsim(entry):
+    if not ARGS.netdevsim:
+        raise RuntimeError(f"no netdevsim.ko from prepare.sh: {ARGS.netdevsim_error or 'no reason given'}")
+    deps = [d for d in sh("modinfo", "-F", "depends", ARGS.netdevsim).stdout.strip().split(",") if d]
+    for dep in deps:
+        sh("modprobe", dep)
+    sh("insmod", ARGS.netdevsim)
+    entry["depends"] = deps
+    with open("/sys/bus/netdevsim/new_device", "w") as f:
+        f.write(f"{NSIM_ID} 1")
+    deadline = time.monotonic() + 10
+    while not os.path.isdir(f"{NSIM_DEV}/net") or not os.listdir(f"{NSIM_DEV}/net"):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no port netdev under {NSIM_DEV}/net")
+        time.sleep(0.05)
+    with open(f"{NSIM_DEV}/sriov_numvfs", "w") as f:
+        f.write(str(NUM_VFS))
+    with open(f"{NSIM_DEV}/sriov_numvfs") as f:
+        entry["sriov_numvfs"] = int(f.read())
+    pf = sorted(os.listdir(f"{NSIM_DEV}/net"))[0]
+    with open(f"/sys/class/net/{pf}/ifindex") as f:
+        index = int(f.read())
+    nsim.update(pf=pf, index=index)
+    entry.update(pf=pf, index=index)
+    entry["vfinfo_initial"] = vfinfo(pf)
+    sh("ip", "link", "set", "dev", pf, "vf", str(VF), "spoofchk", "on")
+    entry["vfinfo_before"] = vfinfo(pf)
+
+
+@section("vf_apply")
+def _vf_apply(entry):
+    pf, index = pf_of_nsim()
+    with IPRoute() as ipr:
+        entry["read_before"] = vfs.read_vf(ipr, index, VF).to_dict()
+        start = time.monotonic()
+        snap = vfs.apply_vf(ipr, index, VF, vfs.VfSettings(**WANTED))
+        entry["apply_seconds"] = round(time.monotonic() - start, 3)
+        entry["snapshot"] = snap.to_dict()
+        entry["read_after"] = vfs.read_vf(ipr, index, VF).to_dict()
+        entry["snapshot_again"] = vfs.apply_vf(ipr, index, VF, vfs.VfSettings(**WANTED)).to_dict()
+    entry["vfinfo_after"] = vfinfo(pf)
+
+
+@section("vf_restore")
+def _vf_restore(entry):
+    pf, index = pf_of_nsim()
+    # the plugin keeps the snapshot in a JSON state file between ADD and DEL
+    snap = vfs.VfSettings.from_dict(json.loads(json.dumps(out["vf_apply"]["snapshot"])))
+    with IPRoute() as ipr:
+        vfs.restore_vf(ipr, index, VF, snap)
+        entry["read_after"] = vfs.read_vf(ipr, index, VF).to_dict()
+    entry["vfinfo_after"] = vfinfo(pf)
+
+
+@section("vf_8021ad")
+def _vf_8021ad(entry):
+    pf, index = pf_of_nsim()
+    entry["vfinfo_before"] = vfinfo(pf)
+    with IPRoute() as ipr:
+        snap = vfs.apply_vf(ipr, index, VF_AD, vfs.VfSettings(vlan=200, qos=5, vlan_proto="802.1AD"))
+        entry["snapshot"] = snap.to_dict()
+        entry["read_after"] = vfs.read_vf(ipr, index, VF_AD).to_dict()
+        entry["vfinfo_after"] = vfinfo(pf)
+        vfs.restore_vf(ipr, index, VF_AD, vfs.VfSettings.from_dict(json.loads(json.dumps(snap.to_dict()))))
+        entry["vfinfo_restored"] = vfinfo(pf)
+        # pyroute2's own IFLA_VF_VLAN_INFO is 2 bytes short of struct ifla_vf_vlan_info
+        # (vf_settings.VlanListMsg): what the kernel says to it
+        entry["pyroute2_vlan_list_errno"] = nl_errno(lambda: ipr.link(
+            "set", index=index, vf={"vf": VF_AD, "vlan": [{"vlan": 200, "qos": 5, "proto": 0x88A8}]}))
+        entry["vfinfo_after_pyroute2"] = vfinfo(pf)
+
+
+@section("vf_errors")
+def _vf_errors(entry):
+    pf, index = pf_of_nsim()
+    bad = NUM_VFS  # VFs are 0 .. NUM_VFS-1
+    entry["vfinfo_before"] = vfinfo(pf)
+    with IPRoute() as ipr:
+        entry["read_missing"] = cni_error(vfs.read_vf, ipr, index, bad)
+        entry["apply_missing"] = cni_error(vfs.apply_vf, ipr, index, bad, vfs.VfSettings(trust=True))
+        # the kernel's own answer for that VF, and how apply_vf reports it when it gets that far
+        entry["kernel_missing_errno"] = nl_errno(lambda: ipr.link("set", index=index, vf={"vf": bad, "trust": 1}))
+        real_read = vfs._read
+        vfs._read = lambda ipr_, idx, vf: (vfs.VfSettings(), pf)  # pretend the VF exists
+        try:
+            entry["apply_missing_in_kernel"] = cni_error(vfs.apply_vf, ipr, index, bad, vfs.VfSettings(trust=True))
+        finally:
+            vfs._read = real_read
+        # a value the driver refuses (netdevsim: qos > 7); validate() would stop it first
+        try:
+            vfs._set(ipr, index, pf, VF, "vlan", vfs.VfSettings(vlan=100, qos=8, vlan_proto="802.1q"))
+            entry["qos8"] = "no error"
+        except vfs._Refused as refused:
+            entry["qos8"] = refused.to_cni(VF, pf).msg
+        # netdevsim refuses rates in switchdev mode: the VLAN set before is undone
+        sh("devlink", "dev", "eswitch", "set", f"netdevsim/netdevsim{NSIM_ID}", "mode", "switchdev")
+        try:
+            entry["rates_switchdev"] = cni_error(
+                vfs.apply_vf, ipr, index, 3, vfs.VfSettings(vlan=300, min_tx_rate=1, max_tx_rate=2))
+        finally:
+            sh("devlink", "dev", "eswitch", "set", f"netdevsim/netdevsim{NSIM_ID}", "mode", "legacy", check=False)
+    entry["vfinfo_after"] = vfinfo(pf)
 
 
 out["total_seconds"] = round(time.monotonic() - T0, 2)

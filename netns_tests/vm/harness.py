@@ -1,9 +1,10 @@
 """Run a shell script inside Debian's own kernel under qemu, to test what this host's kernel lacks.
 
 ``prepare.sh`` (beside this file) installs qemu and friends, unpacks the kernel package that
-``linux-image-amd64`` depends on, extracts its ``vmlinux`` and builds an initramfs; it is
-idempotent and fast once done. ``vm_available()`` runs it once per process and says why the VM
-cannot run (None when it can). ``run_in_vm(script)`` boots the kernel with 2 vCPUs and 1 GiB,
+``linux-image-amd64`` depends on, extracts its ``vmlinux``, builds an initramfs and (once per
+kernel) netdevsim.ko out of tree; it is idempotent and fast once done. ``vm_available()`` runs it
+once per process and says why the VM cannot run (None when it can); ``netdevsim_module()`` gives
+the module's path or why prepare.sh could not build it. ``run_in_vm(script)`` boots the kernel with 2 vCPUs and 1 GiB,
 with the host's ``/`` read-only under a tmpfs overlay (so the checkout and its venv are visible at
 the same paths, and writes vanish with the VM), and runs ``script`` with ``/bin/sh`` as root, a
 child of the guest's PID 1. The script's stdout, stderr and exit code come back through a shared
@@ -146,6 +147,30 @@ def _vm_env() -> dict[str, str]:
     for key in ("RDMANET_VM_VMLINUX", "RDMANET_VM_INITRD", "RDMANET_VM_KVER"):
         env[key]  # raises KeyError when missing
     return env
+
+
+def netdevsim_module() -> tuple[Optional[str], Optional[str]]:
+    """``(path of netdevsim.ko, None)`` when prepare.sh built it for the VM kernel, else
+    ``(None, why not)``. Debian's kernel has no netdevsim; prepare.sh builds it out of tree once
+    per kernel and, when that fails, records why in the file named by
+    RDMANET_VM_NETDEVSIM_ERROR_FILE instead of failing (the rxe tests do not need it)."""
+    try:
+        env = _vm_env()
+    except (OSError, KeyError) as e:
+        return None, f"no usable {cache_dir() / 'vm.env'}: {e}"
+    path = env.get("RDMANET_VM_NETDEVSIM", "")
+    if path and os.path.isfile(path):
+        return path, None
+    if path:
+        return None, f"{path} (RDMANET_VM_NETDEVSIM in vm.env) is missing"
+    error_file = env.get("RDMANET_VM_NETDEVSIM_ERROR_FILE", "")
+    if not error_file:
+        return None, "vm.env has no RDMANET_VM_NETDEVSIM: it was written by an older prepare.sh"
+    try:
+        reason = Path(error_file).read_text(encoding="utf-8", errors="replace").strip()
+    except OSError as e:
+        reason = f"(cannot read {error_file}: {e})"
+    return None, f"prepare.sh could not build netdevsim.ko: {reason or 'no reason recorded'}"
 
 
 def kvm_usable() -> bool:

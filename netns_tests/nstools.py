@@ -14,6 +14,7 @@ import pathlib
 import secrets
 import shutil
 import subprocess
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Optional
 
@@ -358,3 +359,110 @@ def lease_ipam_missing() -> Optional[str]:
     if spec is None:
         return "lease-ipam is not available yet: module ipam.__main__ (console script lease-ipam) does not exist"
     return None
+
+
+# --------------------------------------------------------------------------- fake PCI functions (host-device-rdma)
+
+
+def fake_pci_function(root: pathlib.Path, pci: str, *, netdev: Optional[str] = None, driver: Optional[str] = "mlx5_core",
+                      pf: Optional[str] = None, vf_index: int = 0, ibdev: Optional[str] = None) -> pathlib.Path:
+    """Add PCI function ``pci`` to a fake sysfs tree at ``root`` (for ``RDMANET_SYSFS_ROOT``), in
+    the kernel's layout with its relative links, and return ``root``:
+
+    - ``sys/devices/pci<dddd:bb>/<pci>/`` with ``subsystem -> ../../../bus/pci`` and, when
+      ``driver`` is given, ``driver -> ../../../bus/pci/drivers/<driver>``;
+    - ``sys/bus/pci/devices/<pci> -> ../../../devices/pci<dddd:bb>/<pci>``;
+    - with ``netdev``: ``<pci>/net/<netdev>/device -> ../../../<pci>`` and
+      ``sys/class/net/<netdev> -> ../../devices/pci<dddd:bb>/<pci>/net/<netdev>``;
+    - with ``ibdev``: ``<pci>/infiniband/<ibdev>/``;
+    - with ``pf`` (a VF): ``physfn -> ../<pf>`` and, on the PF (created bare with the same
+      driver if absent), ``virtfn<vf_index> -> ../<pci>`` and ``sriov_numvfs``.
+
+    Several functions may be added to one tree.
+    """
+    bridge = f"pci{pci[:7]}"
+    dev = root / "sys" / "devices" / bridge / pci
+    dev.mkdir(parents=True, exist_ok=True)
+    bus = root / "sys" / "bus" / "pci"
+    (bus / "devices").mkdir(parents=True, exist_ok=True)
+    if not (bus / "devices" / pci).is_symlink():
+        (bus / "devices" / pci).symlink_to(f"../../../devices/{bridge}/{pci}")
+    if not (dev / "subsystem").is_symlink():
+        (dev / "subsystem").symlink_to("../../../bus/pci")
+    if driver and not (dev / "driver").is_symlink():
+        (bus / "drivers" / driver).mkdir(parents=True, exist_ok=True)
+        (dev / "driver").symlink_to(f"../../../bus/pci/drivers/{driver}")
+    if netdev:
+        (dev / "net" / netdev).mkdir(parents=True)
+        (dev / "net" / netdev / "device").symlink_to(f"../../../{pci}")
+        (root / "sys" / "class" / "net").mkdir(parents=True, exist_ok=True)
+        (root / "sys" / "class" / "net" / netdev).symlink_to(f"../../devices/{bridge}/{pci}/net/{netdev}")
+    if ibdev:
+        (dev / "infiniband" / ibdev).mkdir(parents=True)
+    if pf:
+        pf_dir = root / "sys" / "devices" / f"pci{pf[:7]}" / pf
+        if not pf_dir.is_dir():
+            fake_pci_function(root, pf, driver=driver)
+        (dev / "physfn").symlink_to(f"../{pf}" if pf[:7] == pci[:7] else f"../../pci{pf[:7]}/{pf}")
+        (pf_dir / f"virtfn{vf_index}").symlink_to(f"../{pci}" if pf[:7] == pci[:7] else f"../../{bridge}/{pci}")
+        numvfs = pf_dir / "sriov_numvfs"
+        current = int(numvfs.read_text()) if numvfs.exists() else 0
+        numvfs.write_text(f"{max(current, vf_index + 1)}\n")
+    return root
+
+
+# --------------------------------------------------------------------------- link snapshots
+
+
+# Link fields a netns round trip legitimately changes: the kernel rebuilds a device's per-netns
+# IPv6 config (addrgenmode back to the namespace default) on every move, and the peer of a veth
+# is named by index only from another netns.
+VOLATILE_LINK_FIELDS = ("stats", "stats64", "inet6_addr_gen_mode", "link_index", "link_netnsid")
+
+
+def link_snapshot(ns: Optional[str], name: str) -> Optional[dict]:
+    """``ip -d -j link show <name>`` in ``ns`` minus :data:`VOLATILE_LINK_FIELDS`, None if absent.
+
+    The ``qdisc`` of a *down* device is left out too: a move re-registers the device, which drops
+    its root qdisc ("noop") until the next up attaches the default one again ("noqueue" for veth).
+    """
+    entry = link(ns, name)
+    if entry is None:
+        return None
+    volatile = VOLATILE_LINK_FIELDS + (() if "UP" in entry.get("flags", []) else ("qdisc",))
+    return {k: v for k, v in entry.items() if k not in volatile}
+
+
+def settled_link(ns: Optional[str], name: str, timeout: float = 3.0) -> Optional[dict]:
+    """:func:`link_snapshot` once the kernel's link watch has settled (operstate no longer
+    UNKNOWN and two reads 50 ms apart agree): carrier events reach operstate asynchronously."""
+    deadline = time.monotonic() + timeout
+    last = link_snapshot(ns, name)
+    while True:
+        time.sleep(0.05)
+        now = link_snapshot(ns, name)
+        if now == last and (now is None or now.get("operstate") != "UNKNOWN"):
+            return now
+        if time.monotonic() > deadline:
+            return now
+        last = now
+
+
+def wait_link_equal(ns: Optional[str], name: str, expected: Optional[dict], timeout: float = 3.0) -> Optional[dict]:
+    """Poll :func:`link_snapshot` until it equals ``expected`` (or time runs out); returns the last."""
+    deadline = time.monotonic() + timeout
+    while True:
+        now = link_snapshot(ns, name)
+        if now == expected or time.monotonic() > deadline:
+            return now
+        time.sleep(0.05)
+
+
+def wait_link_gone(ns: Optional[str], name: str, timeout: float = 5.0) -> bool:
+    """True once ``name`` no longer exists in ``ns`` (a dying netns destroys its veths asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while link(ns, name) is not None:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True

@@ -10,12 +10,15 @@ a virtual device left in a closing temporary netns would be destroyed.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Optional
 
-from cni.core.errors import INVALID_ENVIRONMENT, CNIError
+from cni.core.errors import INVALID_ENVIRONMENT, LINK_FAILURE, CNIError
 from cni.linux import links, netns
 from cni.linux.links import Link
+
+log = logging.getLogger("rdmanet.host-device-rdma")
 
 
 def move_into_pod(host, link: Link, pod_fd: int, ifname: str, *, mtu: Optional[int], mac: Optional[str]) -> Link:
@@ -50,27 +53,50 @@ def move_into_pod(host, link: Link, pod_fd: int, ifname: str, *, mtu: Optional[i
 
 
 def move_to_host(pod_fd: int, ifname: str, original: dict) -> bool:
-    """Send ``ifname`` from the pod home as it was; False when the pod has no such link."""
+    """Send ``ifname`` from the pod home as it was; False when the pod has no such link.
+
+    If the host netns already has another link called like the original (created while the
+    device was in the pod), the device stays in the pod and CNIError 100 says so: it must never
+    be left in the closing temporary netns (a virtual device would be destroyed, a physical one
+    would come home under a kernel-made name), and the stranger must not be touched.
+    """
     with links.rtnl_in_fd(pod_fd) as pod:
         link = links.find_link(pod, ifname)
         if link is None:
             return False
+        _refuse_name_clash(ifname, original["name"])
         links.set_attrs(pod, link.index, f"set {ifname} down", state="down")
         with netns.temporary() as tmp:
             links.set_attrs(pod, link.index, f"move {ifname} out of the pod netns", net_ns_fd=tmp)
             with links.rtnl_in_fd(tmp) as staging:
-                _send_home(staging, links.find_link(staging, ifname).index, original)
+                _send_home(staging, links.find_link(staging, ifname).index, original, back_to=(pod_fd, ifname, link.up))
     return True
 
 
-def _send_home(staging, index: int, original: dict) -> None:
-    """In the temporary netns: restore what we can, then always move to the host netns."""
+def _refuse_name_clash(ifname: str, name: str) -> None:
+    with links.rtnl_in() as host:
+        if links.find_link(host, name) is not None:
+            raise CNIError(LINK_FAILURE, f"cannot return {ifname} to the host as {name}: the host netns already has a link {name}",
+                           f"rename or remove the host's {name} (it is not the device this attachment took), then DEL again")
+
+
+def _send_home(staging, index: int, original: dict, back_to: Optional[tuple[int, str, bool]] = None) -> None:
+    """In the temporary netns: restore what we can, then always move to the host netns.
+
+    ``back_to`` = (netns fd, name, up): where the device came from, to send it back there (under
+    that name, with the original name as alias) when the host refuses it, rather than let it die
+    with the temporary netns.
+    """
     try:
         _restore(staging, index, original, up=False)
     finally:
         host_fd = netns.current_netns_fd()  # this thread never left the host netns
         try:
             links.set_attrs(staging, index, f"return {original['name']} to the host netns", net_ns_fd=host_fd)
+        except CNIError:
+            if back_to is not None:
+                _send_back(staging, index, original, *back_to)
+            raise
         finally:
             os.close(host_fd)
     if original.get("up"):
@@ -80,11 +106,30 @@ def _send_home(staging, index: int, original: dict) -> None:
                 links.set_up(host, back.index, original["name"])
 
 
+def _send_back(staging, index: int, original: dict, fd: int, name: str, up: bool) -> None:
+    try:
+        links.set_attrs(staging, index, f"rename {original['name']} back to {name}", ifname=name, ifalias=original["name"])
+        links.set_attrs(staging, index, f"move {name} back to where it came from", net_ns_fd=fd)
+        if up:
+            with links.rtnl_in_fd(fd) as there:
+                back = links.find_link(there, name)
+                if back is not None:
+                    links.set_up(there, back.index, name)
+    except CNIError as exc:
+        log.error("could not send %s back after the host refused it: %s", original["name"], exc.msg)
+
+
 def restore_in_host(original: dict) -> bool:
     """For a device already in the host (its pod netns died): find it by the alias ADD set, or
-    by its original name, and restore it. False when it is nowhere (a virtual device died)."""
+    by its original name (ADD stopped before moving it), and restore it. False when it is
+    nowhere (a virtual device died). A link with the original name but another MAC is someone
+    else's (created after the device left) and is left alone."""
     with links.rtnl_in() as host:
-        link = links.find_by_alias(host, original["name"]) or links.find_link(host, original["name"])
+        link = links.find_by_alias(host, original["name"])
+        if link is None:
+            by_name = links.find_link(host, original["name"])
+            if by_name is not None and (not original.get("mac") or by_name.mac == original["mac"]):
+                link = by_name
         if link is None:
             return False
         _restore(host, link.index, original, up=original.get("up", False))

@@ -49,6 +49,7 @@ class HostDeviceRdma:
         states = StateDir(conf.stateDir)
         key = states.key(inv.network_name, inv.container_id, inv.ifname)
         holder = _holder(inv)
+        _clear_previous(states, key)
         with links.rtnl_in() as host, ExitStack() as undo:
             ref = _select(conf, host)
             undo.enter_context(device_lock.held(conf.stateDir, ref.lock_key))
@@ -191,6 +192,22 @@ class HostDeviceRdma:
         conf = load_conf(inv)
         if conf.ipam:
             IPAM(conf.ipam.type, inv).status()
+
+
+def _clear_previous(states: StateDir, key: str) -> None:
+    """A finished attachment must be DELed first (SPEC); one an interrupted ADD left behind is
+    undone now, so a retried ADD starts from the host as it was."""
+    previous = states.load(key)
+    if previous is None:
+        return
+    if previous.get("done"):
+        device = (previous.get("original") or {}).get("name") or DeviceRef.from_dict(previous["device"]).describe()
+        raise CNIError(INVALID_ENVIRONMENT, f"attachment {previous['containerID']}/{previous['ifname']} of network "
+                       f"{previous['network']} already exists (it holds {device})", "DEL the attachment before ADDing it again")
+    errors = undo_attachment(previous, previous.get("netns", ""), states.root)
+    if errors:
+        raise errors[0]
+    states.remove(key)
 
 
 def undo_attachment(state: dict, netns_path: str, state_dir: str) -> list[CNIError]:

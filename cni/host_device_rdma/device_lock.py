@@ -15,6 +15,7 @@ from typing import Iterator
 from filelock import FileLock, Timeout
 
 from cni.core.errors import DEVICE_BUSY, TRY_AGAIN_LATER, CNIError
+from cni.linux.files import atomic_write
 
 LOCK_TIMEOUT = 60.0
 
@@ -61,14 +62,7 @@ def refuse_if_allocated(state_dir: str, key: str, attachment: str) -> None:
 
 
 def record_allocation(state_dir: str, key: str, attachment: str, netns_path: str) -> None:
-    directory = os.path.join(state_dir, "devices")
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    tmp = _record_path(state_dir, key) + ".tmp"
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:
-        json.dump({"attachment": attachment, "netns": netns_path}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, _record_path(state_dir, key))
+    atomic_write(_record_path(state_dir, key), json.dumps({"attachment": attachment, "netns": netns_path}).encode())
 
 
 def release_allocation(state_dir: str, key: str, attachment: str) -> None:

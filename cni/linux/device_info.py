@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 
 from cni.core.errors import IO_FAILURE, CNIError
+from cni.linux.files import atomic_write
 from cni.linux.sysfs import is_pci_address
 
 SPEC_VERSION = "1.1.0"
@@ -99,29 +99,7 @@ def write_rdma_device_info(
 
 
 def _write_atomic(path: str, content: bytes, mode: int) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = None
     try:
-        os.makedirs(directory, mode=0o755, exist_ok=True)
-        prefix = f".{os.path.basename(path)}."
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=prefix, suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(content)
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        tmp = None
-        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        atomic_write(path, content, mode=mode, dir_mode=0o755)
     except OSError as e:
         raise CNIError(IO_FAILURE, f"cannot write device-info file {path}", str(e)) from None
-    finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass

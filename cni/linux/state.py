@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from typing import Iterator, Optional
 
 from cni.core.errors import IO_FAILURE, CNIError
+
+from .files import atomic_write
 
 
 class StateDir:
@@ -38,30 +39,11 @@ class StateDir:
                            "inspect the file; remove it only after undoing the attachment by hand") from None
 
     def save(self, key: str, data: dict) -> None:
-        tmp = None
         try:
-            os.makedirs(self.root, mode=0o700, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp.")
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(data, f, indent=1, sort_keys=True)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self._path(key))
-            tmp = None
-            dfd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            atomic_write(self._path(key), json.dumps(data, indent=1, sort_keys=True).encode())
         except OSError as exc:
             raise CNIError(IO_FAILURE, f"cannot write state file {self._path(key)}: {exc}",
                            f"make {self.root} writable by root (stateDir in the config)") from None
-        finally:
-            if tmp is not None:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
 
     def remove(self, key: str) -> None:
         try:

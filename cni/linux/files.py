@@ -1,0 +1,38 @@
+"""Replace a small file atomically and durably: temp file in the same directory, fsync, rename,
+fsync of the directory. A reader sees the old content or the new, never a mix; after a crash the
+file is one or the other."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str, content: bytes, mode: int = 0o600, dir_mode: int = 0o700) -> None:
+    """Raises OSError; the caller turns it into the CNI error that names what the file is for."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, mode=dir_mode, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(content)
+            f.flush()
+            os.fchmod(f.fileno(), mode)
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        tmp = None
+        fsync_dir(directory)
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass

@@ -20,6 +20,7 @@ The tree mirrors a real host (paths from a ConnectX host and a soft-RoCE VM):
 from __future__ import annotations
 
 import errno
+import ipaddress
 import os
 
 import pytest
@@ -658,3 +659,136 @@ def test_new_lookups_stay_in_root(host, tmp_path):
     assert pf_of_vf("0000:00:04.0", root=host.root) == "0000:03:00.0"
     host.link(f"{H_BARE}/net", "../" * 8 + "etc")
     assert netdevs_of_pci("0000:00:04.0", root=host.root) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# RoCE GID table (roce_gid_index): rxe0's ports/1 as the kernel shows it after a macvlan on its
+# netdev moved into a pod as net1 with 198.18.5.2 and 2001:db8::5.
+# ---------------------------------------------------------------------------------------------
+
+from cni.linux.sysfs import roce_gid_index
+
+ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
+MAPPED = "0000:0000:0000:0000:0000:ffff:c612:0502"  # 198.18.5.2
+RXE_DIR = "sys/devices/virtual/infiniband/rxe0"
+
+
+def gid_entry(t: Tree, port: int, index: int, gid: str, ndev: str | None, gid_type: str | None,
+              ibdev_dir: str = RXE_DIR) -> None:
+    """One slot; ndev/type None = an empty slot, whose attributes cannot be read (the kernel
+    answers EINVAL; here a directory, whose read fails with EISDIR)."""
+    base = f"{ibdev_dir}/ports/{port}"
+    for rel in (f"gids/{index}", f"gid_attrs/ndevs/{index}", f"gid_attrs/types/{index}"):  # replace a slot
+        path = os.path.join(t.root, base, rel)
+        if os.path.isdir(path) and not os.path.islink(path):
+            os.rmdir(path)
+        elif os.path.lexists(path):
+            os.unlink(path)
+    t.file(f"{base}/gids/{index}", gid + "\n")
+    for sub, value in (("ndevs", ndev), ("types", gid_type)):
+        if value is None:
+            t.dir(f"{base}/gid_attrs/{sub}/{index}")
+        else:
+            t.file(f"{base}/gid_attrs/{sub}/{index}", value + "\n")
+
+
+@pytest.fixture
+def gids(tree):
+    rows = [
+        ("fe80:0000:0000:0000:28bb:ebff:fe7f:6b07", "rxenet0", "IB/RoCE v1"),
+        ("fe80:0000:0000:0000:28bb:ebff:fe7f:6b07", "rxenet0", "RoCE v2"),
+        (MAPPED, "net1", "IB/RoCE v1"),
+        (MAPPED, "net1", "RoCE v2"),
+        (ZERO_GID, None, None),
+        ("2001:0db8:0000:0000:0000:0000:0000:0005", "net1", "RoCE v2"),
+        (MAPPED, "net2", "RoCE v2"),  # the same address on another pod's interface name
+        (ZERO_GID, None, None),
+    ]
+    for i, (gid, ndev, gid_type) in enumerate(rows):
+        gid_entry(tree, 1, i, gid, ndev, gid_type)
+    return tree
+
+
+@pytest.mark.parametrize("address", [
+    "198.18.5.2", "198.18.5.2/24", ipaddress.ip_address("198.18.5.2"), ipaddress.ip_interface("198.18.5.2/24"),
+])
+def test_roce_gid_index_ipv4_prefers_roce_v2(gids, address):
+    assert roce_gid_index("rxe0", address, "net1", root=gids.root) == (1, 3, "RoCE v2")
+
+
+@pytest.mark.parametrize("address", ["2001:db8::5", "2001:db8::5/64", ipaddress.ip_address("2001:db8::5")])
+def test_roce_gid_index_ipv6(gids, address):
+    assert roce_gid_index("rxe0", address, "net1", root=gids.root) == (1, 5, "RoCE v2")
+
+
+def test_roce_gid_index_v1_when_there_is_no_v2(gids):
+    gid_entry(gids, 1, 3, ZERO_GID, None, None)  # the v2 entry went away
+    assert roce_gid_index("rxe0", "198.18.5.2", "net1", root=gids.root) == (1, 2, "IB/RoCE v1")
+
+
+def test_roce_gid_index_matches_the_netdev_name(gids):
+    assert roce_gid_index("rxe0", "198.18.5.2", "net2", root=gids.root) == (1, 6, "RoCE v2")
+    assert roce_gid_index("rxe0", "198.18.5.2", "net3", root=gids.root) is None
+    assert roce_gid_index("rxe0", "fe80::28bb:ebff:fe7f:6b07", "rxenet0", root=gids.root) == (1, 1, "RoCE v2")
+
+
+def test_roce_gid_index_unknown_address_or_device(gids, tmp_path):
+    assert roce_gid_index("rxe0", "198.18.5.3", "net1", root=gids.root) is None
+    assert roce_gid_index("rxe0", "::", "net1", root=gids.root) is None  # empty slots never match
+    assert roce_gid_index("rxe1", "198.18.5.2", "net1", root=gids.root) is None
+    assert roce_gid_index("mlx5_0", "198.18.5.2", "net1", root=gids.root) is None  # no ports/
+    assert roce_gid_index("rxe0", "198.18.5.2", "net1", root=str(tmp_path / "nothing")) is None
+
+
+def test_roce_gid_index_skips_unreadable_entries(gids):
+    # the GID reads but its attributes do not (a slot being replaced): skipped, the next found
+    gid_entry(gids, 1, 2, MAPPED, None, None)
+    gid_entry(gids, 1, 3, MAPPED, "net1", None)
+    gid_entry(gids, 1, 8, MAPPED, "net1", "RoCE v2")
+    assert roce_gid_index("rxe0", "198.18.5.2", "net1", root=gids.root) == (1, 8, "RoCE v2")
+    # an unreadable GID itself
+    os.unlink(os.path.join(gids.root, RXE_DIR, "ports/1/gids/8"))
+    gids.dir(f"{RXE_DIR}/ports/1/gids/8")
+    assert roce_gid_index("rxe0", "198.18.5.2", "net1", root=gids.root) is None
+
+
+def test_roce_gid_index_numeric_order_and_ports(gids):
+    # slot 10 sorts after 9 (not after 1); port 2's v2 loses to port 1's v2, beats port 1's v1
+    gid_entry(gids, 1, 3, ZERO_GID, None, None)
+    gid_entry(gids, 1, 10, MAPPED, "net1", "RoCE v2")
+    gid_entry(gids, 1, 9, MAPPED, "net1", "RoCE v2")
+    assert roce_gid_index("rxe0", "198.18.5.2", "net1", root=gids.root) == (1, 9, "RoCE v2")
+    for i in (9, 10):
+        gid_entry(gids, 1, i, ZERO_GID, None, None)
+    gid_entry(gids, 2, 0, MAPPED, "net1", "RoCE v2")
+    assert roce_gid_index("rxe0", "198.18.5.2", "net1", root=gids.root) == (2, 0, "RoCE v2")
+
+
+def test_roce_gid_index_other_spellings(gids):
+    gid_entry(gids, 1, 3, "0000:0000:0000:0000:0000:FFFF:C612:0502", "net1", "RoCE v2")
+    assert roce_gid_index("rxe0", "198.18.5.2", "net1", root=gids.root) == (1, 3, "RoCE v2")
+    gid_entry(gids, 1, 3, "::ffff:198.18.5.2", "net1", "RoCE v2")
+    assert roce_gid_index("rxe0", "198.18.5.2", "net1", root=gids.root) == (1, 3, "RoCE v2")
+    gid_entry(gids, 1, 3, "garbage", "net1", "RoCE v2")
+    assert roce_gid_index("rxe0", "198.18.5.2", "net1", root=gids.root) == (1, 2, "IB/RoCE v1")
+    gid_entry(gids, 1, 2, MAPPED, "net1", "iWARP")  # an unknown type still counts, last
+    assert roce_gid_index("rxe0", "198.18.5.2", "net1", root=gids.root) == (1, 2, "iWARP")
+
+
+def test_roce_gid_index_stays_in_root(gids, tmp_path):
+    outside = tmp_path / "outside"
+    outside.write_text(MAPPED + "\n")
+    base = os.path.join(gids.root, RXE_DIR, "ports/1")
+    for i in (2, 3):
+        os.unlink(os.path.join(base, f"gids/{i}"))
+        os.symlink(str(outside), os.path.join(base, f"gids/{i}"))
+    assert roce_gid_index("rxe0", "198.18.5.2", "net1", root=gids.root) is None
+
+
+@pytest.mark.parametrize("args", [
+    ("", "198.18.5.2", "net1"), ("a/b", "198.18.5.2", "net1"), ("rxe0", "198.18.5.2", ""),
+    ("rxe0", "198.18.5.2", "../x"), ("rxe0", "not-an-ip", "net1"), ("rxe0", "198.18.5.256", "net1"),
+])
+def test_roce_gid_index_rejects(gids, args):
+    with pytest.raises(ValueError):
+        roce_gid_index(*args, root=gids.root)

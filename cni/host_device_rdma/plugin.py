@@ -2,9 +2,9 @@
 
 ADD, as steps each undone if a later one fails:
   select the device -> lock it -> refuse it if a live pod holds it -> decide the RDMA move ->
-  save the state (intent) -> apply VF settings through the PF -> move the netdev through a
-  temporary netns (rename to CNI_IFNAME, alias = original name) into the pod -> move the RDMA
-  device (exclusive mode) -> IPAM -> device-info file -> save the state (done).
+  save the state (intent) -> apply VF settings through the PF -> move the RDMA device
+  (exclusive mode) -> move the netdev through a temporary netns (rename to CNI_IFNAME, alias =
+  original name) into the pod -> IPAM -> device-info file -> save the state (done).
 DEL undoes it from the state file alone, and treats "already gone" as done at every step.
 """
 
@@ -78,16 +78,18 @@ class HostDeviceRdma:
                 states.save(key, state)
                 undo.callback(_quietly, restore_vf_settings, host, ref, state["vf"])
             pod_fd = undo.enter_context(_open_pod(inv.netns))
+            if rdma_device:
+                # RDMA first: a soft-RoCE device dies when its netdev leaves init_net, and a driver
+                # that cannot change netns must fail before anything else moved.
+                _move_rdma_into_pod(rdma_device, pod_fd)
+                state["rdma"] = {"device": rdma_device, "moved": True}
+                states.save(key, state)
+                undo.callback(_quietly, _move_rdma_to_host, rdma_device, inv.netns)
             if not ref.dpdk:
                 moved = move_into_pod(host, link, pod_fd, inv.ifname, mtu=conf.mtu or None, mac=mac)
                 undo.callback(_quietly, move_to_host, pod_fd, inv.ifname, state["original"])
                 result.interfaces = [Interface(name=inv.ifname, mac=moved.mac, mtu=moved.mtu, sandbox=inv.netns,
                                                pci_id=ref.device_id if ref.kind == "pci" else "")]
-            if rdma_device:
-                _move_rdma_into_pod(rdma_device, pod_fd)
-                state["rdma"] = {"device": rdma_device, "moved": True}
-                states.save(key, state)
-                undo.callback(_quietly, _move_rdma_to_host, rdma_device, inv.netns)
             if conf.ipam:
                 IPAM(conf.ipam.type, inv).add_into(result, undo)
                 if not ref.dpdk:  # DPDK: the addresses are returned for the workload to use, not configured
@@ -214,12 +216,12 @@ def undo_attachment(state: dict, netns_path: str, state_dir: str) -> list[CNIErr
     """Put everything an ADD changed back; returns the errors of steps that could not be done."""
     errors: list[CNIError] = []
     ref = DeviceRef.from_dict(state["device"])
-    rdma = state.get("rdma")
-    if rdma and rdma.get("moved") and netns_path:
-        _collect(errors, _move_rdma_to_host, rdma["device"], netns_path)
     original = state.get("original")
     if original and not ref.dpdk:
         _collect(errors, _netdev_to_host, netns_path, state["ifname"], original)
+    rdma = state.get("rdma")
+    if rdma and rdma.get("moved") and netns_path:
+        _collect(errors, _move_rdma_to_host, rdma["device"], netns_path)
     if state.get("vf"):
         from .vf import restore_vf_settings
 

@@ -25,6 +25,7 @@ Kernel facts relied on:
 from __future__ import annotations
 
 import errno
+import ipaddress
 import os
 import re
 
@@ -322,3 +323,119 @@ def default_root() -> str:
     """Where the plugins read sysfs: "/" unless RDMANET_SYSFS_ROOT points at a fake tree (a test
     hook: netns tests give a veth the PCI and RDMA identity of a NIC this machine lacks)."""
     return os.environ.get("RDMANET_SYSFS_ROOT", "/")
+
+
+# ---------------------------------------------------------------------------------------------
+# RoCE GID table: which GID index carries a pod's address (NCCL_IB_GID_INDEX, ib_write_bw -x).
+#
+# Kernel facts relied on (drivers/infiniband/core/sysfs.c, cache.c, roce_gid_mgmt.c):
+#
+# - ``/sys/class/infiniband/<dev>/ports/<p>/gids/<i>`` holds GID ``i`` of port ``p`` as eight
+#   zero-padded hex groups (``%pI6``); an empty slot reads as all zeros. RoCE GIDs are IP
+#   addresses: IPv6 as themselves, IPv4 as IPv4-mapped (``...:0000:ffff:c612:0502`` for
+#   198.18.5.2). rxe has 1024 slots per port, mlx5 a few hundred: a scan reads them all.
+# - ``gid_attrs/ndevs/<i>`` names the netdev the GID belongs to, as seen in that netdev's own
+#   netns (a macvlan moved into a pod and renamed ``net1`` reads ``net1`` from the host in shared
+#   mode); ``gid_attrs/types/<i>`` is ``IB/RoCE v1`` or ``RoCE v2``. Both fail with EINVAL for an
+#   empty slot.
+# - The kernel fills the table asynchronously (a workqueue reacting to address and link events),
+#   so an address just configured may not be there yet: callers poll briefly.
+# ---------------------------------------------------------------------------------------------
+
+GID_TYPE_PREFERENCE = ("RoCE v2", "IB/RoCE v1")  # RoCE v2 is routable (UDP/IP): prefer it
+
+
+def _numbered(host_dir: str) -> list[str]:
+    """Entries of ``host_dir`` named by a decimal number, in numeric order; [] when unreadable."""
+    try:
+        names = os.listdir(host_dir)
+    except OSError:
+        return []
+    return sorted((n for n in names if n.isdigit()), key=int)
+
+
+def _open_dir(root: str, path: str) -> int | None:
+    try:
+        return os.open(_resolve(root, path)[0], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def _read_at(dir_fd: int | None, name: str) -> str | None:
+    """One sysfs attribute of the directory ``dir_fd``; None when it cannot be read (EINVAL for an
+    empty GID slot). Plain os calls on a directory fd: a whole GID table is read in a few
+    milliseconds, where open() per file costs ten times more."""
+    if dir_fd is None:
+        return None
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 256).decode("ascii", errors="replace").strip()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _gid_of_address(address) -> ipaddress.IPv6Address:
+    """The RoCE GID of an IP address: IPv6 as is (scope dropped), IPv4 as IPv4-mapped IPv6."""
+    text = str(address).split("/", 1)[0].split("%", 1)[0]
+    ip = ipaddress.ip_address(text)
+    return ipaddress.IPv6Address(f"::ffff:{ip}") if ip.version == 4 else ip
+
+
+def _same_gid(text: str, want: ipaddress.IPv6Address) -> bool:
+    if text == want.exploded:  # the kernel's own spelling: a string compare per slot
+        return True
+    if len(text) == 39 and text == text.lower():  # the kernel's spelling of another GID
+        return False
+    try:
+        return ipaddress.IPv6Address(text) == want
+    except ValueError:
+        return False
+
+
+def roce_gid_index(rdma_device: str, address, ifname: str, root: str = "/") -> tuple[int, int, str] | None:
+    """``(port, index, gid_type)`` of the GID that carries ``address`` on netdev ``ifname``.
+
+    ``address`` is an IP address or interface (``"198.18.5.2"``, ``"198.18.5.2/24"``,
+    ``ipaddress`` objects; IPv4 matches its IPv4-mapped GID). Only entries whose
+    ``gid_attrs/ndevs/<i>`` is ``ifname`` count. "RoCE v2" wins over "IB/RoCE v1", then the
+    lowest port and index. Unreadable entries (empty slots answer EINVAL) are skipped; None when
+    no entry matches, or the device has no such table. ValueError for an invalid device name,
+    interface name or address.
+    """
+    _check_name("RDMA device", rdma_device)
+    _check_name("interface name", ifname)
+    want = _gid_of_address(address)
+    ports = f"/sys/class/infiniband/{rdma_device}/ports"
+    best: tuple[int, int, int, str] | None = None  # (rank, port, index, type)
+    for port in _numbered(_resolve(root, ports)[0]):
+        base = f"{ports}/{port}"
+        fds = [_open_dir(root, f"{base}/{d}") for d in ("gids", "gid_attrs/ndevs", "gid_attrs/types")]
+        gids_fd, ndevs_fd, types_fd = fds
+        try:
+            if gids_fd is None:
+                continue
+            for index in _numbered(_resolve(root, f"{base}/gids")[0]):
+                text = _read_at(gids_fd, index)
+                if text is None or not _same_gid(text, want):
+                    continue
+                if _read_at(ndevs_fd, index) != ifname:
+                    continue
+                gid_type = _read_at(types_fd, index)
+                if gid_type is None:
+                    continue
+                rank = GID_TYPE_PREFERENCE.index(gid_type) if gid_type in GID_TYPE_PREFERENCE else len(GID_TYPE_PREFERENCE)
+                candidate = (rank, int(port), int(index), gid_type)
+                if best is None or candidate < best:
+                    best = candidate
+                if rank == 0:
+                    return best[1], best[2], best[3]
+        finally:
+            for fd in fds:
+                if fd is not None:
+                    os.close(fd)
+    return None if best is None else (best[1], best[2], best[3])

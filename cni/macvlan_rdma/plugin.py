@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import time
 from contextlib import ExitStack, contextmanager
 from typing import Optional
 
@@ -59,6 +60,8 @@ class MacvlanRdma:
             if conf.dns:
                 result.dns = DNS.from_json(conf.dns)
             _report_rdma(rdma, conf, inv, master.name)
+            if rdma.device is not None and result.ips:
+                _report_gid_indexes(rdma.device, inv, result)
             undo.pop_all()
             return result
 
@@ -196,6 +199,43 @@ def _report_rdma(decision: SharedDecision, conf: MacvlanConf, inv: Invocation, m
         device_info.write_rdma_device_info(
             path, pci_address=sysfs.pci_address_of_netdev(master, root=sysfs.default_root()), rdma_device=decision.device
         )
+
+
+GID_WAIT = 0.3  # seconds: the kernel adds RoCE GIDs from a workqueue after the address appears
+GID_POLL = 0.03
+
+
+def _report_gid_indexes(device: str, inv: Invocation, result: Result) -> None:
+    """Log the RoCE GID index of each pod address on ``device`` (for NCCL_IB_GID_INDEX).
+
+    The kernel fills the GID table asynchronously: poll for at most GID_WAIT. Informational
+    only, so it never fails ADD.
+    """
+    who = f"{inv.container_id[:12]}/{inv.ifname}"
+    addresses = [ip.address.ip for ip in result.ips]
+    found: dict = {}
+    try:
+        root = sysfs.default_root()
+        deadline = time.monotonic() + GID_WAIT
+        while True:
+            for address in addresses:
+                if address not in found:
+                    hit = sysfs.roce_gid_index(device, address, inv.ifname, root=root)
+                    if hit is not None:
+                        found[address] = hit
+            if len(found) == len(addresses) or time.monotonic() >= deadline:
+                break
+            time.sleep(GID_POLL)
+    except Exception as exc:  # noqa: BLE001 - a report, never a failure
+        log.info("%s: RDMA device %s: GID index unknown (%s: %s)", who, device, type(exc).__name__, exc)
+        return
+    for address in addresses:
+        if address in found:
+            port, index, gid_type = found[address]
+            log.info("%s: RDMA device %s port %d GID index %d (%s) for %s", who, device, port, index, gid_type, address)
+        else:
+            log.info("%s: RDMA device %s: GID index for %s unknown (not in the GID table after %d ms)",
+                     who, device, address, int(GID_WAIT * 1000))
 
 
 def _check_link(conf: MacvlanConf, link: Optional[Link], expected: Interface, master: Link, inv: Invocation) -> None:

@@ -1,12 +1,17 @@
 """RDMA checks run INSIDE the test VM (Debian's kernel, rdma_rxe), reported as one JSON document.
 
-Run by vm/shared_boot.py (one boot shared by netns_tests/test_vm_rdma.py and test_vm_vf.py)
-through harness.run_in_vm with the venv's interpreter: ``python guest_checks.py [--netdevsim KO]
-[--netdevsim-error TEXT]`` as root in the guest. Writes ``$RDMANET_VM_RESULTS/checks.json``
-(and prints the same JSON on stdout). Every section is recorded even when an earlier one failed:
-each is ``{"ok": bool, ..., "error": "<traceback tail>"}`` with its own facts; the host-side tests
-assert on them one by one. The guest is thrown away after the run, so nothing is undone here
-beyond what a later section needs.
+Run by vm/shared_boot.py (one boot shared by netns_tests/test_vm_rdma.py, test_vm_vf.py and
+test_vm_host_device.py) through harness.run_in_vm with the venv's interpreter: ``python
+guest_checks.py [--netdevsim KO] [--netdevsim-error TEXT]`` as root in the guest. Writes
+``$RDMANET_VM_RESULTS/checks.json`` (and prints the same JSON on stdout). Every section is
+recorded even when an earlier one failed: each is ``{"ok": bool, ..., "error": "<traceback
+tail>"}`` with its own facts; the host-side tests assert on them one by one. The guest is thrown
+away after the run, so nothing is undone here beyond what a later section needs.
+
+A plugin exec costs seconds under TCG (importing pyroute2 and pydantic), and the guest has two
+vCPUs: sections that exec plugins are written as *scenarios* (generators that yield the plugin
+calls they need, see ``parallel()``), and independent scenarios run side by side, their execs in
+waves. Each scenario still gets its own report entry.
 
 Sections, in order (later ones rely on the objects earlier ones create):
   setup      modprobe rdma_rxe; veth pair rxenet0/rxenet1; rdma link add rxe0 ... netdev rxenet0
@@ -14,8 +19,13 @@ Sections, in order (later ones rely on the objects earlier ones create):
   devices    list_devices(), device_by_name() and `rdma -j dev show`
   sysfs      rdma_devices_for_netdev() for the rxe netdev, its peer and lo; the rxe parent file
   move       move_device() to a new netns: good request (EOPNOTSUPP), bad index, bad fd
-  plugin     macvlan-rdma ADD / DEL by raw exec, host-local IPAM, device-info file, GIDs of net1
-  exclusive  switch to exclusive mode; netns_mode(); move again; ADD with rdma "required" fails 101
+  hd_setup   veth hdv0/hdv1 for host-device-rdma; a fake sysfs tree (RDMANET_SYSFS_ROOT) where
+             rxe0's parent is hdv0; the kernel fact behind that: an rxe device is unregistered
+             when its netdev leaves init_net (rxe9 on hdk0)
+  in parallel, shared RDMA netns mode:
+    plugin        macvlan-rdma ADD / DEL by raw exec, host-local IPAM, device-info file, GIDs of
+                  net1 and the GID index the plugin logged
+    hd_required   host-device-rdma ADD of hdv0 with rdma "required": 101, nothing changed
 SR-IOV VF settings on netdevsim (built by prepare.sh; Debian's kernel has none), vf_settings.py:
   netdevsim  insmod netdevsim.ko (its deps by modprobe); netdevsim10 with one port; 4 VFs; VF 1
              spoofchk on with the ip tool (real NICs start with it on, netdevsim off); vfinfo_list
@@ -26,12 +36,20 @@ SR-IOV VF settings on netdevsim (built by prepare.sh; Debian's kernel has none),
              through pyroute2's own vf={"vlan": [...]} (a 14-byte IFLA_VF_VLAN_INFO)
   vf_errors  VF 4 (of 0-3) by read_vf / apply_vf / the kernel itself; qos 8 refused by the driver;
              rates refused in switchdev mode (EOPNOTSUPP) after a VLAN change, which is undone
+  in parallel (exclusive's preamble switches the mode first):
+    exclusive     switch to exclusive mode; netns_mode(); move again; macvlan-rdma ADD with rdma
+                  "required" fails 101
+    hd_exclusive  host-device-rdma, exclusive mode, hdv0 (fake parent of the real rxe0): rdma
+                  "auto" ADD -> the kernel refuses to move rxe0 (EOPNOTSUPP), 101, all rolled
+                  back; rdma "off" ADD moves only the netdev, DEL restores it
+    hd_vf         host-device-rdma on VF 0 of the netdevsim PF, its "VF netdev" a veth (vfnet0)
+                  mapped by the fake sysfs tree: ADD with vlan/qos/spoofchk/trust/mac, CHECK,
+                  DEL; vfinfo_list and the veth as before
 """
 
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import os
 import subprocess
@@ -54,6 +72,12 @@ IPAM_DIR = "/tmp/rdmanet-vm-ipam"
 DEVINFO = os.path.join(RESULTS, "devinfo", "vmpod1-net1.json")
 DEVINFO_EXCL = os.path.join(RESULTS, "devinfo", "vmpod2-net1.json")
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+HD_PLUGIN = os.path.join(VENV_BIN, "host-device-rdma")
+HD_STATE = "/tmp/rdmanet-vm-hd"  # one stateDir per scenario below it
+FAKESYS = "/tmp/rdmanet-vm-fakesys"  # RDMANET_SYSFS_ROOT of the host-device-rdma scenarios
+HD_NETDEV, HD_PEER, HD_MTU = "hdv0", "hdv1", 1400  # rxe0's parent in the fake tree
+VF_NETDEV, VF_PEER = "vfnet0", "vfnet1"  # the "VF netdev" of VF 0 in the fake tree
+PF_PCI, VF_PCI, HD_VF = "0000:3b:00.0", "0000:3b:00.2", 0
 
 out: dict = {"python": sys.executable, "kernel": os.uname().release}
 T0 = time.monotonic()
@@ -102,8 +126,8 @@ def delete_all_netns() -> None:
             sh("ip", "netns", "del", line.split()[0], check=False)
 
 
-def cni(command: str, container: str, netns: str, conf: dict) -> dict:
-    env = {
+def plugin_env(command: str, container: str, netns: str, extra: dict | None = None) -> dict:
+    return {
         "PATH": PATH,
         "CNI_COMMAND": command,
         "CNI_CONTAINERID": container,
@@ -111,16 +135,96 @@ def cni(command: str, container: str, netns: str, conf: dict) -> dict:
         "CNI_IFNAME": "net1",
         "CNI_PATH": CNI_PATH,
         "RDMANET_LOG_LEVEL": "INFO",
+        **(extra or {}),
     }
-    start = time.monotonic()
-    proc = subprocess.run([PLUGIN], input=json.dumps(conf), env=env, capture_output=True, text=True, timeout=120, check=False)
-    doc = None
-    if proc.stdout.strip():
+
+
+class Exec:
+    """One plugin call, started and finished separately so that several run at once."""
+
+    def __init__(self, command: str, container: str, netns: str, conf: dict, *, plugin: str = PLUGIN,
+                 env: dict | None = None) -> None:
+        self.argv = [plugin]
+        self.env = plugin_env(command, container, netns, env)
+        self.stdin = json.dumps(conf)
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> Exec:
+        self.begin = time.monotonic()
+        self.proc = subprocess.Popen(self.argv, env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        self.proc.stdin.write(self.stdin)  # a few hundred bytes: never blocks on the pipe
+        self.proc.stdin.close()
+        self.proc.stdin = None  # or communicate() flushes the closed pipe
+        return self
+
+    def finish(self) -> dict:
         try:
-            doc = json.loads(proc.stdout)
-        except ValueError:
-            doc = {"unparsed stdout": proc.stdout[-2000:]}
-    return {"rc": proc.returncode, "stdout": doc, "stderr": proc.stderr[-3000:], "seconds": round(time.monotonic() - start, 2)}
+            stdout, stderr = self.proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            stdout, stderr = self.proc.communicate()
+        doc = None
+        if stdout.strip():
+            try:
+                doc = json.loads(stdout)
+            except ValueError:
+                doc = {"unparsed stdout": stdout[-2000:]}
+        return {"rc": self.proc.returncode, "stdout": doc, "stderr": stderr[-3000:],
+                "seconds": round(time.monotonic() - self.begin, 2)}
+
+
+def parallel(*scenarios) -> None:
+    """Run scenarios side by side, each recorded like a section under its name.
+
+    A scenario is ``(name, fn)``; ``fn(entry)`` is a generator that does its own checks and
+    yields the plugin calls it needs (an ``Exec``), receiving each call's result. The scenarios
+    are primed in order (so an earlier one's preamble, e.g. a netns mode switch, runs before a
+    later one's), then every wave starts the pending calls of all scenarios together and hands
+    back the results when all have finished. A scenario that raises is recorded as failed; the
+    others go on. ``seconds`` is each scenario's wall time, waves shared with the others included.
+    """
+    live: dict = {}
+
+    def step(name: str, value) -> None:
+        gen, entry, start = live[name]
+        try:
+            call = gen.send(value)
+        except StopIteration:
+            entry["ok"] = True
+        except BaseException:  # noqa: BLE001 - recorded like a section's failure
+            entry["ok"] = False
+            entry["error"] = traceback.format_exc()[-3000:]
+        else:
+            live[name] = (gen, entry, start, call)
+            return
+        entry["seconds"] = round(time.monotonic() - start, 2)
+        out[name] = entry
+        del live[name]
+
+    for name, fn in scenarios:
+        entry: dict = {}
+        out[name] = entry
+        live[name] = (fn(entry), entry, time.monotonic())
+        step(name, None)
+    wave = 0
+    while live:
+        wave += 1
+        calls, results = {}, {}
+        for name, item in live.items():
+            try:
+                calls[name] = item[3].start()
+            except Exception:  # noqa: BLE001 - handed to the scenario as the call's result
+                results[name] = {"rc": None, "stdout": None, "stderr": traceback.format_exc()[-3000:], "seconds": 0}
+        for name, call in calls.items():
+            try:
+                results[name] = call.finish()
+            except Exception:  # noqa: BLE001
+                results[name] = {"rc": None, "stdout": None, "stderr": traceback.format_exc()[-3000:], "seconds": 0}
+        for name, result in results.items():
+            result["wave"] = wave
+            live[name] = live[name][:3]
+            step(name, result)
 
 
 def net_conf(name: str, devinfo: str) -> dict:
@@ -247,13 +351,128 @@ def _move(entry):
         sh("ip", "netns", "del", "rdmanet-move", check=False)
 
 
-@section("plugin")
-def _plugin(entry):
+# ------------------------------------------------------------------- host-device-rdma helpers
+
+def link_json(name: str, ns: str | None = None) -> dict | None:
+    """``ip -d -j link show dev <name>`` (in ``ns``), or None when there is no such link."""
+    proc = sh("ip", *(["-n", ns] if ns else []), "-d", "-j", "link", "show", "dev", name, check=False)
+    if proc.returncode != 0 or not proc.stdout.strip():
+        return None
+    return json.loads(proc.stdout)[0]
+
+
+# Counters are left out of before/after comparisons (the host-side test does the same). Nothing
+# else needs to be: on this kernel a netns round trip restores every other field exactly.
+COUNTERS = ("stats", "stats64")
+
+
+def comparable(link: dict | None) -> dict | None:
+    return None if link is None else {k: v for k, v in link.items() if k not in COUNTERS}
+
+
+def settled(name: str, before: dict | None, timeout: float = 3.0) -> tuple[dict | None, int]:
+    """The link once it compares equal to ``before`` (carrier reaches operstate asynchronously,
+    through the kernel's link watch), or the last read after ``timeout``; and the reads made."""
+    deadline = time.monotonic() + timeout
+    reads = 0
+    while True:
+        reads += 1
+        now = link_json(name)
+        if comparable(now) == comparable(before) or time.monotonic() > deadline:
+            return now, reads
+        time.sleep(0.1)
+
+
+def files_under(path: str) -> list[str]:
+    """Every file below ``path`` (relative paths, sorted); [] when it does not exist."""
+    found = []
+    for top, _dirs, names in os.walk(path):
+        found += [os.path.relpath(os.path.join(top, n), path) for n in names]
+    return sorted(found)
+
+
+def ipam_ips(network: str) -> list[str]:
+    """host-local's reservations of ``network`` (its files named by an address)."""
+    d = f"{IPAM_DIR}/{network}"
+    return sorted(f for f in os.listdir(d) if f[0].isdigit() or ":" in f) if os.path.isdir(d) else []
+
+
+def rdma_devs(ns: str | None = None) -> list[str]:
+    """RDMA device names by the rdma tool, in the host or inside ``ns``."""
+    prefix = ["ip", "netns", "exec", ns] if ns else []
+    return [d["ifname"] for d in json.loads(sh(*prefix, "rdma", "-j", "dev", "show").stdout or "[]")]
+
+
+def hd_conf(name: str, **fields) -> dict:
+    subnet = {"hdreq": "198.18.6.0/24", "hdexcl": "198.18.7.0/24", "hdvf": "198.18.8.0/24"}[name]
+    return {
+        "cniVersion": "1.0.0",
+        "name": name,
+        "type": "host-device-rdma",
+        "stateDir": f"{HD_STATE}/{name}",
+        "ipam": {"type": "host-local", "dataDir": IPAM_DIR, "ranges": [[{"subnet": subnet}]]},
+        **fields,
+    }
+
+
+def hd_exec(command: str, container: str, netns: str, conf: dict) -> Exec:
+    return Exec(command, container, netns, conf, plugin=HD_PLUGIN, env={"RDMANET_SYSFS_ROOT": FAKESYS})
+
+
+def fake_file(path: str, text: str) -> None:
+    os.makedirs(os.path.dirname(f"{FAKESYS}/{path}"), exist_ok=True)
+    with open(f"{FAKESYS}/{path}", "w") as f:
+        f.write(text)
+
+
+def fake_link(path: str, target: str) -> None:
+    os.makedirs(os.path.dirname(f"{FAKESYS}/{path}"), exist_ok=True)
+    os.symlink(target, f"{FAKESYS}/{path}")
+
+
+@section("hd_setup")
+def _hd_setup(entry):
+    # the kernel fact that rules out rxe0's own netdev for these tests: rxe (like siw) listens to
+    # its netdev's NETDEV_UNREGISTER, which a netns move sends, and unregisters itself
+    sh("ip", "link", "add", "hdk0", "type", "veth", "peer", "name", "hdk1")
+    sh("rdma", "link", "add", "rxe9", "type", "rxe", "netdev", "hdk0")
+    entry["rxe9_before_move"] = rn.device_by_name("rxe9") is not None
+    sh("ip", "netns", "add", "hd-k")
+    sh("ip", "link", "set", "hdk0", "netns", "hd-k")
+    deadline = time.monotonic() + 3  # ib_unregister_device_queued: a workqueue, usually done at once
+    while "rxe9" in (names := [d.name for d in rn.list_devices()]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    entry["rxe9_after_move"] = names
+    sh("ip", "netns", "del", "hd-k")
+    # hdv0: rxe0's parent as the plugins will read it (the real rxe0 stays on rxenet0)
+    sh("ip", "link", "add", HD_NETDEV, "mtu", str(HD_MTU), "type", "veth", "peer", "name", HD_PEER)
+    sh("ip", "link", "set", HD_PEER, "up")
+    sh("ip", "link", "set", HD_NETDEV, "up")
+    fake_file(f"sys/class/infiniband/{RXE}/parent", HD_NETDEV + "\n")
+    entry["fake_rdma_devices"] = sysfs.rdma_devices_for_netdev(HD_NETDEV, root=FAKESYS)
+    entry["real_rdma_devices"] = sysfs.rdma_devices_for_netdev(HD_NETDEV)
+
+
+def hd_required_scenario(entry):
+    """Shared mode, rdma "required": refused before anything is touched."""
+    entry["mode"] = rn.netns_mode()
+    sh("ip", "netns", "add", "hd-pod-shared")
+    entry["before"] = before = link_json(HD_NETDEV)
+    conf = hd_conf("hdreq", device=HD_NETDEV, rdma="required")
+    entry["add"] = yield hd_exec("ADD", "hdreq", "/run/netns/hd-pod-shared", conf)
+    entry["after"], entry["reads"] = settled(HD_NETDEV, before)
+    entry["state_files"] = files_under(conf["stateDir"])
+    entry["pod_links"] = [l["ifname"] for l in json.loads(sh("ip", "-n", "hd-pod-shared", "-j", "link", "show").stdout)]
+    entry["ipam"] = ipam_ips("hdreq")
+    entry["rdma_devs"] = rdma_devs()
+
+
+def plugin_scenario(entry):
     sh("ip", "netns", "add", "rdmanet-pod1")
     netns = "/run/netns/rdmanet-pod1"
     conf = net_conf("vmnet", DEVINFO)
     entry["cni_path_has_host_local"] = os.access(f"{CNI_PATH}/host-local", os.X_OK)
-    entry["add"] = add = cni("ADD", "vmpod1", netns, conf)
+    entry["add"] = add = yield Exec("ADD", "vmpod1", netns, conf)
     try:
         with open(DEVINFO) as f:
             entry["devinfo"] = json.load(f)
@@ -261,16 +480,18 @@ def _plugin(entry):
         entry["devinfo"] = repr(e)
     entry["link"] = link_in("rdmanet-pod1", "net1")
     entry["gids"] = gids_for("net1")
+    if add["rc"] == 0 and add["stdout"].get("ips"):
+        address = add["stdout"]["ips"][0]["address"]
+        entry["gid_index_lib"] = sysfs.roce_gid_index(RXE, address, "net1")
     entry["ipam_files"] = sorted(os.listdir(f"{IPAM_DIR}/vmnet")) if os.path.isdir(f"{IPAM_DIR}/vmnet") else []
     if add["rc"] == 0:
-        entry["del"] = cni("DEL", "vmpod1", netns, conf)
+        entry["del"] = yield Exec("DEL", "vmpod1", netns, conf)
         entry["link_after_del"] = link_in("rdmanet-pod1", "net1")
         entry["ipam_files_after_del"] = sorted(os.listdir(f"{IPAM_DIR}/vmnet")) if os.path.isdir(f"{IPAM_DIR}/vmnet") else []
     sh("ip", "netns", "del", "rdmanet-pod1", check=False)
 
 
-@section("exclusive")
-def _exclusive(entry):
+def exclusive_scenario(entry):
     delete_all_netns()
     # netns teardown is asynchronous in the kernel (cleanup_net): EBUSY until it has run
     deadline = time.monotonic() + 20
@@ -294,10 +515,101 @@ def _exclusive(entry):
     finally:
         os.close(fd)
     conf = net_conf("vmnet2", DEVINFO_EXCL)
-    entry["add"] = cni("ADD", "vmpod2", netns, conf)
+    entry["add"] = yield Exec("ADD", "vmpod2", netns, conf)
     entry["link_after_failed_add"] = link_in("rdmanet-pod2", "net1")
     entry["devinfo_written"] = os.path.exists(DEVINFO_EXCL)
     entry["ipam_files"] = sorted(os.listdir(f"{IPAM_DIR}/vmnet2")) if os.path.isdir(f"{IPAM_DIR}/vmnet2") else []
+
+
+parallel(("plugin", plugin_scenario), ("hd_required", hd_required_scenario))
+
+
+def hd_exclusive_scenario(entry):
+    """Exclusive mode: rdma "auto" fails on rxe0 (it cannot change netns) and rolls back;
+    rdma "off" moves only the netdev and DEL restores it."""
+    entry["mode"] = rn.netns_mode()
+    if entry["mode"] != "exclusive":
+        raise RuntimeError(f"the RDMA netns mode is {entry['mode']}, not exclusive (see the exclusive section)")
+    sh("ip", "netns", "add", "hd-pod-excl")
+    netns = "/run/netns/hd-pod-excl"
+    entry["before"] = before = link_json(HD_NETDEV)
+    rxe = rn.device_by_name(RXE)
+    entry["rxe_before"] = {"index": rxe.index, "name": rxe.name}
+    common = {"device": HD_NETDEV, "mtu": 1300, "mac": "02:00:00:00:00:24"}
+    auto = hd_conf("hdexcl", rdma="auto", **common)
+    entry["auto_add"] = yield hd_exec("ADD", "hdauto", netns, auto)
+    entry["auto_after"], entry["auto_reads"] = settled(HD_NETDEV, before)
+    entry["auto_state_files"] = files_under(auto["stateDir"])
+    entry["auto_ipam"] = ipam_ips("hdexcl")
+    entry["auto_pod_links"] = [l["ifname"] for l in json.loads(sh("ip", "-n", "hd-pod-excl", "-j", "link", "show").stdout)]
+    rxe = rn.device_by_name(RXE)
+    entry["rxe_after_auto"] = {"index": rxe.index, "name": rxe.name} if rxe else None
+    # rxe0's own netdev, found through the real sysfs: the RDMA move is asked for before the
+    # netdev leaves (rxe dies with its netdev's move), so rxe0 must survive the refusal
+    real = hd_conf("hdexcl", rdma="auto", device=NETDEV)
+    entry["real_before"] = real_before = link_json(NETDEV)
+    entry["real_add"] = yield Exec("ADD", "hdreal", netns, real, plugin=HD_PLUGIN)
+    entry["real_after"], _ = settled(NETDEV, real_before)
+    rxe = rn.device_by_name(RXE)
+    entry["rxe_after_real"] = {"index": rxe.index, "name": rxe.name} if rxe else None
+
+    off = hd_conf("hdexcl", rdma="off", **common)
+    entry["off_add"] = add = yield hd_exec("ADD", "hdoff", netns, off)
+    entry["off_host_link"] = link_json(HD_NETDEV)
+    entry["off_pod_link"] = link_json("net1", "hd-pod-excl")
+    entry["off_pod_addrs"] = link_in("hd-pod-excl", "net1")
+    entry["off_state_files"] = files_under(off["stateDir"])
+    entry["off_ipam"] = ipam_ips("hdexcl")
+    entry["off_rdma_host"] = rdma_devs()
+    entry["off_rdma_pod"] = rdma_devs("hd-pod-excl")
+    if add["rc"] != 0:
+        return
+    entry["off_del"] = yield hd_exec("DEL", "hdoff", netns, off)
+    entry["del_after"], entry["del_reads"] = settled(HD_NETDEV, before)
+    entry["del_state_files"] = files_under(off["stateDir"])
+    entry["del_ipam"] = ipam_ips("hdexcl")
+    entry["del_pod_links"] = [l["ifname"] for l in json.loads(sh("ip", "-n", "hd-pod-excl", "-j", "link", "show").stdout)]
+    entry["del_rdma_host"] = rdma_devs()
+
+
+def hd_vf_scenario(entry):
+    """VF 0 of the real netdevsim PF, its "VF netdev" a veth mapped by the fake sysfs tree."""
+    pf, _ = pf_of_nsim()
+    entry["pf"] = pf
+    sh("ip", "link", "add", VF_NETDEV, "type", "veth", "peer", "name", VF_PEER)
+    sh("ip", "link", "set", VF_PEER, "up")  # vfnet0 stays down, like an unused VF netdev
+    # /sys/bus/pci/devices/<vf>/{net/vfnet0, physfn}, <pf>/{virtfn0, sriov_numvfs, net/<pf>}
+    dev = "sys/bus/pci/devices"
+    os.makedirs(f"{FAKESYS}/{dev}/{VF_PCI}/net/{VF_NETDEV}")
+    os.makedirs(f"{FAKESYS}/{dev}/{PF_PCI}/net/{pf}")
+    os.makedirs(f"{FAKESYS}/sys/bus/pci/drivers/mlx5_core")
+    fake_link(f"{dev}/{VF_PCI}/physfn", f"../{PF_PCI}")
+    fake_link(f"{dev}/{VF_PCI}/driver", "../../drivers/mlx5_core")
+    fake_link(f"{dev}/{PF_PCI}/virtfn{HD_VF}", f"../{VF_PCI}")
+    fake_file(f"{dev}/{PF_PCI}/sriov_numvfs", f"{NUM_VFS}\n")
+    # real NICs start VFs with spoofchk on (netdevsim off): make ADD change it and DEL restore it
+    sh("ip", "link", "set", "dev", pf, "vf", str(HD_VF), "spoofchk", "on")
+    entry["vfinfo_before"] = vfinfo(pf)
+    entry["before"] = before = link_json(VF_NETDEV)
+    sh("ip", "netns", "add", "hd-pod-vf")
+    netns = "/run/netns/hd-pod-vf"
+    conf = hd_conf("hdvf", deviceID=VF_PCI, vlan=100, vlanQoS=2, spoofchk="off", trust="on", mac="02:00:00:00:00:42")
+    entry["add"] = add = yield hd_exec("ADD", "hdvf", netns, conf)
+    entry["vfinfo_after_add"] = vfinfo(pf)
+    entry["pod_link"] = link_json("net1", "hd-pod-vf")
+    entry["pod_addrs"] = link_in("hd-pod-vf", "net1")
+    entry["host_link_after_add"] = link_json(VF_NETDEV)
+    entry["state_files"] = files_under(conf["stateDir"])
+    entry["ipam"] = ipam_ips("hdvf")
+    if add["rc"] != 0:
+        return
+    entry["check"] = yield hd_exec("CHECK", "hdvf", netns, {**conf, "prevResult": add["stdout"]})
+    entry["del"] = yield hd_exec("DEL", "hdvf", netns, conf)
+    entry["vfinfo_after_del"] = vfinfo(pf)
+    entry["del_after"], entry["del_reads"] = settled(VF_NETDEV, before)
+    entry["del_state_files"] = files_under(conf["stateDir"])
+    entry["del_ipam"] = ipam_ips("hdvf")
+    entry["del_pod_links"] = [l["ifname"] for l in json.loads(sh("ip", "-n", "hd-pod-vf", "-j", "link", "show").stdout)]
 
 
 # ------------------------------------------------------------------------ SR-IOV VF settings
@@ -454,6 +766,8 @@ def _vf_errors(entry):
             sh("devlink", "dev", "eswitch", "set", f"netdevsim/netdevsim{NSIM_ID}", "mode", "legacy", check=False)
     entry["vfinfo_after"] = vfinfo(pf)
 
+
+parallel(("exclusive", exclusive_scenario), ("hd_exclusive", hd_exclusive_scenario), ("hd_vf", hd_vf_scenario))
 
 out["total_seconds"] = round(time.monotonic() - T0, 2)
 text = json.dumps(out, indent=1, default=repr)

@@ -185,7 +185,6 @@ def _rdma_decision(conf: MacvlanConf, master: str) -> SharedDecision:
     return decide_shared(conf.rdma, master, devices, mode)
 
 
-
 def _report_rdma(decision: SharedDecision, conf: MacvlanConf, inv: Invocation, master: str) -> None:
     if decision.warning:
         log.warning("%s", decision.warning)

@@ -19,6 +19,7 @@ test's temporary directory (config key ``stateDir``).
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 from concurrent.futures import ThreadPoolExecutor
 
@@ -609,6 +610,29 @@ def test_multus_device_id_through_cnitool(cni, netns, master, how):
     assert nt.owners(cni.data_dir) == {}
     nothing_recorded(cni)
     nt.ok(cni.tool("del", net, ns, extra_env=env, **kw))
+
+
+def test_device_info_file_for_a_vf(cni, netns, master):
+    """With runtimeConfig.CNIDeviceInfoFile (the capability Multus passes), the device-info-spec
+    1.1.0 "pci" file names the VF and its PF; a file Multus already copied keeps its fields."""
+    ns = netns()
+    m, before = prepared(master)
+    env = fake_vf(cni, m.name)
+    devinfo = cni.root / "devinfo" / "cni" / "sriov-net-c1_net1"
+    conf = hd(cni, None, deviceID=VF_PCI, pciBusID=VF_PCI, capabilities={"CNIDeviceInfoFile": True})
+    stdin = nt.single(f"{ns.name}-net", "1.0.0", {**conf, "runtimeConfig": {"CNIDeviceInfoFile": str(devinfo)}})
+    exec_ok(cni, "ADD", stdin, ns=ns, container_id="c1", extra_env=env)
+    assert json.loads(devinfo.read_text()) == {
+        "type": "pci", "version": "1.1.0", "pci": {"pci-address": VF_PCI, "pf-pci-address": PF_PCI}}
+    exec_ok(cni, "DEL", stdin, ns=ns, container_id="c1", extra_env=env)
+    devinfo.write_text(json.dumps({"type": "pci", "version": "1.1.0", "pci": {"pci-address": VF_PCI}, "x": 1}))
+    os.chmod(devinfo, 0o444)
+    exec_ok(cni, "ADD", stdin, ns=ns, container_id="c1", extra_env=env)
+    data = json.loads(devinfo.read_text())
+    assert data["x"] == 1 and data["pci"] == {"pci-address": VF_PCI, "pf-pci-address": PF_PCI}
+    assert os.stat(devinfo).st_mode & 0o777 == 0o444
+    exec_ok(cni, "DEL", stdin, ns=ns, container_id="c1", extra_env=env)
+    assert_restored(m.name, before)
 
 
 def test_110_result_has_pci_id_for_a_device_id(cni, netns, master):

@@ -347,8 +347,10 @@ def _move_rdma_to_host(name: str, netns_path: str) -> None:
 
 
 def _write_device_info(conf: HostDeviceConf, ref: DeviceRef, rdma_device: Optional[str]) -> None:
+    """device-info-spec 1.1.0 "pci" file: pci-address, pf-pci-address for a VF, rdma-device when
+    one moved with the netdev. Multus may have created it (0444) from the device plugin's file."""
     path = conf.runtimeConfig.CNIDeviceInfoFile
-    if not path or not rdma_device:
+    if not path or not (rdma_device or ref.kind == "pci"):
         return
     from cni.linux import device_info
 

@@ -50,7 +50,7 @@ def write_rdma_device_info(
     path: str,
     *,
     pci_address: str | None,
-    rdma_device: str,
+    rdma_device: str | None,
     pf_pci_address: str | None = None,
 ) -> dict | None:
     """Record ``rdma_device`` in the device-info file at ``path``; returns what was written.
@@ -63,8 +63,8 @@ def write_rdma_device_info(
     the old one was 0444 (Multus's copy), else 0644. Failures raise CNIError(IO_FAILURE) naming
     the path; malformed arguments raise ValueError.
     """
-    if not isinstance(rdma_device, str) or not rdma_device:
-        raise ValueError(f"rdma_device must be a non-empty string, got {rdma_device!r}")
+    if rdma_device is not None and (not isinstance(rdma_device, str) or not rdma_device):
+        raise ValueError(f"rdma_device must be None or a non-empty string, got {rdma_device!r}")
     for name, value in (("pci_address", pci_address), ("pf_pci_address", pf_pci_address)):
         if value is not None and not is_pci_address(value):
             raise ValueError(f"{name} must be a PCI address dddd:bb:dd.f, got {value!r}")
@@ -90,7 +90,8 @@ def write_rdma_device_info(
     pci = data["pci"]
     if pci_address is not None:
         pci["pci-address"] = pci_address.lower()
-    pci["rdma-device"] = rdma_device
+    if rdma_device is not None:
+        pci["rdma-device"] = rdma_device
     if pf_pci_address is not None:
         pci["pf-pci-address"] = pf_pci_address.lower()
 

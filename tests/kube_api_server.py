@@ -1,0 +1,1510 @@
+"""A small, in-process fake Kubernetes API server for tests and benchmarks.
+
+It speaks enough of the real apiserver's HTTP/JSON API that the official
+``kubernetes`` Python client works against it unmodified:
+
+* ``coordination.k8s.io/v1`` leases
+  (``/apis/coordination.k8s.io/v1/namespaces/{ns}/leases[/{name}]`` and
+  ``/apis/coordination.k8s.io/v1/leases``)
+* core ``v1`` pods (``/api/v1/namespaces/{ns}/pods[/{name}]`` and
+  ``/api/v1/pods``)
+
+Verbs: create (POST), get, list, watch (``?watch=true``, chunked stream),
+update (PUT, optimistic concurrency on ``metadata.resourceVersion``), patch
+(JSON patch / merge patch / strategic merge patch treated as merge patch),
+delete (with ``preconditions``) and deletecollection.
+
+Metadata is filled like the apiserver does it: ``uid`` (uuid4), one global
+increasing ``resourceVersion`` counter, RFC3339 ``creationTimestamp``,
+``namespace``.  Errors are ``Status`` objects with the real reasons
+(``AlreadyExists``, ``NotFound``, ``Conflict``, ``Invalid``, ``BadRequest``,
+``Expired``, ``TooManyRequests``, ``InternalError`` ...).
+
+Usage in tests::
+
+    from kube_api_server import KubeAPIServer, write_kubeconfig
+
+    with KubeAPIServer() as server:
+        write_kubeconfig(tmp_path / "kubeconfig", server.url, namespace="ns")
+        cfg = kubernetes.client.Configuration(host=server.url)
+        api = kubernetes.client.CoordinationV1Api(kubernetes.client.ApiClient(cfg))
+        ...
+        server.counts()[("create", "leases")]
+
+Test controls (all thread-safe): ``counts()``, ``reset_counts()``,
+``request_log()``, ``inject_latency()``, ``fail_next()``, ``fail_rate()``,
+``clear_faults()``, ``add_pod()``, ``delete_pod()``, ``objects()``,
+``get_object()``, ``compact()``, ``resource_version``.
+
+The same controls are reachable over HTTP for other processes (not counted):
+``GET /_control/counts``, ``POST /_control/reset_counts``,
+``POST /_control/fail_next`` ``{"n", "status", "retry_after", "verb", "resource"}``,
+``POST /_control/fail_rate`` ``{"p", "status", "retry_after", "verb", "resource"}``,
+``POST /_control/latency`` ``{"seconds"}``, ``POST /_control/clear_faults``,
+``GET /_control/objects/{resource}``, ``POST /_control/pods``
+``{"namespace", "name", "uid", "node", "labels"}``,
+``DELETE /_control/pods/{namespace}/{name}``.
+
+Run standalone: ``python tests/kube_api_server.py --port 8080 [--kubeconfig PATH]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import bisect
+import copy
+import datetime as _dt
+import json
+import random
+import re
+import select
+import socket
+import socketserver
+import sys
+import threading
+import time
+import uuid
+from collections import Counter, deque
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+__all__ = [
+    "RESOURCES",
+    "KubeAPIServer",
+    "ResourceType",
+    "parse_field_selector",
+    "parse_label_selector",
+    "write_kubeconfig",
+]
+
+
+# --------------------------------------------------------------------------
+# Resource types
+# --------------------------------------------------------------------------
+
+
+class ResourceType:
+    def __init__(self, plural: str, kind: str, group: str, version: str,
+                 fields: dict[str, Callable[[dict], str]]):
+        self.plural = plural
+        self.kind = kind
+        self.group = group
+        self.version = version
+        self.fields = fields  # supported fieldSelector fields
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def qualified(self) -> str:
+        """``leases.coordination.k8s.io`` / ``pods`` as used in messages."""
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+
+def _meta_field(key: str) -> Callable[[dict], str]:
+    return lambda o: str(o.get("metadata", {}).get(key) or "")
+
+
+def _path_field(*keys: str) -> Callable[[dict], str]:
+    def get(o: dict) -> str:
+        cur: Any = o
+        for k in keys:
+            if not isinstance(cur, dict):
+                return ""
+            cur = cur.get(k)
+        return "" if cur is None else str(cur)
+    return get
+
+
+RESOURCES: dict[str, ResourceType] = {
+    "leases": ResourceType(
+        "leases", "Lease", "coordination.k8s.io", "v1",
+        {"metadata.name": _meta_field("name"),
+         "metadata.namespace": _meta_field("namespace")}),
+    "pods": ResourceType(
+        "pods", "Pod", "", "v1",
+        {"metadata.name": _meta_field("name"),
+         "metadata.namespace": _meta_field("namespace"),
+         "metadata.uid": _meta_field("uid"),
+         "spec.nodeName": _path_field("spec", "nodeName"),
+         "spec.serviceAccountName": _path_field("spec", "serviceAccountName"),
+         "spec.restartPolicy": _path_field("spec", "restartPolicy"),
+         "spec.schedulerName": _path_field("spec", "schedulerName"),
+         "status.phase": _path_field("status", "phase"),
+         "status.podIP": _path_field("status", "podIP"),
+         "status.nominatedNodeName": _path_field("status", "nominatedNodeName")}),
+}
+
+_REASONS = {
+    400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound",
+    405: "MethodNotAllowed", 406: "NotAcceptable", 409: "Conflict", 410: "Expired",
+    415: "UnsupportedMediaType", 422: "Invalid", 429: "TooManyRequests",
+    500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout",
+}
+_PHRASES = {
+    200: "OK", 201: "Created", 400: "Bad Request", 401: "Unauthorized",
+    403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed", 409: "Conflict",
+    410: "Gone", 415: "Unsupported Media Type", 422: "Unprocessable Entity",
+    429: "Too Many Requests", 500: "Internal Server Error",
+    503: "Service Unavailable", 504: "Gateway Timeout",
+}
+
+
+class ApiError(Exception):
+    """Raised inside the server to produce a Status response."""
+
+    def __init__(self, code: int, message: str, reason: str | None = None,
+                 details: dict | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.reason = reason or _REASONS.get(code, "Unknown")
+        self.details = details
+        self.headers = headers or {}
+
+    def status(self) -> dict:
+        st = {"kind": "Status", "apiVersion": "v1", "metadata": {},
+              "status": "Failure", "message": self.message,
+              "reason": self.reason, "code": self.code}
+        if self.details is not None:
+            st["details"] = self.details
+        return st
+
+
+def _details(rt: ResourceType, name: str | None, kind: str | None = None, **extra) -> dict:
+    d: dict[str, Any] = {}
+    if name:
+        d["name"] = name
+    if rt.group:
+        d["group"] = rt.group
+    d["kind"] = kind or rt.plural
+    d.update(extra)
+    return d
+
+
+# --------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------
+
+_DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS1123_SUBDOMAIN_RE = re.compile(rf"^{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*$")
+_QUALIFIED_NAME_RE = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_LABEL_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+_SUBDOMAIN_MSG = ("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric "
+                  "characters, '-' or '.', and must start and end with an alphanumeric "
+                  "character (e.g. 'example.com', regex used for validation is "
+                  "'[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')")
+
+
+def _subdomain_errors(value: str) -> list[str]:
+    errs = []
+    if len(value) > 253:
+        errs.append("must be no more than 253 characters")
+    if not _DNS1123_SUBDOMAIN_RE.match(value):
+        errs.append(_SUBDOMAIN_MSG)
+    return errs
+
+
+def _label_key_errors(key: str) -> list[str]:
+    errs = []
+    prefix, _, name = key.rpartition("/")
+    if "/" in key:
+        if not prefix:
+            errs.append("prefix part must be non-empty")
+        else:
+            errs += ["prefix part " + e for e in _subdomain_errors(prefix)]
+    if not name:
+        errs.append("name part must be non-empty")
+    else:
+        if len(name) > 63:
+            errs.append("name part must be no more than 63 characters")
+        if not _QUALIFIED_NAME_RE.match(name):
+            errs.append("name part must consist of alphanumeric characters, '-', '_' or '.', "
+                        "and must start and end with an alphanumeric character")
+    return errs
+
+
+def _label_value_errors(value: Any) -> list[str]:
+    if not isinstance(value, str):
+        return ["must be a string"]
+    errs = []
+    if len(value) > 63:
+        errs.append("must be no more than 63 characters")
+    if not _LABEL_VALUE_RE.match(value):
+        errs.append("a valid label must be an empty string or consist of alphanumeric "
+                    "characters, '-', '_' or '.', and must start and end with an "
+                    "alphanumeric character")
+    return errs
+
+
+def _validate(rt: ResourceType, obj: dict) -> None:
+    """Raise 422 Invalid with causes, like the apiserver's validation."""
+    meta = obj.get("metadata") or {}
+    name = meta.get("name") or ""
+    causes: list[dict] = []
+
+    def bad(field: str, value: Any, msg: str, reason: str = "FieldValueInvalid") -> None:
+        if reason == "FieldValueRequired":
+            causes.append({"reason": reason, "message": f"Required value: {msg}", "field": field})
+        else:
+            causes.append({"reason": reason,
+                           "message": f"Invalid value: {json.dumps(value)}: {msg}",
+                           "field": field})
+
+    if not name:
+        bad("metadata.name", name, "name or generateName is required", "FieldValueRequired")
+    else:
+        for e in _subdomain_errors(name):
+            bad("metadata.name", name, e)
+    for key, value in (meta.get("labels") or {}).items():
+        for e in _label_key_errors(key):
+            bad("metadata.labels", key, e)
+        for e in _label_value_errors(value):
+            bad("metadata.labels", value, e)
+    ann = meta.get("annotations") or {}
+    for key, value in ann.items():
+        for e in _label_key_errors(key):
+            bad("metadata.annotations", key, e)
+        if not isinstance(value, str):
+            bad("metadata.annotations", value, "must be a string")
+    if rt.plural == "leases":
+        spec = obj.get("spec") or {}
+        lds = spec.get("leaseDurationSeconds")
+        if lds is not None and (not isinstance(lds, int) or lds <= 0):
+            bad("spec.leaseDurationSeconds", lds, "must be greater than 0")
+        lt = spec.get("leaseTransitions")
+        if lt is not None and (not isinstance(lt, int) or lt < 0):
+            bad("spec.leaseTransitions", lt, "must be greater than or equal to 0")
+    if rt.plural == "pods":
+        containers = (obj.get("spec") or {}).get("containers")
+        if not containers:
+            bad("spec.containers", None, "", "FieldValueRequired")
+    if causes:
+        text = ", ".join(f"{c['field']}: {c['message']}" for c in causes)
+        if len(causes) > 1:
+            text = f"[{text}]"
+        raise ApiError(422, f'{rt.kind}{"." + rt.group if rt.group else ""} "{name}" is invalid: {text}',
+                       details=_details(rt, name, kind=rt.kind, causes=causes))
+
+
+# --------------------------------------------------------------------------
+# Selectors
+# --------------------------------------------------------------------------
+
+
+def _split_top_level(s: str) -> list[str]:
+    parts, depth, cur = [], 0, []
+    for ch in s:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    parts.append("".join(cur))
+    return parts
+
+
+_SET_RE = re.compile(r"^\s*([^\s!=<>(),]+)\s+(in|notin)\s*\(([^()]*)\)\s*$")
+_OP_RE = re.compile(r"^\s*([^\s!=<>(),]+)\s*(==|!=|=|>|<)\s*([^\s!=<>(),]*)\s*$")
+_EXISTS_RE = re.compile(r"^\s*(!?)\s*([^\s!=<>(),]+)\s*$")
+
+Matcher = Callable[[dict], bool]
+
+
+def parse_label_selector(selector: str | None) -> Matcher:
+    """Parse a Kubernetes label selector into a predicate over a labels dict.
+
+    Supports ``a=b``, ``a==b``, ``a!=b``, ``a in (x,y)``, ``a notin (x,y)``,
+    ``a``, ``!a``, ``a>1``, ``a<1``; comma means AND.  Raises ``ValueError``.
+    """
+    if selector is None or not selector.strip():
+        return lambda labels: True
+    reqs: list[Matcher] = []
+    for part in _split_top_level(selector):
+        if not part.strip():
+            raise ValueError(f"unable to parse requirement: empty requirement in {selector!r}")
+        m = _SET_RE.match(part)
+        if m:
+            key, op, vals = m.group(1), m.group(2), m.group(3)
+            values = {v.strip() for v in vals.split(",") if v.strip()}
+            if not values:
+                raise ValueError(f"for '{op}' operator, values set can't be empty")
+            if op == "in":
+                reqs.append(lambda l, k=key, vs=values: k in l and l[k] in vs)
+            else:
+                reqs.append(lambda l, k=key, vs=values: k not in l or l[k] not in vs)
+            continue
+        m = _OP_RE.match(part)
+        if m:
+            key, op, val = m.groups()
+            if op in ("=", "=="):
+                reqs.append(lambda l, k=key, v=val: k in l and l[k] == v)
+            elif op == "!=":
+                reqs.append(lambda l, k=key, v=val: k not in l or l[k] != v)
+            else:
+                try:
+                    num = int(val)
+                except ValueError:
+                    raise ValueError(f"for '{op}' operator, the value must be an integer") from None
+
+                def cmp(l, k=key, n=num, gt=(op == ">")):
+                    try:
+                        x = int(l[k])
+                    except (KeyError, ValueError):
+                        return False
+                    return x > n if gt else x < n
+                reqs.append(cmp)
+            continue
+        m = _EXISTS_RE.match(part)
+        if m:
+            neg, key = m.groups()
+            if neg:
+                reqs.append(lambda l, k=key: k not in l)
+            else:
+                reqs.append(lambda l, k=key: k in l)
+            continue
+        raise ValueError(f"unable to parse requirement: {part.strip()!r}")
+    return lambda labels: all(r(labels) for r in reqs)
+
+
+def parse_field_selector(selector: str | None, rt: ResourceType) -> Matcher:
+    """Parse a field selector (``f=v``, ``f==v``, ``f!=v``, comma = AND) for ``rt``."""
+    if selector is None or not selector.strip():
+        return lambda obj: True
+    reqs: list[Matcher] = []
+    for part in selector.split(","):
+        m = re.match(r"^\s*([^=!\s]+)\s*(==|!=|=)\s*(.*?)\s*$", part)
+        if not m:
+            raise ValueError(f"invalid field selector requirement: {part!r}")
+        field, op, val = m.groups()
+        getter = rt.fields.get(field)
+        if getter is None:
+            raise ValueError(f'field label not supported: {field}')
+        if op == "!=":
+            reqs.append(lambda o, g=getter, v=val: g(o) != v)
+        else:
+            reqs.append(lambda o, g=getter, v=val: g(o) == v)
+    return lambda obj: all(r(obj) for r in reqs)
+
+
+# --------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------
+
+
+def _now_rfc3339() -> str:
+    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch (null removes a key)."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            result.pop(k, None)
+        else:
+            result[k] = _merge_patch(result.get(k), v)
+    return result
+
+
+def _json_pointer(path: str) -> list[str]:
+    if path == "":
+        return []
+    if not path.startswith("/"):
+        raise ApiError(422, f"invalid JSON pointer {path!r}")
+    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
+
+
+def _json_patch(doc: Any, ops: list) -> Any:
+    """RFC 6902 JSON patch (add, remove, replace, test, copy, move)."""
+    doc = copy.deepcopy(doc)
+
+    def parent(path: str) -> tuple[Any, str]:
+        parts = _json_pointer(path)
+        if not parts:
+            raise ApiError(422, "cannot patch the document root")
+        cur = doc
+        for p in parts[:-1]:
+            cur = cur[int(p)] if isinstance(cur, list) else cur[p]
+        return cur, parts[-1]
+
+    def get(path: str) -> Any:
+        cur = doc
+        for p in _json_pointer(path):
+            cur = cur[int(p)] if isinstance(cur, list) else cur[p]
+        return cur
+
+    try:
+        for op in ops:
+            kind, path = op["op"], op["path"]
+            if kind in ("add", "replace"):
+                par, key = parent(path)
+                val = copy.deepcopy(op["value"])
+                if isinstance(par, list):
+                    if key == "-":
+                        par.append(val)
+                    elif kind == "add":
+                        par.insert(int(key), val)
+                    else:
+                        par[int(key)] = val
+                else:
+                    if kind == "replace" and key not in par:
+                        raise ApiError(422, f"replace operation does not apply: doc is missing path: {path}")
+                    par[key] = val
+            elif kind == "remove":
+                par, key = parent(path)
+                if isinstance(par, list):
+                    del par[int(key)]
+                else:
+                    del par[key]
+            elif kind == "test":
+                if get(path) != op["value"]:
+                    raise ApiError(422, f"testing value {path} failed")
+            elif kind in ("copy", "move"):
+                val = copy.deepcopy(get(op["from"]))
+                if kind == "move":
+                    par, key = parent(op["from"])
+                    del par[int(key) if isinstance(par, list) else key]
+                par, key = parent(path)
+                if isinstance(par, list):
+                    par.insert(len(par) if key == "-" else int(key), val)
+                else:
+                    par[key] = val
+            else:
+                raise ApiError(422, f"unexpected JSON patch operation {kind!r}")
+    except (KeyError, IndexError, ValueError, TypeError) as e:
+        raise ApiError(422, f"the server rejected our request due to an error in our request: {e}") from None
+    return doc
+
+
+def _without_rv(obj: dict) -> dict:
+    o = copy.deepcopy(obj)
+    o.get("metadata", {}).pop("resourceVersion", None)
+    o.get("metadata", {}).pop("managedFields", None)
+    o.pop("kind", None)
+    o.pop("apiVersion", None)
+    return o
+
+
+class _Fault:
+    def __init__(self, remaining: int | None, p: float | None, status: int | str,
+                 retry_after: float | None, verb: str | None, resource: str | None):
+        self.remaining = remaining
+        self.p = p
+        self.status = status
+        self.retry_after = retry_after
+        self.verb = verb
+        self.resource = resource
+
+    def matches(self, verb: str, resource: str) -> bool:
+        return ((self.verb is None or self.verb == verb)
+                and (self.resource is None or self.resource == resource))
+
+
+# --------------------------------------------------------------------------
+# The server
+# --------------------------------------------------------------------------
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 512
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind calls socket.getfqdn(), which can block on DNS.
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name = host
+        self.server_port = port
+
+
+class KubeAPIServer:
+    """Fake Kubernetes API server.  Starts serving on construction.
+
+    :param port: TCP port on 127.0.0.1 (0 = pick a free one).
+    :param token: if set, requests must carry ``Authorization: Bearer <token>``
+                  (401 otherwise); by default any or no credential is accepted.
+    :param max_events: watch history kept; older watch resourceVersions get 410.
+    :param verbose: log each request to stderr.
+    """
+
+    def __init__(self, port: int = 0, host: str = "127.0.0.1", token: str | None = None,
+                 max_events: int = 100_000, verbose: bool = False, start: bool = True):
+        self._cond = threading.Condition(threading.RLock())
+        self._store: dict[str, dict[tuple[str, str], dict]] = {r: {} for r in RESOURCES}
+        self._rv = 1000
+        # events: (rv, resource, type, obj, prev_obj) sorted by rv
+        self._events: list[tuple[int, str, str, dict, dict | None]] = []
+        self._compacted_rv = self._rv  # watches from rv < this get 410
+        self._max_events = max_events
+        self._snapshots: dict[str, list[dict]] = {}
+        self._snapshot_order: deque[str] = deque()
+        self._stopping = False
+
+        self._stats_lock = threading.Lock()
+        self._counts: Counter = Counter()
+        self._log: deque[dict] = deque(maxlen=10_000)
+        self._latency = 0.0
+        self._latency_filter: tuple[str | None, str | None] = (None, None)
+        self._faults: list[_Fault] = []
+        self._rng = random.Random()
+        self._connections: set[socket.socket] = set()
+        self._active_watches = 0
+
+        self.token = token
+        self.verbose = verbose
+        owner = self
+
+        class Handler(_Handler):
+            server_obj = owner
+
+        self._httpd = _HTTPServer((host, port), Handler)
+        self.host = host
+        self.port = self._httpd.server_address[1]
+        self.url = f"http://{host}:{self.port}"
+        self._thread: threading.Thread | None = None
+        if start:
+            self.start()
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def start(self) -> KubeAPIServer:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._httpd.serve_forever,
+                                            kwargs={"poll_interval": 0.05},
+                                            name=f"kube-api-server:{self.port}", daemon=True)
+            self._thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        """Serve in the calling thread (for the command line)."""
+        self._httpd.serve_forever(poll_interval=0.2)
+
+    def stop(self) -> None:
+        """Stop serving, end watches and close open keep-alive connections."""
+        with self._cond:
+            if self._stopping:
+                return
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._httpd.shutdown()
+        self._httpd.server_close()
+        with self._stats_lock:
+            conns = list(self._connections)
+        for s in conns:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    close = stop
+
+    def __enter__(self) -> KubeAPIServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- counters / log ------------------------------------------------------
+
+    def counts(self) -> dict[tuple[str, str], int]:
+        """Requests seen, keyed by ``(verb, resource)``; verbs are the apiserver's
+        (``create get list watch update patch delete deletecollection``).  Requests
+        failed by fault injection are counted too."""
+        with self._stats_lock:
+            return dict(self._counts)
+
+    def count(self, verb: str | None = None, resource: str | None = None) -> int:
+        with self._stats_lock:
+            return sum(n for (v, r), n in self._counts.items()
+                       if (verb is None or v == verb) and (resource is None or r == resource))
+
+    def reset_counts(self) -> None:
+        with self._stats_lock:
+            self._counts.clear()
+            self._log.clear()
+
+    def request_log(self) -> list[dict]:
+        """Recent requests: dicts with method, path, query, verb, resource,
+        namespace, name, status, injected (fault), seconds."""
+        with self._stats_lock:
+            return [dict(e) for e in self._log]
+
+    @property
+    def active_watches(self) -> int:
+        with self._stats_lock:
+            return self._active_watches
+
+    # -- fault injection -----------------------------------------------------
+
+    def inject_latency(self, seconds: float, verb: str | None = None,
+                       resource: str | None = None) -> None:
+        """Delay every (matching) API request by ``seconds`` before handling it."""
+        with self._stats_lock:
+            self._latency = float(seconds)
+            self._latency_filter = (verb, resource)
+
+    def fail_next(self, n: int = 1, status: int | str = 500, retry_after: float | None = None,
+                  verb: str | None = None, resource: str | None = None) -> None:
+        """Fail the next ``n`` (matching) API requests with ``status``.
+        ``status="drop"`` closes the connection without a response.  429 responses
+        carry ``Retry-After`` (default 1 second)."""
+        with self._stats_lock:
+            self._faults.append(_Fault(int(n), None, status, retry_after, verb, resource))
+
+    def fail_rate(self, p: float, status: int | str = 500, retry_after: float | None = None,
+                  verb: str | None = None, resource: str | None = None,
+                  seed: int | None = None) -> None:
+        """Fail each (matching) API request with probability ``p``; ``p=0`` removes
+        all rate faults."""
+        with self._stats_lock:
+            self._faults = [f for f in self._faults if f.p is None]
+            if seed is not None:
+                self._rng.seed(seed)
+            if p > 0:
+                self._faults.append(_Fault(None, float(p), status, retry_after, verb, resource))
+
+    def clear_faults(self) -> None:
+        with self._stats_lock:
+            self._faults.clear()
+            self._latency = 0.0
+            self._latency_filter = (None, None)
+
+    def _pick_fault(self, verb: str, resource: str) -> _Fault | None:
+        with self._stats_lock:
+            for f in self._faults:
+                if not f.matches(verb, resource):
+                    continue
+                if f.remaining is not None:
+                    f.remaining -= 1
+                    if f.remaining <= 0:
+                        self._faults.remove(f)
+                    return f
+                if self._rng.random() < f.p:
+                    return f
+            return None
+
+    def _latency_for(self, verb: str, resource: str) -> float:
+        with self._stats_lock:
+            v, r = self._latency_filter
+            if (v is None or v == verb) and (r is None or r == resource):
+                return self._latency
+            return 0.0
+
+    # -- direct object access --------------------------------------------------
+
+    @property
+    def resource_version(self) -> int:
+        """The current global resourceVersion."""
+        with self._cond:
+            return self._rv
+
+    def objects(self, resource: str, namespace: str | None = None) -> list[dict]:
+        """Snapshot (deep copies, with kind/apiVersion) of stored objects."""
+        rt = RESOURCES[resource]
+        with self._cond:
+            items = [copy.deepcopy(o) for (ns, _), o in sorted(self._store[resource].items())
+                     if namespace is None or ns == namespace]
+        return [self._with_kind(rt, o) for o in items]
+
+    def get_object(self, resource: str, namespace: str, name: str) -> dict | None:
+        with self._cond:
+            o = self._store[resource].get((namespace, name))
+            return self._with_kind(RESOURCES[resource], copy.deepcopy(o)) if o else None
+
+    def add_pod(self, namespace: str, name: str, uid: str | None = None,
+                node: str | None = None, labels: dict | None = None,
+                phase: str = "Running", pod_ip: str | None = None) -> dict:
+        """Create (or replace) a pod directly; emits a watch event.  Returns it."""
+        spec: dict[str, Any] = {"containers": [{"name": "main", "image": "pause"}]}
+        if node:
+            spec["nodeName"] = node
+        status: dict[str, Any] = {"phase": phase}
+        if pod_ip:
+            status["podIP"] = pod_ip
+        meta: dict[str, Any] = {"name": name, "namespace": namespace,
+                                "uid": uid or str(uuid.uuid4())}
+        if labels:
+            meta["labels"] = dict(labels)
+        obj = {"metadata": meta, "spec": spec, "status": status}
+        with self._cond:
+            prev = self._store["pods"].get((namespace, name))
+            obj["metadata"]["creationTimestamp"] = _now_rfc3339()
+            self._put("pods", obj, "MODIFIED" if prev else "ADDED", prev)
+            return self._with_kind(RESOURCES["pods"], copy.deepcopy(obj))
+
+    def delete_pod(self, namespace: str, name: str | None = None, uid: str | None = None) -> bool:
+        """Delete a pod by name (or by uid); emits DELETED.  Returns whether it existed."""
+        with self._cond:
+            key = None
+            if name is not None:
+                key = (namespace, name) if (namespace, name) in self._store["pods"] else None
+            elif uid is not None:
+                for k, o in self._store["pods"].items():
+                    if k[0] == namespace and o["metadata"].get("uid") == uid:
+                        key = k
+                        break
+            if key is None:
+                return False
+            self._remove("pods", key)
+            return True
+
+    def compact(self) -> None:
+        """Drop all watch history: watches from any earlier resourceVersion get 410."""
+        with self._cond:
+            self._events.clear()
+            self._compacted_rv = self._rv
+            self._snapshots.clear()
+            self._snapshot_order.clear()
+
+    # -- store internals (call with self._cond held) ----------------------------
+
+    @staticmethod
+    def _with_kind(rt: ResourceType, obj: dict) -> dict:
+        out = {"kind": rt.kind, "apiVersion": rt.api_version}
+        out.update({k: v for k, v in obj.items() if k not in ("kind", "apiVersion")})
+        return out
+
+    def _bump(self) -> int:
+        self._rv += 1
+        return self._rv
+
+    def _record(self, resource: str, etype: str, obj: dict, prev: dict | None) -> None:
+        self._events.append((self._rv, resource, etype, copy.deepcopy(obj),
+                             copy.deepcopy(prev) if prev else None))
+        if len(self._events) > self._max_events:
+            drop = len(self._events) - self._max_events // 2
+            self._compacted_rv = self._events[drop - 1][0]
+            del self._events[:drop]
+        self._cond.notify_all()
+
+    def _put(self, resource: str, obj: dict, etype: str, prev: dict | None) -> None:
+        meta = obj["metadata"]
+        meta["resourceVersion"] = str(self._bump())
+        self._store[resource][(meta["namespace"], meta["name"])] = obj
+        self._record(resource, etype, obj, prev)
+
+    def _remove(self, resource: str, key: tuple[str, str]) -> dict:
+        obj = self._store[resource].pop(key)
+        gone = copy.deepcopy(obj)
+        gone["metadata"]["resourceVersion"] = str(self._bump())
+        self._record(resource, "DELETED", gone, obj)
+        return gone
+
+    def _remember_snapshot(self, items: list[dict]) -> str:
+        sid = uuid.uuid4().hex
+        self._snapshots[sid] = items
+        self._snapshot_order.append(sid)
+        while len(self._snapshot_order) > 1000:
+            self._snapshots.pop(self._snapshot_order.popleft(), None)
+        return sid
+
+    # -- API operations (called by the handler) -------------------------------------
+
+    def api_create(self, rt: ResourceType, ns: str, body: dict, dry_run: bool) -> tuple[int, dict]:
+        if not isinstance(body, dict):
+            raise ApiError(400, "the body of the request was in an unknown format")
+        obj = copy.deepcopy(body)
+        meta = obj.setdefault("metadata", {})
+        if meta.get("namespace") and meta["namespace"] != ns:
+            raise ApiError(400, "the namespace of the provided object does not match "
+                                "the namespace sent on the request")
+        meta["namespace"] = ns
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + "".join(
+                random.choice("bcdfghjklmnpqrstvwxz2456789") for _ in range(5))
+        _validate(rt, obj)
+        for k in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"):
+            meta.pop(k, None)
+        if rt.plural == "pods":
+            obj.setdefault("status", {}).setdefault("phase", "Pending")
+        with self._cond:
+            key = (ns, meta["name"])
+            if key in self._store[rt.plural]:
+                raise ApiError(409, f'{rt.qualified} "{meta["name"]}" already exists',
+                               details=_details(rt, meta["name"]), reason="AlreadyExists")
+            meta["uid"] = str(uuid.uuid4())
+            meta["creationTimestamp"] = _now_rfc3339()
+            if dry_run:
+                meta["resourceVersion"] = str(self._rv)
+            else:
+                self._put(rt.plural, obj, "ADDED", None)
+            return 201, self._with_kind(rt, copy.deepcopy(obj))
+
+    def api_get(self, rt: ResourceType, ns: str, name: str) -> tuple[int, dict]:
+        with self._cond:
+            obj = self._store[rt.plural].get((ns, name))
+            if obj is None:
+                raise self._not_found(rt, name)
+            return 200, self._with_kind(rt, copy.deepcopy(obj))
+
+    @staticmethod
+    def _not_found(rt: ResourceType, name: str) -> ApiError:
+        return ApiError(404, f'{rt.qualified} "{name}" not found', details=_details(rt, name))
+
+    @staticmethod
+    def _conflict(rt: ResourceType, name: str) -> ApiError:
+        return ApiError(409, f'Operation cannot be fulfilled on {rt.qualified} "{name}": the object '
+                             "has been modified; please apply your changes to the latest version "
+                             "and try again", details=_details(rt, name))
+
+    def _replace(self, rt: ResourceType, ns: str, name: str, new: dict, dry_run: bool) -> tuple[int, dict]:
+        """Shared by update and patch; caller holds the lock; ``new`` is the desired object."""
+        cur = self._store[rt.plural].get((ns, name))
+        if cur is None:
+            raise self._not_found(rt, name)
+        meta = new.setdefault("metadata", {})
+        if meta.get("namespace") and meta["namespace"] != ns:
+            raise ApiError(400, "the namespace of the provided object does not match "
+                                "the namespace sent on the request")
+        if meta.get("name") and meta["name"] != name:
+            raise ApiError(400, "the name of the object "
+                                f"({meta['name']}) does not match the name on the URL ({name})")
+        meta["name"], meta["namespace"] = name, ns
+        rv = meta.get("resourceVersion")
+        if rv and rv != cur["metadata"]["resourceVersion"]:
+            raise self._conflict(rt, name)
+        uid = meta.get("uid")
+        if uid and uid != cur["metadata"]["uid"]:
+            raise ApiError(409, f"Precondition failed: UID in precondition: {uid}, "
+                                f"UID in object meta: {cur['metadata']['uid']}",
+                           details=_details(rt, name))
+        _validate(rt, new)
+        meta["uid"] = cur["metadata"]["uid"]
+        meta["creationTimestamp"] = cur["metadata"]["creationTimestamp"]
+        meta["resourceVersion"] = cur["metadata"]["resourceVersion"]
+        new.pop("kind", None)
+        new.pop("apiVersion", None)
+        if rt.plural == "pods" and "status" not in new and "status" in cur:
+            new["status"] = copy.deepcopy(cur["status"])
+        if _without_rv(new) == _without_rv(cur) or dry_run:
+            # no-op update: the apiserver neither bumps resourceVersion nor emits an event
+            return 200, self._with_kind(rt, copy.deepcopy(new if dry_run else cur))
+        self._put(rt.plural, new, "MODIFIED", cur)
+        return 200, self._with_kind(rt, copy.deepcopy(new))
+
+    def api_update(self, rt: ResourceType, ns: str, name: str, body: dict, dry_run: bool) -> tuple[int, dict]:
+        if not isinstance(body, dict):
+            raise ApiError(400, "the body of the request was in an unknown format")
+        with self._cond:
+            return self._replace(rt, ns, name, copy.deepcopy(body), dry_run)
+
+    def api_patch(self, rt: ResourceType, ns: str, name: str, body: Any,
+                  content_type: str, dry_run: bool) -> tuple[int, dict]:
+        with self._cond:
+            cur = self._store[rt.plural].get((ns, name))
+            if cur is None:
+                raise self._not_found(rt, name)
+            base = self._with_kind(rt, copy.deepcopy(cur))
+            if "json-patch" in content_type:
+                if not isinstance(body, list):
+                    raise ApiError(400, "the body of the request was in an unknown format")
+                new = _json_patch(base, body)
+                # a JSON patch that doesn't touch resourceVersion carries the current one
+            elif "merge-patch" in content_type:
+                if not isinstance(body, dict):
+                    raise ApiError(400, "the body of the request was in an unknown format")
+                new = _merge_patch(base, body)
+                if not (body.get("metadata") or {}).get("resourceVersion"):
+                    new.setdefault("metadata", {})["resourceVersion"] = cur["metadata"]["resourceVersion"]
+            else:
+                raise ApiError(415, "the body of the request was in an unknown format - "
+                                    "accepted media types include: application/json-patch+json, "
+                                    "application/merge-patch+json, "
+                                    "application/strategic-merge-patch+json")
+            return self._replace(rt, ns, name, new, dry_run)
+
+    def api_delete(self, rt: ResourceType, ns: str, name: str, body: Any, dry_run: bool) -> tuple[int, dict]:
+        pre = {}
+        if isinstance(body, dict):
+            pre = body.get("preconditions") or {}
+        with self._cond:
+            cur = self._store[rt.plural].get((ns, name))
+            if cur is None:
+                raise self._not_found(rt, name)
+            uid, rv = pre.get("uid"), pre.get("resourceVersion")
+            if uid and uid != cur["metadata"]["uid"]:
+                raise ApiError(409, f"Precondition failed: UID in precondition: {uid}, "
+                                    f"UID in object meta: {cur['metadata']['uid']}",
+                               details=_details(rt, name))
+            if rv and rv != cur["metadata"]["resourceVersion"]:
+                raise ApiError(409, f"Precondition failed: ResourceVersion in precondition: {rv}, "
+                                    f"ResourceVersion in object meta: {cur['metadata']['resourceVersion']}",
+                               details=_details(rt, name))
+            if dry_run:
+                gone = copy.deepcopy(cur)
+            else:
+                gone = self._remove(rt.plural, (ns, name))
+            if rt.plural == "pods":
+                # the apiserver returns the (final state of the) deleted pod
+                return 200, self._with_kind(rt, gone)
+            return 200, {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                         "status": "Success",
+                         "details": _details(rt, name, uid=cur["metadata"]["uid"])}
+
+    def _matchers(self, rt: ResourceType, q: dict) -> tuple[Matcher, Matcher]:
+        try:
+            lsel = parse_label_selector(q.get("labelSelector"))
+        except ValueError as e:
+            raise ApiError(400, f"unable to parse requirement: {e}") from None
+        try:
+            fsel = parse_field_selector(q.get("fieldSelector"), rt)
+        except ValueError as e:
+            raise ApiError(400, str(e)) from None
+        return lsel, fsel
+
+    def _matches(self, obj: dict, ns: str | None, lsel: Matcher, fsel: Matcher) -> bool:
+        meta = obj.get("metadata", {})
+        return ((ns is None or meta.get("namespace") == ns)
+                and lsel(meta.get("labels") or {}) and fsel(obj))
+
+    def api_list(self, rt: ResourceType, ns: str | None, q: dict) -> tuple[int, dict]:
+        lsel, fsel = self._matchers(rt, q)
+        limit = 0
+        if q.get("limit"):
+            try:
+                limit = max(0, int(q["limit"]))
+            except ValueError:
+                raise ApiError(400, f"invalid limit {q['limit']!r}") from None
+        cont = q.get("continue")
+        with self._cond:
+            if cont:
+                try:
+                    tok = json.loads(base64.urlsafe_b64decode(cont.encode()))
+                    sid, start, list_rv = tok["id"], int(tok["start"]), tok["rv"]
+                except Exception:
+                    raise ApiError(400, "continue key is not valid") from None
+                items = self._snapshots.get(sid)
+                if items is None:
+                    raise ApiError(410, "The provided continue parameter is too old to display a "
+                                        "consistent list result. You can start a new list without "
+                                        "the continue parameter.", reason="Expired")
+            else:
+                items = [copy.deepcopy(o) for (_, _), o in sorted(self._store[rt.plural].items())
+                         if self._matches(o, ns, lsel, fsel)]
+                sid, start, list_rv = None, 0, str(self._rv)
+            page = items[start:start + limit] if limit else items[start:]
+            end = start + len(page)
+            meta: dict[str, Any] = {"resourceVersion": list_rv}
+            if limit and end < len(items):
+                if sid is None:
+                    sid = self._remember_snapshot(items)
+                meta["continue"] = base64.urlsafe_b64encode(json.dumps(
+                    {"id": sid, "start": end, "rv": list_rv}).encode()).decode()
+                meta["remainingItemCount"] = len(items) - end
+        return 200, {"kind": f"{rt.kind}List", "apiVersion": rt.api_version,
+                     "metadata": meta, "items": page}
+
+    def api_deletecollection(self, rt: ResourceType, ns: str, q: dict, dry_run: bool) -> tuple[int, dict]:
+        lsel, fsel = self._matchers(rt, q)
+        with self._cond:
+            keys = [k for k, o in sorted(self._store[rt.plural].items())
+                    if self._matches(o, ns, lsel, fsel)]
+            if not dry_run:
+                for k in keys:
+                    self._remove(rt.plural, k)
+        return 200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                     "details": _details(rt, None)}
+
+    def _watch_event(self, rt: ResourceType, etype: str, obj: dict | None, prev: dict | None,
+                     ns: str | None, lsel: Matcher, fsel: Matcher) -> tuple[str, dict] | None:
+        """Selector-aware event translation, like the apiserver's watch cache."""
+        cur_match = obj is not None and self._matches(obj, ns, lsel, fsel)
+        prev_match = prev is not None and self._matches(prev, ns, lsel, fsel)
+        if etype == "ADDED":
+            return ("ADDED", obj) if cur_match else None
+        if etype == "DELETED":
+            return ("DELETED", obj) if prev_match else None
+        if cur_match and prev_match:
+            return ("MODIFIED", obj)
+        if cur_match:
+            return ("ADDED", obj)
+        if prev_match:
+            gone = copy.deepcopy(prev)
+            gone["metadata"]["resourceVersion"] = obj["metadata"]["resourceVersion"]
+            return ("DELETED", gone)
+        return None
+
+
+# --------------------------------------------------------------------------
+# HTTP handler
+# --------------------------------------------------------------------------
+
+_ROUTES = [
+    (re.compile(r"^/apis/coordination\.k8s\.io/v1/namespaces/([^/]+)/leases(?:/([^/]+))?/?$"), "leases", True),
+    (re.compile(r"^/apis/coordination\.k8s\.io/v1/leases/?$"), "leases", False),
+    (re.compile(r"^/api/v1/namespaces/([^/]+)/pods(?:/([^/]+))?/?$"), "pods", True),
+    (re.compile(r"^/api/v1/pods/?$"), "pods", False),
+]
+
+_VERSION = {"major": "1", "minor": "30", "gitVersion": "v1.30.0-rdmanet-fake",
+            "gitCommit": "0" * 40, "gitTreeState": "clean", "buildDate": "2024-01-01T00:00:00Z",
+            "goVersion": "go1.22.0", "compiler": "gc", "platform": "linux/amd64"}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_obj: KubeAPIServer
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    server_version = "kube-apiserver-fake/1.0"
+    sys_version = ""
+
+    # -- plumbing ------------------------------------------------------------
+
+    def setup(self) -> None:
+        super().setup()
+        with self.server_obj._stats_lock:
+            self.server_obj._connections.add(self.connection)
+
+    def finish(self) -> None:
+        with self.server_obj._stats_lock:
+            self.server_obj._connections.discard(self.connection)
+        try:
+            super().finish()
+        except OSError:
+            pass
+
+    def log_message(self, format: str, *args: Any) -> None:
+        if self.server_obj.verbose:
+            sys.stderr.write("kube-api-server: %s - %s\n" % (self.address_string(), format % args))
+
+    def _read_body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            data = bytearray()
+            while True:
+                line = self.rfile.readline()
+                size = int(line.split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    return bytes(data)
+                data += self.rfile.read(size)
+                self.rfile.readline()
+        n = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(n) if n > 0 else b""
+
+    def _send_json(self, code: int, obj: Any, headers: dict | None = None) -> None:
+        data = json.dumps(obj, separators=(",", ":")).encode()
+        head = [f"HTTP/1.1 {code} {_PHRASES.get(code, 'Unknown')}",
+                "Content-Type: application/json",
+                f"Content-Length: {len(data)}",
+                "Cache-Control: no-cache, private",
+                f"Date: {self.date_time_string()}"]
+        for k, v in (headers or {}).items():
+            head.append(f"{k}: {v}")
+        if self.close_connection:
+            head.append("Connection: close")
+        self.wfile.write(("\r\n".join(head) + "\r\n\r\n").encode() + data)
+        self._status = code
+
+    def _send_error(self, err: ApiError) -> None:
+        self._send_json(err.code, err.status(), err.headers)
+
+    # -- dispatch ----------------------------------------------------------------
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_PATCH(self) -> None:
+        self._dispatch("PATCH")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    def do_HEAD(self) -> None:
+        self._dispatch("HEAD")
+
+    def do_OPTIONS(self) -> None:
+        self._dispatch("OPTIONS")
+
+    def _dispatch(self, method: str) -> None:
+        srv = self.server_obj
+        t0 = time.monotonic()
+        self._status = 0
+        split = urlsplit(self.path)
+        path = split.path
+        q = {k: v[-1] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
+        try:
+            body_bytes = self._read_body()
+        except (ValueError, OSError):
+            self.close_connection = True
+            return
+        entry = {"method": method, "path": path, "query": q, "verb": None, "resource": None,
+                 "namespace": None, "name": None, "status": None, "injected": False}
+        try:
+            if path.startswith("/_control/"):
+                self._control(method, path, body_bytes)
+                return
+            if path in ("/healthz", "/readyz", "/livez"):
+                data = b"ok"
+                self.wfile.write(f"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+                                 f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+                return
+            if path == "/version" and method == "GET":
+                self._send_json(200, _VERSION)
+                return
+            if path == "/api" and method == "GET":
+                self._send_json(200, {"kind": "APIVersions", "versions": ["v1"],
+                                      "serverAddressByClientCIDRs": []})
+                return
+
+            route = None
+            for rx, resource, namespaced in _ROUTES:
+                m = rx.match(path)
+                if m:
+                    route = (resource, m.group(1) if namespaced else None,
+                             m.group(2) if namespaced else None)
+                    break
+            if route is None:
+                self._count(entry, "unknown", "unknown")
+                self._send_error(ApiError(404, "the server could not find the requested resource",
+                                          details={}))
+                return
+            resource, ns, name = route
+            rt = RESOURCES[resource]
+            watch = q.get("watch", "").lower() in ("true", "1")
+            verb = self._verb(method, name, watch, ns)
+            entry.update(namespace=ns, name=name)
+            self._count(entry, verb or method.lower(), resource)
+            if verb is None:
+                self._send_error(ApiError(405, "the server does not allow this method on the "
+                                               "requested resource", details=_details(rt, name)))
+                return
+
+            if srv.token is not None:
+                if self.headers.get("Authorization", "") != f"Bearer {srv.token}":
+                    self._send_error(ApiError(401, "Unauthorized"))
+                    return
+
+            delay = srv._latency_for(verb, resource)
+            if delay > 0:
+                time.sleep(delay)
+
+            fault = srv._pick_fault(verb, resource)
+            if fault is not None:
+                entry["injected"] = True
+                self._inject(fault, rt, name)
+                return
+
+            body: Any = None
+            if body_bytes:
+                try:
+                    body = json.loads(body_bytes)
+                except ValueError:
+                    raise ApiError(400, "the body of the request was in an unknown format - "
+                                        "accepted media types include: application/json") from None
+            dry_run = "All" in parse_qs(split.query).get("dryRun", [])
+            if verb == "watch":
+                self._watch(rt, ns, q)
+                return
+            if verb == "create":
+                code, obj = srv.api_create(rt, ns, body, dry_run)
+            elif verb == "get":
+                code, obj = srv.api_get(rt, ns, name)
+            elif verb == "list":
+                code, obj = srv.api_list(rt, ns, q)
+            elif verb == "update":
+                code, obj = srv.api_update(rt, ns, name, body, dry_run)
+            elif verb == "patch":
+                code, obj = srv.api_patch(rt, ns, name, body,
+                                          self.headers.get("Content-Type", ""), dry_run)
+            elif verb == "delete":
+                code, obj = srv.api_delete(rt, ns, name, body, dry_run)
+            elif verb == "deletecollection":
+                code, obj = srv.api_deletecollection(rt, ns, q, dry_run)
+            else:  # pragma: no cover
+                raise ApiError(405, "method not allowed")
+            self._send_json(code, obj)
+        except ApiError as e:
+            try:
+                self._send_error(e)
+            except OSError:
+                self.close_connection = True
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        except Exception as e:  # noqa: BLE001 - report as InternalError, like the apiserver
+            import traceback
+            traceback.print_exc()
+            try:
+                self._send_error(ApiError(500, f"fake apiserver bug: {e!r}"))
+            except OSError:
+                self.close_connection = True
+        finally:
+            if entry["verb"] is not None:
+                entry["status"] = self._status
+                entry["seconds"] = time.monotonic() - t0
+                with srv._stats_lock:
+                    srv._log.append(entry)
+
+    @staticmethod
+    def _verb(method: str, name: str | None, watch: bool, ns: str | None) -> str | None:
+        if method == "GET":
+            if name:
+                return None if watch else "get"
+            return "watch" if watch else "list"
+        if name:
+            return {"PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(method)
+        if ns is None:
+            return None
+        return {"POST": "create", "DELETE": "deletecollection"}.get(method)
+
+    def _count(self, entry: dict, verb: str, resource: str) -> None:
+        entry["verb"], entry["resource"] = verb, resource
+        with self.server_obj._stats_lock:
+            self.server_obj._counts[(verb, resource)] += 1
+
+    def _inject(self, fault: _Fault, rt: ResourceType, name: str | None) -> None:
+        if fault.status == "drop":
+            self.close_connection = True
+            try:
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            return
+        code = int(fault.status)
+        headers = {}
+        retry_after = fault.retry_after
+        if retry_after is None and code == 429:
+            retry_after = 1
+        details = _details(rt, name)
+        if retry_after is not None:
+            ra = int(retry_after) if float(retry_after).is_integer() else retry_after
+            headers["Retry-After"] = str(ra)
+            details["retryAfterSeconds"] = int(max(1, round(float(retry_after))))
+        msg = {429: "Too many requests, please try again later.",
+               500: "Internal error occurred: injected fault",
+               503: "the server is currently unable to handle the request",
+               504: "the server was unable to return a response in the time allotted, "
+                    "but may still be processing the request"}.get(code, "injected fault")
+        self._send_error(ApiError(code, msg, details=details, headers=headers))
+
+    # -- watch ---------------------------------------------------------------------
+
+    def _client_gone(self) -> bool:
+        try:
+            r, _, _ = select.select([self.connection], [], [], 0)
+            if r:
+                return self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):
+            return True
+        return False
+
+    def _chunk(self, obj: dict) -> None:
+        data = json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def _watch(self, rt: ResourceType, ns: str | None, q: dict) -> None:
+        srv = self.server_obj
+        lsel, fsel = srv._matchers(rt, q)
+        try:
+            timeout = float(q["timeoutSeconds"]) if q.get("timeoutSeconds") else 1800.0
+        except ValueError:
+            raise ApiError(400, f"invalid timeoutSeconds {q['timeoutSeconds']!r}") from None
+        deadline = time.monotonic() + timeout
+        bookmarks = q.get("allowWatchBookmarks", "").lower() in ("true", "1")
+        rv_param = q.get("resourceVersion", "")
+        send_initial = q.get("sendInitialEvents", "").lower() in ("true", "1")
+        initial: list[dict] = []
+        error: dict | None = None
+        with srv._cond:
+            if rv_param in ("", "0") or send_initial:
+                initial = [copy.deepcopy(o) for _, o in sorted(srv._store[rt.plural].items())
+                           if srv._matches(o, ns, lsel, fsel)]
+                last_rv = srv._rv
+            else:
+                try:
+                    last_rv = int(rv_param)
+                except ValueError:
+                    raise ApiError(400, f"invalid resource version {rv_param!r}") from None
+                if last_rv < srv._compacted_rv:
+                    error = ApiError(410, f"too old resource version: {last_rv} ({srv._compacted_rv})",
+                                     reason="Expired").status()
+        head = ("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                "Cache-Control: no-cache, private\r\nTransfer-Encoding: chunked\r\n"
+                f"Date: {self.date_time_string()}\r\n\r\n")
+        self.wfile.write(head.encode())
+        self._status = 200
+        with srv._stats_lock:
+            srv._active_watches += 1
+        try:
+            if error is not None:
+                self._chunk({"type": "ERROR", "object": error})
+                return
+            for o in initial:
+                self._chunk({"type": "ADDED", "object": srv._with_kind(rt, o)})
+            if send_initial:
+                self._chunk({"type": "BOOKMARK", "object": {
+                    "kind": rt.kind, "apiVersion": rt.api_version,
+                    "metadata": {"resourceVersion": str(last_rv),
+                                 "annotations": {"k8s.io/initial-events-end": "true"}}}})
+            next_bookmark = time.monotonic() + 1.0
+            while True:
+                with srv._cond:
+                    while True:
+                        if srv._stopping:
+                            return
+                        if srv._events and srv._events[-1][0] > last_rv:
+                            break
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0:
+                            return
+                        srv._cond.wait(min(remaining, 0.25))
+                        if self._client_gone():
+                            return
+                        if bookmarks and time.monotonic() >= next_bookmark:
+                            break
+                    if last_rv < srv._compacted_rv:
+                        batch = None
+                    else:
+                        i = bisect.bisect_right(srv._events, last_rv, key=lambda e: e[0])
+                        batch = srv._events[i:]
+                    current_rv = srv._rv
+                if batch is None:
+                    self._chunk({"type": "ERROR", "object": ApiError(
+                        410, f"too old resource version: {last_rv} ({srv._compacted_rv})",
+                        reason="Expired").status()})
+                    return
+                for ev_rv, resource, etype, obj, prev in batch:
+                    last_rv = ev_rv
+                    if resource != rt.plural:
+                        continue
+                    ev = srv._watch_event(rt, etype, obj, prev, ns, lsel, fsel)
+                    if ev is not None:
+                        self._chunk({"type": ev[0], "object": srv._with_kind(rt, ev[1])})
+                if bookmarks and time.monotonic() >= next_bookmark:
+                    last_rv = max(last_rv, current_rv)
+                    self._chunk({"type": "BOOKMARK", "object": {
+                        "kind": rt.kind, "apiVersion": rt.api_version,
+                        "metadata": {"resourceVersion": str(last_rv)}}})
+                    next_bookmark = time.monotonic() + 1.0
+                if time.monotonic() >= deadline:
+                    return
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            self.close_connection = True
+        finally:
+            with srv._stats_lock:
+                srv._active_watches -= 1
+            if not self.close_connection:
+                try:
+                    self.wfile.write(b"0\r\n\r\n")
+                except OSError:
+                    self.close_connection = True
+
+    # -- cross-process control ---------------------------------------------------------
+
+    def _control(self, method: str, path: str, body_bytes: bytes) -> None:
+        srv = self.server_obj
+        try:
+            body = json.loads(body_bytes) if body_bytes else {}
+        except ValueError:
+            raise ApiError(400, "invalid JSON") from None
+        parts = path.strip("/").split("/")[1:]
+        op = parts[0] if parts else ""
+        if op == "counts" and method == "GET":
+            self._send_json(200, [{"verb": v, "resource": r, "count": n}
+                                  for (v, r), n in sorted(srv.counts().items())])
+        elif op == "reset_counts" and method == "POST":
+            srv.reset_counts()
+            self._send_json(200, {})
+        elif op == "fail_next" and method == "POST":
+            srv.fail_next(body.get("n", 1), body.get("status", 500), body.get("retry_after"),
+                          body.get("verb"), body.get("resource"))
+            self._send_json(200, {})
+        elif op == "fail_rate" and method == "POST":
+            srv.fail_rate(body.get("p", 0), body.get("status", 500), body.get("retry_after"),
+                          body.get("verb"), body.get("resource"), body.get("seed"))
+            self._send_json(200, {})
+        elif op == "latency" and method == "POST":
+            srv.inject_latency(body.get("seconds", 0), body.get("verb"), body.get("resource"))
+            self._send_json(200, {})
+        elif op == "clear_faults" and method == "POST":
+            srv.clear_faults()
+            self._send_json(200, {})
+        elif op == "objects" and method == "GET" and len(parts) == 2 and parts[1] in RESOURCES:
+            self._send_json(200, srv.objects(parts[1]))
+        elif op == "pods" and method == "POST":
+            self._send_json(201, srv.add_pod(body["namespace"], body["name"], body.get("uid"),
+                                             body.get("node"), body.get("labels")))
+        elif op == "pods" and method == "DELETE" and len(parts) == 3:
+            self._send_json(200, {"deleted": srv.delete_pod(parts[1], parts[2])})
+        else:
+            raise ApiError(404, "unknown control endpoint")
+
+
+# --------------------------------------------------------------------------
+# kubeconfig
+# --------------------------------------------------------------------------
+
+
+def write_kubeconfig(path: Any, server_url: str, namespace: str | None = None,
+                     token: str = "fake-token", context: str = "fake") -> str:
+    """Write a kubeconfig (token user, no TLS) usable by
+    ``kubernetes.config.load_kube_config(config_file=path)``.  Returns the path."""
+    ctx: dict[str, Any] = {"cluster": context, "user": context}
+    if namespace:
+        ctx["namespace"] = namespace
+    cfg = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": context, "cluster": {"server": server_url}}],
+        "users": [{"name": context, "user": {"token": token}}],
+        "contexts": [{"name": context, "context": ctx}],
+        "current-context": context,
+        "preferences": {},
+    }
+    try:
+        import yaml  # kubernetes depends on PyYAML
+        text = yaml.safe_dump(cfg, sort_keys=False)
+    except ImportError:  # JSON is valid YAML
+        text = json.dumps(cfg, indent=2)
+    with open(path, "w") as f:
+        f.write(text)
+    return str(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Fake Kubernetes API server (leases, pods)")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--kubeconfig", help="write a kubeconfig for this server here")
+    ap.add_argument("--namespace", help="namespace for the kubeconfig context")
+    ap.add_argument("--token", help="require this bearer token")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    args = ap.parse_args(argv)
+    srv = KubeAPIServer(port=args.port, host=args.host, token=args.token,
+                        verbose=args.verbose, start=False)
+    if args.kubeconfig:
+        write_kubeconfig(args.kubeconfig, srv.url, args.namespace, token=args.token or "fake-token")
+    print(srv.url, flush=True)
+    try:
+        srv.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        srv.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

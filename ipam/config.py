@@ -5,8 +5,9 @@ Facts relied on (research/ipam-anchors.md §1.1, §4):
   range_start/range_end; ``range_start``/``range_end``/``exclude`` belong to the top-level range;
   ``ipRanges`` entries are {range, range_start, range_end, exclude}, the top-level range goes
   first, and each entry yields one address (dual-stack). ``network_name`` is a separate
-  allocation domain. ``kubernetes``, ``enable_overlapping_ranges``, ``configuration_path`` and
-  ``leader_*`` configure whereabouts' datastore and are accepted and ignored here.
+  allocation domain. ``kubernetes`` selects the Lease store (read by kube_config.py, not here);
+  ``enable_overlapping_ranges``, ``configuration_path`` and ``leader_*`` configure whereabouts'
+  datastore and are accepted and ignored (overlapping ranges of different domains always coexist).
 - host-local: ``ranges`` is a list of range sets, each a list of {subnet, rangeStart, rangeEnd,
   gateway}; a set yields one address; a missing gateway defaults to network+1; ``dataDir`` moves
   the store.
@@ -77,8 +78,10 @@ class IPAMConf(Model):
     log_file: Optional[str] = Field(None, description="log_file is a file path")
     log_level: Optional[str] = Field(None, description="log_level is one of debug, verbose, error, panic")
     dataDir: Optional[str] = Field(None, description="dataDir is an absolute directory path for the local store")
-    # whereabouts datastore keys: accepted, not used by the local store.
+    # The Lease store (validated in kube_config.py, which DEL and GC use without pydantic).
     kubernetes: Optional[dict[str, Any]] = Field(None, description='kubernetes is an object such as {"kubeconfig": "/etc/cni/net.d/whereabouts.d/whereabouts.kubeconfig"}')
+    gc_grace_seconds: Optional[float] = Field(None, description="gc_grace_seconds is a number of seconds (Lease store: GC spares younger claims)")
+    # whereabouts datastore keys: accepted, not used.
     enable_overlapping_ranges: Any = None
     configuration_path: Any = None
     leader_lease_duration: Any = None

@@ -4,6 +4,8 @@ when the ranges of a config no longer validate (DEL must release what ADD reserv
 Facts relied on: the store directory is ``<dataDir>/<domain>``; ``dataDir`` defaults to
 ``/var/lib/cni/lease-ipam``; the domain is ``ipam.network_name``, else the network's ``name``,
 and must be a safe directory name (the CNI network-name pattern).
+The store is the Kubernetes Lease store when the ipam block has a ``kubernetes`` key (whereabouts
+NADs always do), else the local file store; see ``kube_config.py`` for that key.
 """
 
 from __future__ import annotations
@@ -26,6 +28,11 @@ def ipam_block(config: dict) -> dict:
     if not isinstance(raw, dict):
         raise bad("ipam", "missing or not an object", 'add "ipam": {"type": "lease-ipam", "range": "10.1.1.0/24"}')
     return raw
+
+
+def uses_kubernetes(config: dict) -> bool:
+    """True when the ipam block selects the Kubernetes Lease store (a ``kubernetes`` key)."""
+    return ipam_block(config).get("kubernetes") is not None
 
 
 def store_location(config: dict) -> tuple[str, str]:

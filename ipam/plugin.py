@@ -8,8 +8,8 @@ Facts relied on (research/cni-contract.md §1, §6):
 - CHECK must fail when a reservation is missing; prevResult, when given, must list our addresses.
 - GC's stdin carries ``cni.dev/valid-attachments`` [{containerID, ifname}] (libcni also sends the
   legacy ``cni.dev/attachments``). STATUS answers 50 when ADD could not succeed.
-- The Kubernetes Lease store will be chosen here (by the ``kubernetes`` key) once it exists; for
-  now every domain uses the local store.
+- The store: the Kubernetes Lease store (store/kube.py) when the ipam block has a ``kubernetes``
+  key, else the local file store. The ``kubernetes`` client is imported only in the first case.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from cni.core.gc import valid_attachments as core_valid_attachments
 from cni.core.invocation import Invocation
 from cni.core.result import IPConfig, Result
 
-from .location import store_location
+from .location import store_location, uses_kubernetes
 from .requested import assign, requested_addresses
 from .store.base import Attachment, Store
 from .store.local import CRASH_ENV, LocalStore
@@ -43,6 +43,20 @@ StoreFactory = Callable[[str, str, Invocation], Store]
 
 def local_store(data_dir: str, domain: str, inv: Invocation) -> Store:
     return LocalStore(data_dir, domain, crash_at=inv.env.get(CRASH_ENV))
+
+
+def kube_store(data_dir: str, domain: str, inv: Invocation) -> Store:
+    from .kube_config import kube_settings
+    from .store.kube import KubeStore
+
+    return KubeStore.for_invocation(kube_settings(inv.config), domain, inv)
+
+
+def default_store(data_dir: str, domain: str, inv: Invocation) -> Store:
+    """The Lease store when the ipam block has a ``kubernetes`` key, else the local store."""
+    if uses_kubernetes(inv.config):
+        return kube_store(data_dir, domain, inv)
+    return local_store(data_dir, domain, inv)
 
 
 def configure_logging(config: dict) -> None:
@@ -88,7 +102,7 @@ def parse_ipam_config(config: dict) -> "LeaseIPAMConfig":
 
 class LeaseIPAM:
     def __init__(self, store_factory: Optional[StoreFactory] = None) -> None:
-        self._store_factory = store_factory or local_store
+        self._store_factory = store_factory or default_store
 
     def _store(self, inv: Invocation) -> Store:
         data_dir, domain = store_location(inv.config)

@@ -1,7 +1,8 @@
 """The `rdmanet` operator CLI.
 
 Commands: ``demo`` (attach a network namespace with the embedded defaults and show it),
-``version``. The daemon, doctor and IPAM views join here as they land.
+``ipam`` (``ls``: lease-ipam claims and free counts; ``reconcile``: free Kubernetes-store claims
+of pods that are gone), ``version``. The daemon and doctor join here as they land.
 """
 
 from __future__ import annotations
@@ -21,9 +22,17 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--keep", action="store_true", help="leave the namespace attached; 'rdmanet demo --down' removes it")
     demo.add_argument("--down", action="store_true", help="detach (CNI DEL) and remove what a --keep run left")
 
+    from .ipam_cli import register as register_ipam
+
+    register_ipam(sub)
+
     sub.add_parser("version", help="print the version")
 
     args = parser.parse_args(argv)
+    if args.command == "ipam":
+        from .ipam_cli import run as run_ipam
+
+        return run_ipam(args)
     if args.command == "version":
         from importlib.metadata import version
 

@@ -1109,8 +1109,9 @@ class _Handler(BaseHTTPRequestHandler):
             head.append(f"{k}: {v}")
         if self.close_connection:
             head.append("Connection: close")
-        self.wfile.write(("\r\n".join(head) + "\r\n\r\n").encode() + data)
         self._status = code
+        self._record()  # before the client can see the answer, so request_log() never lags it
+        self.wfile.write(("\r\n".join(head) + "\r\n\r\n").encode() + data)
 
     def _send_error(self, err: ApiError) -> None:
         self._send_json(err.code, err.status(), err.headers)
@@ -1152,6 +1153,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         entry = {"method": method, "path": path, "query": q, "verb": None, "resource": None,
                  "namespace": None, "name": None, "status": None, "injected": False}
+        self._entry, self._t0 = entry, t0
         try:
             if path.startswith("/_control/"):
                 self._control(method, path, body_bytes)
@@ -1251,11 +1253,19 @@ class _Handler(BaseHTTPRequestHandler):
             except OSError:
                 self.close_connection = True
         finally:
-            if entry["verb"] is not None:
-                entry["status"] = self._status
-                entry["seconds"] = time.monotonic() - t0
-                with srv._stats_lock:
-                    srv._log.append(entry)
+            self._record()
+
+    def _record(self) -> None:
+        """Log the request once (at its answer, or at the end when none was sent)."""
+        entry = getattr(self, "_entry", None)
+        if entry is None:
+            return
+        self._entry = None
+        if entry["verb"] is not None:
+            entry["status"] = self._status
+            entry["seconds"] = time.monotonic() - self._t0
+            with self.server_obj._stats_lock:
+                self.server_obj._log.append(entry)
 
     @staticmethod
     def _verb(method: str, name: str | None, watch: bool, ns: str | None) -> str | None:

@@ -1,0 +1,171 @@
+"""The ``kubernetes`` key of the ipam block: whether the Lease store is used, and how to reach the API.
+
+Read without pydantic and without importing the ``kubernetes`` client (about 300-400 ms), so a
+local-store network never pays for it and DEL/GC stay cheap.
+
+Keys (all optional; the presence of the ``kubernetes`` object selects the Lease store)::
+
+    "kubernetes": {
+      "kubeconfig": "/etc/cni/net.d/whereabouts.d/whereabouts.kubeconfig",  # whereabouts' key, as is
+      "k8s_api_root": "https://10.0.0.1:6443",  # whereabouts' key: overrides the kubeconfig's server
+      "namespace": "kube-system",               # where the Leases live
+      "timeout_seconds": 20,                    # whole-verb budget for API calls and retries
+      "request_timeout_seconds": 5              # one API request (connect and read)
+    },
+    "gc_grace_seconds": 60                      # ipam level: GC spares claims younger than this
+
+Namespace, first that applies: ``kubernetes.namespace``; the namespace of the kubeconfig's current
+context; in-cluster, the service account's namespace; else ``kube-system`` (whereabouts' default).
+Without ``kubeconfig`` the in-cluster service-account config is used (KUBERNETES_SERVICE_HOST and
+/var/run/secrets/kubernetes.io/serviceaccount), which only works when the plugin runs in a pod.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import threading
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from cni.core.errors import INVALID_CONFIG, CNIError
+
+from .location import bad, ipam_block
+
+DEFAULT_NAMESPACE = "kube-system"
+DEFAULT_TIMEOUT = 20.0
+DEFAULT_REQUEST_TIMEOUT = 5.0
+DEFAULT_GC_GRACE = 60.0
+SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class KubeSettings:
+    kubeconfig: Optional[str] = None  # None: in-cluster
+    api_root: Optional[str] = None
+    namespace: Optional[str] = None  # None: from the kubeconfig context / service account / default
+    timeout: float = DEFAULT_TIMEOUT
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    gc_grace: float = DEFAULT_GC_GRACE
+
+
+def _seconds(raw: dict, key: str, where: str, default: float, allow_zero: bool = False) -> float:
+    value = raw.get(key, default)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        and (value > 0 or (allow_zero and value == 0))
+    if not ok:
+        raise bad(where, f"{value!r} is not a positive number of seconds", f'e.g. "{key}": {int(default)}')
+    return float(value)
+
+
+def kube_settings(config: dict) -> Optional[KubeSettings]:
+    """The Lease store's settings, or None when the ipam block has no ``kubernetes`` key (local store)."""
+    ipam = ipam_block(config)
+    raw = ipam.get("kubernetes")
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise bad("ipam.kubernetes", "is not an object",
+                  '"kubernetes": {"kubeconfig": "/etc/cni/net.d/lease-ipam.kubeconfig"}, or {} in a pod')
+    kubeconfig = raw.get("kubeconfig")
+    if kubeconfig is not None and (not isinstance(kubeconfig, str) or not os.path.isabs(kubeconfig)):
+        raise bad("ipam.kubernetes.kubeconfig", f"{kubeconfig!r} is not an absolute path",
+                  'e.g. "/etc/cni/net.d/whereabouts.d/whereabouts.kubeconfig"; omit it to use the in-cluster config')
+    api_root = raw.get("k8s_api_root")
+    if api_root is not None and (not isinstance(api_root, str) or not re.match(r"^https?://", api_root)):
+        raise bad("ipam.kubernetes.k8s_api_root", f"{api_root!r} is not an http(s) URL", 'e.g. "https://10.0.0.1:6443"')
+    namespace = raw.get("namespace")
+    if namespace is not None and (not isinstance(namespace, str) or not _DNS_LABEL.match(namespace)):
+        raise bad("ipam.kubernetes.namespace", f"{namespace!r} is not a namespace name",
+                  "use a DNS-1123 label such as kube-system")
+    return KubeSettings(
+        kubeconfig=kubeconfig or None,
+        api_root=api_root or None,
+        namespace=namespace,
+        timeout=_seconds(raw, "timeout_seconds", "ipam.kubernetes.timeout_seconds", DEFAULT_TIMEOUT),
+        request_timeout=_seconds(raw, "request_timeout_seconds", "ipam.kubernetes.request_timeout_seconds",
+                                 DEFAULT_REQUEST_TIMEOUT),
+        gc_grace=_seconds(ipam, "gc_grace_seconds", "ipam.gc_grace_seconds", DEFAULT_GC_GRACE, allow_zero=True),
+    )
+
+
+# -- the client ----------------------------------------------------------------------------------
+
+@dataclass
+class Connection:
+    api_client: Any  # kubernetes.client.ApiClient
+    namespace: str
+    host: Optional[str] = None  # k8s_api_root: used instead of the kubeconfig's server
+
+
+_cache: dict[tuple, Connection] = {}
+_cache_lock = threading.Lock()
+
+
+def _file_key(path: Optional[str]) -> tuple:
+    try:
+        st = os.stat(path) if path else None
+    except OSError:
+        return (path, None)
+    return (path, st.st_mtime_ns, st.st_size) if st else (None,)
+
+
+def connect(settings: KubeSettings) -> Connection:
+    """An ApiClient for the settings, cached per process (a daemon reuses its connection pool).
+
+    The cache key includes the kubeconfig's mtime and size, so a rotated kubeconfig is re-read.
+    urllib3's own retries are off: the store retries with its own budget and backoff.
+    """
+    key = (_file_key(settings.kubeconfig), settings.api_root, settings.namespace)
+    with _cache_lock:
+        conn = _cache.get(key)
+        if conn is None:
+            conn = _cache[key] = _connect(settings)
+        return conn
+
+
+def _connect(settings: KubeSettings) -> Connection:
+    from kubernetes import client, config  # ~300-400 ms: only ever imported for the Lease store
+    from kubernetes.config.config_exception import ConfigException
+
+    cfg = client.Configuration()
+    namespace = settings.namespace
+    if settings.kubeconfig:
+        where = "ipam.kubernetes.kubeconfig"
+        if not os.path.isfile(settings.kubeconfig):
+            raise bad(where, f"{settings.kubeconfig} does not exist",
+                      "create the kubeconfig (e.g. from a ServiceAccount token) or fix the path")
+        try:
+            _, active = config.list_kube_config_contexts(config_file=settings.kubeconfig)
+            config.load_kube_config(config_file=settings.kubeconfig, client_configuration=cfg, persist_config=False)
+        except (ConfigException, OSError, ValueError, TypeError, KeyError) as exc:
+            raise bad(where, f"{settings.kubeconfig} is not a usable kubeconfig: {exc}",
+                      "give a kubeconfig with a current-context, cluster server and credentials") from None
+        except Exception as exc:  # yaml errors and the like
+            raise bad(where, f"{settings.kubeconfig} cannot be read: {type(exc).__name__}: {exc}",
+                      "give a valid YAML kubeconfig") from None
+        if namespace is None and isinstance(active, dict):
+            ctx_ns = (active.get("context") or {}).get("namespace")
+            if isinstance(ctx_ns, str) and _DNS_LABEL.match(ctx_ns):
+                namespace = ctx_ns
+    else:
+        try:
+            config.load_incluster_config(client_configuration=cfg)
+        except ConfigException as exc:
+            raise CNIError(INVALID_CONFIG, f"invalid network config: ipam.kubernetes: no kubeconfig and no in-cluster config ({exc})",
+                           'set "kubernetes": {"kubeconfig": "/path/to/kubeconfig"}, or run the plugin in a pod') from None
+        if namespace is None:
+            try:
+                with open(SA_NAMESPACE_FILE) as f:
+                    sa_ns = f.read().strip()
+                if _DNS_LABEL.match(sa_ns):
+                    namespace = sa_ns
+            except OSError:
+                pass
+    cfg.retries = False
+    # k8s_api_root is applied per request (Connection.host): the kubeconfig loader's token-refresh
+    # hook re-sets cfg.host from the kubeconfig before every request.
+    return Connection(client.ApiClient(cfg), namespace or DEFAULT_NAMESPACE,
+                      settings.api_root.rstrip("/") if settings.api_root else None)

@@ -1,0 +1,388 @@
+"""The reconciler of the Kubernetes Lease store: free claims whose pod, by UID, is gone.
+
+Runs once per call (a CronJob, an operator, or later the node daemon on a timer). Lease layout
+it relies on (one ``coordination.k8s.io/v1`` Lease per address, made by ADD in ``ipam/store/kube.py``)::
+
+    metadata.labels       rdmanet.io/ipam-domain, rdmanet.io/network, rdmanet.io/node, rdmanet.io/pod-uid
+    metadata.annotations  the pod's namespace, name and UID (set by ADD from K8S_POD_*)
+    spec.holderIdentity   "<containerID>/<ifname>"
+
+Rules (research/ipam-anchors.md §1.5, §2, §8.6; the anchors' bugs each rule avoids in brackets):
+- Only the store's namespace is listed, with the domain's label selector (never every Lease of
+  the cluster: kube-node-lease alone is one per node, renewed every 10 s).
+- A claim is judged by its pod's **UID**: GET the pod by namespace/name and compare UIDs. A pod
+  that is missing (404) or has another UID is a miss; never a decision by name alone
+  [whereabouts #176/#182: StatefulSet name reuse freed the new pod's IP] and never from the
+  network-status annotation [whereabouts #162/#207].
+- Claims without a pod identity (no UID, namespace or name) are left alone and reported: only a
+  claim that can be attributed to a real pod is ever freed [dranet #103].
+- Claims younger than the grace period are skipped entirely (neither counted nor reset).
+- A miss is recorded on the Lease itself, in the annotation ``rdmanet.io/reconcile-misses``,
+  written with a resourceVersion-guarded PUT: a concurrent change (a repeat ADD, another
+  reconciler) wins with 409 and this run leaves the claim alone. The count lives on the object,
+  so it survives restarts and is shared by reconcilers on any node.
+- When a claim's consecutive misses reach ``misses`` (this run's miss included) it is deleted
+  with preconditions {uid, resourceVersion} from the list: a claim re-made for another pod, or
+  changed in any way since the list, is never removed (409 -> left, reported as a conflict).
+  With ``misses=3`` and a 60 s CronJob a claim goes about 2-3 min after its pod [nv-ipam: >3 x 1 min].
+- A claim whose pod is present with its UID has its miss count removed (guarded the same way).
+- 404 on a write or delete means someone else already freed it: reported, not an error.
+- Any other API failure of one claim is reported as an error for that claim; the rest go on.
+
+The ``kubernetes`` client is used for its transport (kubeconfig, TLS, token), with plain JSON
+bodies, so the Lease documents are written back exactly as read, apart from the one annotation.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Optional
+from urllib.parse import quote
+
+from cni.core.errors import INVALID_CONFIG, NOT_AVAILABLE, CNIError
+
+from .store.kube import (
+    GROUP,
+    L_DOMAIN,
+    L_NODE,
+    L_POD_UID,
+    LEASES_PATH,
+    ApiClientTransport,
+    Transport,
+    Unreachable,
+    domain_hash,
+    ip_of_name,
+    parse_holder,
+)
+
+MISSES_ANNOTATION = f"{GROUP}/reconcile-misses"
+PODS = "/api/v1/namespaces/{namespace}/pods/{name}"
+A_POD_NAMESPACE = f"{GROUP}/pod-namespace"
+A_POD_NAME = f"{GROUP}/pod-name"
+A_POD_UID = f"{GROUP}/pod-uid"
+A_NETWORK = f"{GROUP}/network"
+A_NODE = f"{GROUP}/node"
+A_IP = f"{GROUP}/ip"
+
+
+def domain_selector(domain: str) -> str:
+    """Every claim of a domain, and nothing else in the namespace."""
+    return f"{L_DOMAIN}={domain_hash(domain)}"
+
+
+# -- time -----------------------------------------------------------------------------------------
+
+def parse_time(text: Any) -> Optional[datetime]:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
+def _text(doc: dict, key: str) -> str:
+    value = doc.get(key)
+    return value if isinstance(value, str) else ""
+
+
+# -- one claim ------------------------------------------------------------------------------------
+
+@dataclass
+class LeaseClaim:
+    """One Lease as the reconciler and ``rdmanet ipam ls`` see it; ``raw`` is the document as read."""
+
+    raw: dict
+    name: str
+    uid: str
+    resource_version: str
+    address: Optional[str]
+    network: str
+    container_id: str
+    ifname: str
+    node: Optional[str]
+    pod_namespace: Optional[str]
+    pod_name: Optional[str]
+    pod_uid: Optional[str]
+    created: Optional[datetime]
+    misses: int
+
+    @classmethod
+    def from_lease(cls, raw: dict) -> "LeaseClaim":
+        meta = raw.get("metadata") or {}
+        spec = raw.get("spec") or {}
+        labels = meta.get("labels") or {}
+        ann = meta.get("annotations") or {}
+        holder = parse_holder(spec.get("holderIdentity"))
+        try:
+            misses = max(0, int(ann.get(MISSES_ANNOTATION, "0")))
+        except (TypeError, ValueError):
+            misses = 0
+        name = str(meta.get("name") or "")
+        ip = ip_of_name(name, labels.get(L_DOMAIN, ""))
+        uid_label = labels.get(L_POD_UID) or ""
+        return cls(
+            raw=raw,
+            name=name,
+            uid=str(meta.get("uid") or ""),
+            resource_version=str(meta.get("resourceVersion") or ""),
+            address=str(ip) if ip is not None else (_text(ann, A_IP) or None),
+            network=_text(ann, A_NETWORK),
+            container_id=holder.container_id if holder else "",
+            ifname=holder.ifname if holder else "",
+            node=_text(ann, A_NODE) or _text(labels, L_NODE) or None,
+            pod_namespace=_text(ann, A_POD_NAMESPACE) or None,
+            pod_name=_text(ann, A_POD_NAME) or None,
+            # the annotation is exact; the label only when it is not a hash of a too-long value
+            pod_uid=_text(ann, A_POD_UID) or (uid_label if uid_label and not uid_label.startswith("h-") else None),
+            created=parse_time(meta.get("creationTimestamp")) or parse_time(spec.get("acquireTime")),
+            misses=misses,
+        )
+
+    @property
+    def pod(self) -> Optional[str]:
+        return f"{self.pod_namespace}/{self.pod_name}" if self.pod_namespace and self.pod_name else None
+
+    @property
+    def has_pod_identity(self) -> bool:
+        return bool(self.pod_uid and self.pod_namespace and self.pod_name)
+
+    def age(self, now: datetime) -> Optional[float]:
+        return None if self.created is None else max(0.0, (now - self.created).total_seconds())
+
+    def to_claim(self, now: Optional[datetime] = None):
+        """The ``rdmanet ipam ls`` row."""
+        from rdmanet.ipam_cli import Claim
+
+        age = self.age(now or datetime.now(timezone.utc))
+        return Claim(self.address or self.name, self.network, self.container_id, self.ifname, self.pod, self.node,
+                     None if age is None else int(age))
+
+
+# -- the API --------------------------------------------------------------------------------------
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}".rstrip(": "))
+        self.status = status
+        self.message = message
+
+
+class KubeAPI:
+    """JSON requests over the Lease store's transport (the ``kubernetes`` client's ApiClient)."""
+
+    def __init__(self, transport: Transport, request_timeout: float = 5.0) -> None:
+        self.transport = transport
+        self.request_timeout = request_timeout
+
+    def request(self, method: str, path: str, query: Optional[list] = None, body: Any = None) -> dict:
+        """The answer's JSON object; ApiError for an HTTP error, CNIError 50 when there is no answer."""
+        try:
+            resp = self.transport.request(method, path, query or [], body, self.request_timeout)
+        except Unreachable as exc:
+            raise CNIError(NOT_AVAILABLE, f"Kubernetes API {self.transport.host} unreachable: {exc}",
+                           "check the kubeconfig's server and credentials, and that the API server is up") from None
+        doc = resp.doc if isinstance(resp.doc, dict) else {}
+        if resp.status >= 400:
+            raise ApiError(resp.status, str(doc.get("message") or ""))
+        return doc
+
+
+@dataclass
+class KubeTarget:
+    """A domain's claims in the Lease store: which namespace, which selector, which client."""
+
+    api: KubeAPI
+    namespace: str
+    domain: str
+
+    @classmethod
+    def from_config(cls, config: dict) -> "KubeTarget":
+        from .kube_config import connect, kube_settings
+        from .location import store_location
+
+        settings = kube_settings(config)
+        if settings is None:
+            raise CNIError(INVALID_CONFIG, "the network config's ipam block has no \"kubernetes\" key",
+                           "the reconciler serves the Kubernetes Lease store only; add \"kubernetes\": {...} to ipam")
+        _, domain = store_location(config)
+        conn = connect(settings)
+        return cls(KubeAPI(ApiClientTransport(conn.api_client, conn.host), settings.request_timeout), conn.namespace, domain)
+
+    @property
+    def leases(self) -> str:
+        return LEASES_PATH.format(namespace=quote(self.namespace, safe=""))
+
+    def list_leases(self) -> list[dict]:
+        out, cont = [], None
+        while True:
+            query = [("labelSelector", domain_selector(self.domain)), ("limit", "500")]
+            if cont:
+                query.append(("continue", cont))
+            try:
+                doc = self.api.request("GET", self.leases, query)
+            except ApiError as err:
+                raise CNIError(NOT_AVAILABLE, f"cannot list Leases in namespace {self.namespace}: {err}",
+                               "check that the credentials may list leases in that namespace (RBAC)") from None
+            out += [item for item in doc.get("items") or [] if isinstance(item, dict)]
+            cont = (doc.get("metadata") or {}).get("continue")
+            if not cont:
+                return out
+
+    def list_claims(self) -> list[LeaseClaim]:
+        """The domain's claims (objects whose name is not one of the domain's claim names are ignored)."""
+        dhash = domain_hash(self.domain)
+        return [LeaseClaim.from_lease(raw) for raw in self.list_leases()
+                if ip_of_name(str((raw.get("metadata") or {}).get("name") or ""), dhash) is not None]
+
+    def get_pod(self, namespace: str, name: str) -> Optional[dict]:
+        try:
+            return self.api.request("GET", PODS.format(namespace=quote(namespace, safe=""), name=quote(name, safe="")))
+        except ApiError as err:
+            if err.status == 404:
+                return None
+            raise
+
+    def write_misses(self, claim: LeaseClaim, misses: int) -> dict:
+        """PUT the Lease as read with the miss count set (0 removes it); 409 if it changed since."""
+        body = json.loads(json.dumps(claim.raw))
+        body.setdefault("apiVersion", "coordination.k8s.io/v1")
+        body.setdefault("kind", "Lease")
+        meta = body.setdefault("metadata", {})
+        ann = dict(meta.get("annotations") or {})
+        if misses:
+            ann[MISSES_ANNOTATION] = str(misses)
+        else:
+            ann.pop(MISSES_ANNOTATION, None)
+        meta["annotations"] = ann
+        meta["resourceVersion"] = claim.resource_version
+        return self.api.request("PUT", f"{self.leases}/{quote(claim.name, safe='')}", body=body)
+
+    def delete(self, claim: LeaseClaim) -> None:
+        body = {"apiVersion": "v1", "kind": "DeleteOptions",
+                "preconditions": {"uid": claim.uid, "resourceVersion": claim.resource_version}}
+        self.api.request("DELETE", f"{self.leases}/{quote(claim.name, safe='')}", body=body)
+
+
+# -- the run --------------------------------------------------------------------------------------
+
+# Actions, one per claim:
+KEPT = "kept"              # pod present with the claim's UID
+RESET = "reset"            # pod present; an earlier miss count was removed
+MISS = "miss"              # pod missing or another UID; the count was raised (not yet N)
+FREED = "freed"            # N consecutive misses: the Lease was deleted
+YOUNG = "skipped-young"    # younger than the grace period
+NO_POD = "no-pod-identity"  # no pod UID/namespace/name: left alone
+CONFLICT = "conflict"      # the Lease changed (or was re-made) since the list: left for the next run
+GONE = "gone"              # the Lease vanished since the list (a DEL): nothing to do
+ERROR = "error"            # an API failure for this claim
+
+
+@dataclass
+class Action:
+    claim: LeaseClaim
+    action: str
+    misses: int
+    reason: str = ""
+
+    def to_json(self) -> dict:
+        c = self.claim
+        return {"lease": c.name, "address": c.address, "network": c.network, "containerID": c.container_id,
+                "ifname": c.ifname, "pod": c.pod, "podUID": c.pod_uid, "node": c.node, "action": self.action,
+                "misses": self.misses, "reason": self.reason}
+
+
+@dataclass
+class Outcome:
+    domain: str
+    namespace: str
+    dry_run: bool
+    grace_seconds: float
+    misses: int
+    actions: list[Action] = field(default_factory=list)
+
+    @property
+    def errors(self) -> list[Action]:
+        return [a for a in self.actions if a.action == ERROR]
+
+    def count(self, action: str) -> int:
+        return sum(1 for a in self.actions if a.action == action)
+
+    def to_json(self) -> dict:
+        summary = {}
+        for a in self.actions:
+            summary[a.action] = summary.get(a.action, 0) + 1
+        return {"domain": self.domain, "namespace": self.namespace, "dryRun": self.dry_run,
+                "graceSeconds": self.grace_seconds, "misses": self.misses, "summary": summary,
+                "claims": [a.to_json() for a in self.actions]}
+
+
+def _judge(target: KubeTarget, claim: LeaseClaim, now: datetime, grace: float, limit: int, dry_run: bool) -> Action:
+    if not claim.has_pod_identity:
+        missing = [what for what, v in (("pod UID", claim.pod_uid), ("pod namespace", claim.pod_namespace),
+                                        ("pod name", claim.pod_name)) if not v]
+        return Action(claim, NO_POD, claim.misses, "no " + ", ".join(missing) + " on the claim: never freed by the reconciler")
+    age = claim.age(now)
+    if age is None or age < grace:
+        return Action(claim, YOUNG, claim.misses,
+                      "no creation time" if age is None else f"{int(age)} s old, grace {int(grace)} s")
+    pod = target.get_pod(claim.pod_namespace, claim.pod_name)
+    live_uid = ((pod or {}).get("metadata") or {}).get("uid")
+    if live_uid == claim.pod_uid:
+        if claim.misses == 0:
+            return Action(claim, KEPT, 0, "pod present")
+        if not dry_run:
+            target.write_misses(claim, 0)
+        return Action(claim, RESET, 0, f"pod present again after {claim.misses} miss(es)")
+    why = "pod not found" if pod is None else f"pod {claim.pod} now has UID {live_uid}"
+    count = claim.misses + 1
+    if count >= limit:
+        if not dry_run:
+            target.delete(claim)
+        return Action(claim, FREED, count, f"{why}; miss {count}/{limit}")
+    if not dry_run:
+        target.write_misses(claim, count)
+    return Action(claim, MISS, count, f"{why}; miss {count}/{limit}")
+
+
+def reconcile_target(target: KubeTarget, *, grace_seconds: float = 300.0, misses: int = 3, dry_run: bool = False,
+                     now: Optional[datetime] = None) -> Outcome:
+    outcome = Outcome(target.domain, target.namespace, dry_run, grace_seconds, misses)
+    for claim in sorted(target.list_claims(), key=lambda c: c.name):
+        when = now or datetime.now(timezone.utc)
+        try:
+            action = _judge(target, claim, when, grace_seconds, misses, dry_run)
+        except ApiError as err:
+            if err.status == 409:
+                action = Action(claim, CONFLICT, claim.misses, f"changed since listed, left for the next run ({err.message})")
+            elif err.status == 404:
+                action = Action(claim, GONE, claim.misses, "deleted since listed")
+            else:
+                action = Action(claim, ERROR, claim.misses, str(err))
+        except CNIError as err:
+            action = Action(claim, ERROR, claim.misses, err.msg)
+        outcome.actions.append(action)
+    return outcome
+
+
+def reconcile(config: dict, *, grace_seconds: float = 300.0, misses: int = 3, dry_run: bool = False) -> Outcome:
+    """One reconciler pass over the network config's Lease-store domain."""
+    return reconcile_target(KubeTarget.from_config(config), grace_seconds=grace_seconds, misses=misses, dry_run=dry_run)
+
+
+def render_table(outcome: Outcome) -> str:
+    from rdmanet.ipam_cli import table
+
+    head = (f"{outcome.domain} (namespace {outcome.namespace}): {len(outcome.actions)} claim(s), "
+            f"grace {int(outcome.grace_seconds)} s, freed after {outcome.misses} miss(es)")
+    if outcome.dry_run:
+        head += "  [dry run: nothing changed]"
+    if not outcome.actions:
+        return head + "\n"
+    rows = [(a.action, a.claim.address or "-", a.claim.pod or "-", (a.claim.pod_uid or "-")[:8],
+             f"{a.claim.container_id[:12]}/{a.claim.ifname}", a.claim.name, a.reason)
+            for a in outcome.actions]
+    return head + "\n" + table(("ACTION", "ADDRESS", "POD", "UID", "CONTAINER/IFNAME", "LEASE", "REASON"), rows)

@@ -1,0 +1,600 @@
+"""The Kubernetes store: one ``coordination.k8s.io/v1`` Lease per allocated address, claimed by create.
+
+Facts relied on (research/ipam-anchors.md §1.2, §8; Kubernetes API conventions):
+- POST of an object whose name exists answers 409 AlreadyExists; the name is the lock. So a
+  claim is one create: 201 = ours, 409 = taken (try the next candidate). No leader election, no
+  shared object rewritten per ADD, no object-size ceiling.
+- DELETE with ``preconditions{uid, resourceVersion}`` answers 409 Conflict when the object was
+  re-created or changed since it was read, and 404 when it is gone; so DEL never removes a claim
+  re-made for another attachment (ABA).
+- A label-selected List of one namespace returns current state (no resourceVersion=0: a stale
+  watch-cache answer could hide our own claim from a repeat ADD).
+- Names are DNS-1123 subdomains (<= 253 chars, [a-z0-9.-]); label values are <= 63 chars of
+  [A-Za-z0-9_.-] starting and ending alphanumeric; holderIdentity is a free string.
+
+Objects (namespace from :mod:`ipam.kube_config`)::
+
+    name        lip-<16 hex of sha256(domain)>-<ip>   IPv4 dotted, IPv6 as 32 hex nibbles
+    labels      rdmanet.io/ipam-domain=<16 hex>  rdmanet.io/network=<name or h-<hash>>
+                rdmanet.io/node=<node or h-<hash>>  rdmanet.io/attachment=<sha224(cid/ifname)>
+                rdmanet.io/pod-uid=<uid> (when CNI_ARGS has K8S_POD_UID)
+    annotations rdmanet.io/{ipam-domain,network,range,ip,container-id,ifname,node,
+                pod-namespace,pod-name,pod-uid,created}
+    spec        holderIdentity "<containerID>/<ifname>", acquireTime; no leaseDurationSeconds
+                (claims are never renewed)
+
+Per verb, when nothing is contended: ADD = 1 List (domain selector; serves both the repeat-ADD
+lookup and the used set) + 1 create per range set; DEL = 1 List (domain+attachment selector) +
+1 delete per claim; CHECK = 1 List; GC = 1 List (domain+node+network) + 1 delete per freed claim;
+STATUS = 1 List. Nothing is written locally.
+
+Candidates: a start offset hashed from (node, containerID, range set) so concurrent nodes rarely
+pick the same address, then :meth:`RangeSet.next_free` over the used set from the List; a 409
+adds the address to the used set and takes the next. A range is never enumerated.
+
+Faults: every request has a timeout (``request_timeout_seconds``); 429 (Retry-After honoured),
+5xx and transport errors are retried with jittered exponential backoff within the verb's budget
+(``timeout_seconds``), after which the verb fails with code 11 (50 for STATUS). A create retried
+after an ambiguous failure that then meets 409 reads the Lease back: it may be our own.
+A failed ADD deletes the claims it made before reporting the error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import logging
+import random
+import re
+import socket
+import time
+from bisect import insort
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
+
+from cni.core.errors import (
+    ADDRESS_UNAVAILABLE,
+    IO_FAILURE,
+    NOT_AVAILABLE,
+    POOL_EXHAUSTED,
+    TRY_AGAIN_LATER,
+    CNIError,
+)
+
+from ..ranges import IPAddress, RangeSet
+from .base import Attachment, Reservation, Store
+
+log = logging.getLogger("rdmanet.ipam")
+
+NAME_PREFIX = "lip"
+GROUP = "rdmanet.io"
+L_DOMAIN = f"{GROUP}/ipam-domain"
+L_NETWORK = f"{GROUP}/network"
+L_NODE = f"{GROUP}/node"
+L_ATTACHMENT = f"{GROUP}/attachment"
+L_POD_UID = f"{GROUP}/pod-uid"
+NODE_ENV = "RDMANET_NODE_NAME"
+LEASES_PATH = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_BACKOFF_BASE = 0.05
+_BACKOFF_CAP = 1.0
+_ROLLBACK_BUDGET = 10.0
+
+
+# -- names and labels -----------------------------------------------------------------------------
+
+def domain_hash(domain: str) -> str:
+    return hashlib.sha256(domain.encode()).hexdigest()[:16]
+
+
+def attachment_hash(attachment: Attachment) -> str:
+    return hashlib.sha224(str(attachment).encode()).hexdigest()  # 56 hex: fits a label value
+
+
+def label_value(text: str) -> str:
+    """``text`` when it is a valid label value, else ``h-`` and 40 hex of its sha256."""
+    if text and len(text) <= 63 and _LABEL_VALUE.match(text):
+        return text
+    return "h-" + hashlib.sha256(text.encode()).hexdigest()[:40]
+
+
+def lease_name(dhash: str, ip: IPAddress) -> str:
+    spelled = str(ip) if ip.version == 4 else f"{int(ip):032x}"
+    return f"{NAME_PREFIX}-{dhash}-{spelled}"
+
+
+def ip_of_name(name: str, dhash: str) -> Optional[IPAddress]:
+    """The address a Lease name of this domain stands for; None for any other name."""
+    prefix = f"{NAME_PREFIX}-{dhash}-"
+    if not name.startswith(prefix):
+        return None
+    rest = name[len(prefix):]
+    try:
+        if "." in rest:
+            ip = ipaddress.IPv4Address(rest)
+            return ip if str(ip) == rest else None
+        if len(rest) == 32 and re.fullmatch(r"[0-9a-f]{32}", rest):
+            return ipaddress.IPv6Address(int(rest, 16))
+    except ValueError:
+        return None
+    return None
+
+
+def holder_of(attachment: Attachment) -> str:
+    return f"{attachment.container_id}/{attachment.ifname}"
+
+
+def parse_holder(text: Any) -> Optional[Attachment]:
+    """``<containerID>/<ifname>``: a container ID never holds '/', so the first '/' splits."""
+    if not isinstance(text, str) or "/" not in text:
+        return None
+    cid, ifname = text.split("/", 1)
+    return Attachment(cid, ifname) if cid and ifname else None
+
+
+def _now_micro() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parse_time(text: Any) -> Optional[datetime]:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+
+
+# -- transport ------------------------------------------------------------------------------------
+
+class Response(NamedTuple):
+    status: int
+    doc: Any
+    headers: Mapping[str, str]
+
+
+class Unreachable(Exception):
+    """No HTTP answer: connection refused/reset, timeout, TLS failure."""
+
+
+class Transport:
+    """One HTTP request to the API server; the store does the retrying."""
+
+    host = ""
+
+    def request(self, method: str, path: str, query: Sequence[tuple[str, str]], body: Any,
+                timeout: float) -> Response:
+        raise NotImplementedError
+
+
+class ApiClientTransport(Transport):
+    """Requests through the ``kubernetes`` client's ApiClient (auth, TLS, token refresh, pool).
+
+    The generated typed methods are bypassed: they validate and deserialise every Lease into
+    model objects, which costs more than the JSON itself, and they hide the status code.
+    """
+
+    def __init__(self, api_client: Any, host: Optional[str] = None) -> None:
+        import urllib3
+
+        from kubernetes.client.exceptions import ApiException
+
+        self.api = api_client
+        self.override = host
+        self.host = host or api_client.configuration.host
+        self._errors = (urllib3.exceptions.HTTPError, OSError, ApiException)
+
+    def request(self, method: str, path: str, query: Sequence[tuple[str, str]], body: Any,
+                timeout: float) -> Response:
+        headers = {"Accept": "application/json", "Content-Type": "application/json"}
+        try:
+            req = self.api.param_serialize(method, path, query_params=list(query), header_params=headers,
+                                           body=body, auth_settings=["BearerToken"], _host=self.override)
+            resp = self.api.call_api(*req, _request_timeout=(timeout, timeout))
+            data = resp.read()
+        except self._errors as exc:
+            raise Unreachable(f"{type(exc).__name__}: {exc}") from None
+        try:
+            doc = json.loads(data) if data else None
+        except ValueError:
+            doc = None
+        return Response(resp.status, doc, resp.headers or {})
+
+
+# -- the store ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PodInfo:
+    namespace: str = ""
+    name: str = ""
+    uid: str = ""
+
+
+@dataclass(frozen=True)
+class Claim:
+    name: str
+    ip: IPAddress
+    attachment: Optional[Attachment]
+    uid: str
+    resource_version: str
+    network: str
+    time: Optional[datetime]
+
+
+class KubeStore(Store):
+    def __init__(self, transport: Transport, namespace: str, domain: str, *, node: str,
+                 pod: PodInfo = PodInfo(), timeout: float = 20.0, request_timeout: float = 5.0,
+                 gc_grace: float = 60.0, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.transport = transport
+        self.namespace = namespace
+        self.domain = domain
+        self.dhash = domain_hash(domain)
+        self.node = node
+        self.pod = pod
+        self.timeout = timeout
+        self.request_timeout = request_timeout
+        self.gc_grace = gc_grace
+        self.sleep = sleep
+        self.path = LEASES_PATH.format(namespace=namespace)
+        self.calls: dict[str, int] = {}  # per method, for logs and tests
+        self._uncertain: list[str] = []  # creates whose outcome is unknown (no answer within the budget)
+
+    @classmethod
+    def for_invocation(cls, settings: Any, domain: str, inv: Any) -> "KubeStore":
+        from ..kube_config import connect
+
+        conn = connect(settings)
+        node = inv.env.get(NODE_ENV) or socket.gethostname()
+        pod = PodInfo(inv.args.get("K8S_POD_NAMESPACE", ""), inv.args.get("K8S_POD_NAME", ""),
+                      inv.args.get("K8S_POD_UID", ""))
+        return cls(ApiClientTransport(conn.api_client, conn.host), conn.namespace, domain, node=node, pod=pod,
+                   timeout=settings.timeout, request_timeout=settings.request_timeout, gc_grace=settings.gc_grace)
+
+    # -- requests with retries ------------------------------------------------------------------
+
+    def _deadline(self, budget: Optional[float] = None) -> float:
+        return time.monotonic() + (self.timeout if budget is None else budget)
+
+    def _unreachable(self, what: str, last: str, extra: str = "") -> CNIError:
+        return CNIError(TRY_AGAIN_LATER,
+                        f"Kubernetes API {self.transport.host} did not serve {what} within {self.timeout:g} s: {last}{extra}",
+                        "check the API server address (kubeconfig server or kubernetes.k8s_api_root), the network "
+                        "and the API server's load; the runtime retries the call")
+
+    def _call(self, method: str, path: str, what: str, deadline: float, query: Sequence[tuple[str, str]] = (),
+              body: Any = None) -> tuple[Response, bool]:
+        """(response, retried): any answer but 429, 5xx or a transport failure, which are retried."""
+        attempt, last = 0, "no attempt made"
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0.01:
+                raise self._unreachable(what, last)
+            self.calls[method] = self.calls.get(method, 0) + 1
+            wait = None
+            try:
+                resp = self.transport.request(method, path, query, body, min(self.request_timeout, remaining))
+            except Unreachable as exc:
+                last = str(exc)
+            else:
+                if resp.status != 429 and resp.status < 500:
+                    return resp, attempt > 0
+                last = f"HTTP {resp.status} {_message(resp)}".rstrip()
+                wait = _retry_after(resp)
+            told = wait is not None
+            backoff = min(_BACKOFF_CAP, _BACKOFF_BASE * 2 ** attempt) * random.uniform(0.5, 1.0)
+            wait = backoff if wait is None else wait * random.uniform(1.0, 1.1)
+            attempt += 1
+            if time.monotonic() + wait >= deadline:
+                raise self._unreachable(what, last, f" (Retry-After {wait:.1f} s passes the deadline)" if told else "")
+            log.debug("%s %s: %s; retry %d in %.2f s", method, what, last, attempt, wait)
+            self.sleep(wait)
+
+    def _refused(self, resp: Response, what: str) -> CNIError:
+        hint = {401: "the credentials of the kubeconfig were rejected: renew the token or certificate",
+                403: f"grant get, list, create and delete on leases.coordination.k8s.io in namespace {self.namespace}",
+                404: f"create namespace {self.namespace} or set ipam.kubernetes.namespace"}
+        return CNIError(IO_FAILURE, f"Kubernetes API refused {what}: HTTP {resp.status} {_message(resp)}".rstrip(),
+                        hint.get(resp.status, "see the API server's message"))
+
+    def _selector(self, **extra: str) -> str:
+        labels = {L_DOMAIN: self.dhash, **extra}
+        return ",".join(f"{k}={v}" for k, v in labels.items())
+
+    def _list(self, selector: str, deadline: float, what: str) -> list[Claim]:
+        resp, _ = self._call("GET", self.path, what, deadline, query=[("labelSelector", selector)])
+        if resp.status != 200 or not isinstance(resp.doc, dict):
+            raise self._refused(resp, what)
+        out = []
+        for item in resp.doc.get("items") or []:
+            claim = self._parse(item)
+            if claim is not None:
+                out.append(claim)
+        return out
+
+    def _parse(self, item: Any) -> Optional[Claim]:
+        if not isinstance(item, dict):
+            return None
+        md = item.get("metadata") or {}
+        name = md.get("name") or ""
+        ip = ip_of_name(name, self.dhash)
+        if ip is None:
+            return None
+        spec = item.get("spec") or {}
+        notes = md.get("annotations") or {}
+        when = _parse_time(spec.get("acquireTime")) or _parse_time(md.get("creationTimestamp"))
+        return Claim(name, ip, parse_holder(spec.get("holderIdentity")), str(md.get("uid") or ""),
+                     str(md.get("resourceVersion") or ""), str(notes.get(f"{GROUP}/network") or ""), when)
+
+    def _get(self, name: str, deadline: float) -> Optional[Claim]:
+        resp, _ = self._call("GET", f"{self.path}/{name}", f"get lease {name}", deadline)
+        if resp.status == 404:
+            return None
+        if resp.status != 200:
+            raise self._refused(resp, f"get lease {name}")
+        return self._parse(resp.doc)
+
+    def _body(self, ip: IPAddress, attachment: Attachment, network: str, rs: RangeSet) -> dict:
+        r = rs.range_of(ip)
+        labels = {L_DOMAIN: self.dhash, L_NETWORK: label_value(network), L_NODE: label_value(self.node),
+                  L_ATTACHMENT: attachment_hash(attachment)}
+        notes = {"ipam-domain": self.domain, "network": network, "range": str(r.subnet) if r else "", "ip": str(ip),
+                 "container-id": attachment.container_id, "ifname": attachment.ifname, "node": self.node,
+                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        if self.pod.uid:
+            labels[L_POD_UID] = label_value(self.pod.uid)
+            notes["pod-uid"] = self.pod.uid
+        if self.pod.namespace:
+            notes["pod-namespace"] = self.pod.namespace
+        if self.pod.name:
+            notes["pod-name"] = self.pod.name
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": lease_name(self.dhash, ip), "namespace": self.namespace, "labels": labels,
+                             "annotations": {f"{GROUP}/{k}": v for k, v in notes.items()}},
+                "spec": {"holderIdentity": holder_of(attachment), "acquireTime": _now_micro()}}
+
+    def _create(self, ip: IPAddress, attachment: Attachment, network: str, rs: RangeSet,
+                deadline: float) -> Optional[Claim]:
+        """Our new claim on ``ip``, or None when another attachment holds it."""
+        body = self._body(ip, attachment, network, rs)
+        name = body["metadata"]["name"]
+        for _ in range(3):
+            try:
+                resp, retried = self._call("POST", self.path, f"create lease {name}", deadline, body=body)
+            except CNIError:
+                self._uncertain.append(name)  # an attempt may have reached the server: rollback checks
+                raise
+            if resp.status in (200, 201):
+                claim = self._parse(resp.doc)
+                if claim is None:
+                    raise CNIError(IO_FAILURE, f"Kubernetes API answered the create of lease {name} with an unreadable object",
+                                   "check that the API server (or a proxy) returns the created object")
+                return claim
+            if resp.status != 409:
+                raise self._refused(resp, f"create lease {name}")
+            if not retried:
+                return None
+            # An earlier attempt may have created it before its answer was lost: read it back.
+            current = self._get(name, deadline)
+            if current is None:
+                continue  # deleted meanwhile: try the create again
+            return current if current.attachment == attachment else None
+        return None
+
+    def _delete(self, claim: Claim, deadline: float) -> bool:
+        """Delete ``claim`` only while it still names its attachment; True when we removed it."""
+        current = claim
+        for _ in range(4):
+            body = {"apiVersion": "v1", "kind": "DeleteOptions",
+                    "preconditions": {"uid": current.uid, "resourceVersion": current.resource_version}}
+            resp, retried = self._call("DELETE", f"{self.path}/{current.name}", f"delete lease {current.name}",
+                                       deadline, body=body)
+            if resp.status in (200, 202):
+                return True
+            if resp.status == 404:
+                return retried  # gone: by our own earlier attempt when we retried, else by someone else
+            if resp.status != 409:
+                raise self._refused(resp, f"delete lease {current.name}")
+            # Precondition failed: re-read. Delete again only while it still names the same attachment.
+            fresh = self._get(current.name, deadline)
+            if fresh is None or fresh.attachment != claim.attachment:
+                log.info("lease %s was re-made for %s: left alone", current.name, fresh.attachment if fresh else "nobody")
+                return False
+            current = fresh
+        raise CNIError(TRY_AGAIN_LATER, f"lease {claim.name} kept changing while being deleted", "retry the DEL")
+
+    # -- allocate -------------------------------------------------------------------------------
+
+    def _start(self, rs: RangeSet, attachment: Attachment) -> IPAddress:
+        """A cursor hashed from (node, containerID, range set), spread over the set's ranges."""
+        total = sum(r.end - r.start + 1 for r in rs.ranges)
+        seed = hashlib.sha256(f"{self.node}\0{attachment.container_id}\0{rs.index}".encode()).digest()
+        offset = int.from_bytes(seed[:16], "big") % total
+        for r in rs.ranges:
+            size = r.end - r.start + 1
+            if offset < size:
+                return r.address(r.start + offset)
+            offset -= size
+        return rs.ranges[0].address(rs.ranges[0].start)  # not reached
+
+    def allocate(self, attachment: Attachment, network: str, range_sets: Sequence[RangeSet],
+                 requested: Mapping[int, IPAddress]) -> list[IPAddress]:
+        deadline = self._deadline()
+        claims = self._list(self._selector(), deadline, f"list leases of domain {self.domain}")
+        by_ip = {c.ip: c for c in claims}
+        used: dict[int, list[int]] = {4: [], 6: []}
+        for c in claims:
+            used[c.ip.version].append(int(c.ip))
+        for values in used.values():
+            values.sort()
+
+        plan: dict[int, IPAddress] = {}
+        spare: list[Claim] = []  # ours, but in no range set of this config
+        for c in sorted((c for c in claims if c.attachment == attachment), key=lambda c: (c.ip.version, c.ip)):
+            rs = next((rs for rs in range_sets if rs.index not in plan and rs.range_of(c.ip) is not None), None)
+            if rs is None:
+                spare.append(c)
+            else:
+                plan[rs.index] = c.ip
+
+        created: list[Claim] = []
+        try:
+            for rs in range_sets:
+                want = requested.get(rs.index)
+                if rs.index in plan:
+                    if want is not None and want != plan[rs.index]:
+                        raise CNIError(ADDRESS_UNAVAILABLE,
+                                       f"requested address {want}: attachment {attachment} already holds {plan[rs.index]} in {rs.describe()}",
+                                       "DEL the attachment before asking for another address")
+                    continue
+                if want is not None:
+                    claim = None
+                    holder = by_ip.get(want)
+                    if holder is None:
+                        claim = self._create(want, attachment, network, rs, deadline)
+                        if claim is None:
+                            holder = self._get(lease_name(self.dhash, want), deadline)
+                    if claim is None:
+                        who = holder.attachment if holder is not None else None
+                        raise CNIError(ADDRESS_UNAVAILABLE, f"requested address {want} is already reserved by {who or 'another attachment'}",
+                                       "request a free address, or DEL the attachment that holds it")
+                else:
+                    claim = self._pick(rs, attachment, network, used[rs.family], deadline)
+                created.append(claim)
+                plan[rs.index] = claim.ip
+        except BaseException:
+            self._rollback(attachment, created)
+            raise
+        for c in spare:
+            try:
+                self._delete(c, deadline)
+            except CNIError as err:
+                log.warning("could not free %s (outside the configured ranges) of %s: %s", c.ip, attachment, err.msg)
+        return [plan[rs.index] for rs in range_sets]
+
+    def _pick(self, rs: RangeSet, attachment: Attachment, network: str, used: list[int], deadline: float) -> Claim:
+        cursor = self._start(rs, attachment)
+        taken = 0
+        while True:
+            candidate = rs.next_free(used, cursor)
+            if candidate is None:
+                raced = f" ({taken} candidates were claimed concurrently)" if taken else ""
+                raise CNIError(POOL_EXHAUSTED, f"no free address in range {rs.describe()}{raced}",
+                               "free addresses (DEL or GC attachments that are gone) or widen the range "
+                               "(range_start/range_end, or another ipRanges entry)")
+            ip = rs.ranges[0].address(candidate)
+            claim = self._create(ip, attachment, network, rs, deadline)
+            insort(used, candidate)
+            if claim is not None:
+                return claim
+            taken += 1
+
+    def _rollback(self, attachment: Attachment, created: list[Claim]) -> None:
+        """Delete the claims a failed ADD made, and those of creates left without an answer."""
+        uncertain, self._uncertain = self._uncertain, []
+        if not created and not uncertain:
+            return
+        deadline = self._deadline(min(self.timeout, _ROLLBACK_BUDGET))
+        for c in created:
+            try:
+                self._delete(c, deadline)
+            except CNIError as err:
+                log.warning("rollback of failed ADD could not delete lease %s (GC frees it later): %s", c.name, err.msg)
+        for name in uncertain:
+            try:
+                c = self._get(name, deadline)
+                if c is not None and c.attachment == attachment:
+                    self._delete(c, deadline)
+            except CNIError as err:
+                log.warning("rollback of failed ADD could not check lease %s (GC frees it later): %s", name, err.msg)
+
+    # -- release / find / list ------------------------------------------------------------------
+
+    def _attachment_claims(self, attachment: Attachment, deadline: float) -> list[Claim]:
+        selector = self._selector(**{L_ATTACHMENT: attachment_hash(attachment)})
+        claims = self._list(selector, deadline, f"list leases of {attachment}")
+        return sorted((c for c in claims if c.attachment == attachment), key=lambda c: (c.ip.version, c.ip))
+
+    def release(self, attachment: Attachment) -> list[IPAddress]:
+        deadline = self._deadline()
+        return [c.ip for c in self._attachment_claims(attachment, deadline) if self._delete(c, deadline)]
+
+    def find(self, attachment: Attachment) -> Optional[Reservation]:
+        claims = self._attachment_claims(attachment, self._deadline())
+        if not claims:
+            return None
+        when = min((c.time for c in claims if c.time), default=None)
+        return Reservation(attachment, claims[0].network, tuple(c.ip for c in claims),
+                           when.isoformat(timespec="seconds") if when else "")
+
+    def list(self) -> list[Reservation]:
+        claims = self._list(self._selector(), self._deadline(), f"list leases of domain {self.domain}")
+        return _group(claims)
+
+    # -- gc / status ----------------------------------------------------------------------------
+
+    def gc(self, network: str, valid: set[Attachment]) -> list[Reservation]:
+        """Free this node's claims of ``network`` whose attachment is not in ``valid`` and older than the grace."""
+        deadline = self._deadline()
+        selector = self._selector(**{L_NODE: label_value(self.node), L_NETWORK: label_value(network)})
+        claims = self._list(selector, deadline, f"list leases of {network} on node {self.node}")
+        now = datetime.now(timezone.utc)
+        freed = []
+        for c in claims:
+            if c.attachment is None or c.attachment in valid:
+                continue
+            if c.time is None or (now - c.time).total_seconds() < self.gc_grace:
+                log.info("GC spares %s of %s: younger than %g s", c.ip, c.attachment, self.gc_grace)
+                continue
+            if self._delete(c, deadline):
+                freed.append(c)
+        return _group(freed)
+
+    def status(self, range_sets: Sequence[RangeSet]) -> list[int]:
+        try:
+            claims = self._list(self._selector(), self._deadline(), f"list leases of domain {self.domain}")
+        except CNIError as err:
+            raise CNIError(NOT_AVAILABLE, f"lease-ipam cannot reach its Lease store: {err.msg}", err.details) from None
+        used: dict[int, list[int]] = {4: [], 6: []}
+        for c in claims:
+            used[c.ip.version].append(int(c.ip))
+        for values in used.values():
+            values.sort()
+        return [rs.count_free(used[rs.family]) for rs in range_sets]
+
+
+def _group(claims: Sequence[Claim]) -> list[Reservation]:
+    groups: dict[Attachment, list[Claim]] = {}
+    for c in claims:
+        if c.attachment is not None:
+            groups.setdefault(c.attachment, []).append(c)
+    out = []
+    for who, cs in sorted(groups.items()):
+        cs.sort(key=lambda c: (c.ip.version, c.ip))
+        when = min((c.time for c in cs if c.time), default=None)
+        out.append(Reservation(who, cs[0].network, tuple(c.ip for c in cs), when.isoformat(timespec="seconds") if when else ""))
+    return out
+
+
+def _message(resp: Response) -> str:
+    if isinstance(resp.doc, dict) and isinstance(resp.doc.get("message"), str):
+        return resp.doc["message"]
+    return ""
+
+
+def _retry_after(resp: Response) -> Optional[float]:
+    value = None
+    try:
+        value = resp.headers.get("Retry-After")
+    except AttributeError:
+        pass
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        return None
+    return seconds if seconds >= 0 else None

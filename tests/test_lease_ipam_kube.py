@@ -462,3 +462,40 @@ def _ip(result):
 
 def _name(result, domain="net-a"):
     return lease_name(domain_hash(domain), ipaddress.ip_address(_ip(result)))
+
+
+def test_a_whereabouts_nad_works_with_only_the_type_changed(server, kubeconfig, tmp_path):
+    """The acceptance case: a NAD's ipam block written for whereabouts (range in first-last/prefix
+    form, exclude, kubernetes.kubeconfig, log_file/log_level, whereabouts-only keys it ignores)
+    with ``"type": "lease-ipam"`` and nothing else edited. The kubeconfig's context namespace
+    holds the Leases, as whereabouts' does."""
+    whereabouts = {
+        "type": "whereabouts",
+        "range": "192.168.2.225-192.168.2.238/28",
+        "exclude": ["192.168.2.229/30", "192.168.2.236/32"],
+        "gateway": "192.168.2.225",
+        "kubernetes": {"kubeconfig": str(kubeconfig)},
+        "log_file": str(tmp_path / "whereabouts.log"),
+        "log_level": "debug",
+        "enable_overlapping_ranges": True,
+        "leader_lease_duration": 1500,
+    }
+    conf = {"cniVersion": "0.3.1", "name": "whereabouts-net", "type": "macvlan",
+            "ipam": {**whereabouts, "type": "lease-ipam"}}
+    got = []
+    for i in range(8):
+        code, doc = call("ADD", conf, cid=f"ctr{i}", pod=("default", f"p{i}", f"uid-{i}"))
+        if code:
+            assert doc["code"] == POOL_EXHAUSTED, doc
+            break
+        [ipc] = doc["ips"]
+        assert ipc["version"] == "4" and ipc["gateway"] == "192.168.2.225"
+        got.append(ipaddress.ip_interface(ipc["address"]))
+    usable = {ipaddress.ip_address(f"192.168.2.{n}") for n in range(226, 239)} - {
+        ipaddress.ip_address(f"192.168.2.{n}") for n in (228, 229, 230, 231, 236)}
+    assert {g.ip for g in got} == usable  # every usable address once, none excluded, not the gateway
+    assert all(g.network.prefixlen == 28 for g in got)
+    assert len(leases(server)) == len(usable)
+    for i in range(len(got)):
+        assert call("DEL", conf, cid=f"ctr{i}", pod=("default", f"p{i}", f"uid-{i}")) == (0, None)
+    assert leases(server) == []

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, TypeVar
+
+from cni.core.errors import ADDRESS_UNAVAILABLE, CNIError
 
 from ..ranges import IPAddress, RangeSet
 
@@ -73,3 +75,29 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def status(self, range_sets: Sequence[RangeSet]) -> list[int]:
         """Free-address counts per range set; raises CNIError 50 when the store cannot serve ADD."""
+
+
+H = TypeVar("H")
+
+
+def place_held(held: Iterable[H], range_sets: Sequence[RangeSet], ip_of: Callable[[H], Any]) -> tuple[dict[int, H], list[H]]:
+    """What an attachment already holds, placed on the range sets of the current config: each
+    held item goes to the first range set that contains its address and has none yet; the rest
+    (a config changed since ADD) are spare, for the store to release."""
+    placed: dict[int, H] = {}
+    spare: list[H] = []
+    for item in held:
+        rs = next((rs for rs in range_sets if rs.index not in placed and rs.range_of(ip_of(item)) is not None), None)
+        if rs is None:
+            spare.append(item)
+        else:
+            placed[rs.index] = item
+    return placed, spare
+
+
+def refuse_other_request(attachment: Attachment, rs: RangeSet, held: Any, wanted: Any) -> None:
+    """A repeat ADD may not ask for a different address than the one it holds in a range set."""
+    if wanted is not None and wanted != held:
+        raise CNIError(ADDRESS_UNAVAILABLE,
+                       f"requested address {wanted}: attachment {attachment} already holds {held} in {rs.describe()}",
+                       "DEL the attachment before asking for another address")

@@ -64,7 +64,7 @@ from cni.core.errors import (
 )
 
 from ..ranges import IPAddress, RangeSet
-from .base import Attachment, Reservation, Store
+from .base import Attachment, Reservation, Store, place_held, refuse_other_request
 
 log = logging.getLogger("rdmanet.ipam")
 
@@ -431,24 +431,16 @@ class KubeStore(Store):
         for values in used.values():
             values.sort()
 
-        plan: dict[int, IPAddress] = {}
-        spare: list[Claim] = []  # ours, but in no range set of this config
-        for c in sorted((c for c in claims if c.attachment == attachment), key=lambda c: (c.ip.version, c.ip)):
-            rs = next((rs for rs in range_sets if rs.index not in plan and rs.range_of(c.ip) is not None), None)
-            if rs is None:
-                spare.append(c)
-            else:
-                plan[rs.index] = c.ip
+        mine = sorted((c for c in claims if c.attachment == attachment), key=lambda c: (c.ip.version, c.ip))
+        placed, spare = place_held(mine, range_sets, lambda c: c.ip)  # spare: ours, in no range set now
+        plan: dict[int, IPAddress] = {i: c.ip for i, c in placed.items()}
 
         created: list[Claim] = []
         try:
             for rs in range_sets:
                 want = requested.get(rs.index)
                 if rs.index in plan:
-                    if want is not None and want != plan[rs.index]:
-                        raise CNIError(ADDRESS_UNAVAILABLE,
-                                       f"requested address {want}: attachment {attachment} already holds {plan[rs.index]} in {rs.describe()}",
-                                       "DEL the attachment before asking for another address")
+                    refuse_other_request(attachment, rs, plan[rs.index], want)
                     continue
                 if want is not None:
                     claim = None

@@ -51,7 +51,7 @@ from cni.core.errors import (
 )
 
 from ..ranges import IPAddress, RangeSet
-from .base import Attachment, Reservation, Store
+from .base import Attachment, Reservation, Store, place_held, refuse_other_request
 from .files import (
     FILE_MODE,
     GARBAGE,
@@ -220,23 +220,13 @@ class LocalStore(Store):
                 remove(self._addr_path(ip))
             fsync_dir(self.root)
 
-        plan: dict[int, IPAddress] = {}
-        spare: list[IPAddress] = []  # held but in no range set of this config
-        for ip in held:
-            rs = next((rs for rs in range_sets if rs.index not in plan and rs.range_of(ip) is not None), None)
-            if rs is None:
-                spare.append(ip)
-            else:
-                plan[rs.index] = ip
+        plan, spare = place_held(held, range_sets, lambda ip: ip)  # spare: in no range set of this config
 
         new: list[tuple[RangeSet, IPAddress, bool]] = []  # (range set, address, picked from the pool)
         for rs in range_sets:
             want = requested.get(rs.index)
             if rs.index in plan:
-                if want is not None and want != plan[rs.index]:
-                    raise CNIError(ADDRESS_UNAVAILABLE,
-                                   f"requested address {want}: attachment {attachment} already holds {plan[rs.index]} in {rs.describe()}",
-                                   "DEL the attachment before asking for another address")
+                refuse_other_request(attachment, rs, plan[rs.index], want)
                 continue
             if want is not None:
                 doc = read_json(self._addr_path(want))

@@ -8,8 +8,9 @@ Usage: ./install.sh [--prefix DIR] [--bin-dir DIR] [--uninstall]
 
 Installs rdmanet from this checkout, as root, on Debian 12:
   - a Python venv in --prefix (default /opt/cni/rdmanet) on Debian's /usr/bin/python3,
-  - the plugins macvlan-rdma and lease-ipam into --bin-dir (default /opt/cni/bin),
-    each checked to answer CNI VERSION,
+  - the plugins macvlan-rdma, host-device-rdma and lease-ipam into --bin-dir (default
+    /opt/cni/bin) as stdlib-only shims that use \`rdmanet daemon\` when it runs, each checked to
+    answer CNI VERSION,
   - /usr/local/bin/rdmanet.
 Idempotent: run it again to upgrade. --uninstall removes exactly what it installed.
 USAGE
@@ -57,9 +58,10 @@ fi
 mkdir -p "$BIN_DIR"
 : > "$MANIFEST.new"
 for exe in $PLUGINS; do
-    # write + rename: a runtime never execs a half-written plugin
-    install -m 0755 "$PREFIX/bin/$exe" "$BIN_DIR/.$exe.tmp"
-    mv -f "$BIN_DIR/.$exe.tmp" "$BIN_DIR/$exe"
+    # a stdlib-only shim (shim/launcher.py): forwards to `rdmanet daemon` when it runs, else runs
+    # the plugin in-process from this venv; written by write + rename, so a runtime never execs
+    # a half-written plugin
+    "$PREFIX/bin/python" -m shim "$BIN_DIR" "$exe" >/dev/null
     echo "$BIN_DIR/$exe" >> "$MANIFEST.new"
     answer=$(env -i CNI_COMMAND=VERSION "$BIN_DIR/$exe" </dev/null)
     case "$answer" in

@@ -134,22 +134,46 @@ def _venv_bin() -> pathlib.Path:
                        "install the project: .venv/bin/pip install -e .")
 
 
+# How the plugins are installed in the tests' CNI bin dir (RDMANET_TEST_PLUGINS):
+#   shims   (default) the stdlib-only shims install.sh writes, with no daemon: each call runs the
+#           plugin in-process, as on a node where `rdmanet daemon` is not running
+#   daemon  the same shims with a session `rdmanet daemon` answering them (scripts/test.sh runs
+#           the netns suite a second time this way: both must give the same results)
+#   scripts copies of the venv's console scripts
+PLUGIN_MODES = ("shims", "daemon", "scripts")
+
+
 @pytest.fixture(scope="session")
 def cni_bin() -> Iterator[pathlib.Path]:
     for plugin in ("macvlan", "host-local"):
         if not os.access(nt.GO_PLUGIN_DIR / plugin, os.X_OK):
             pytest.skip(f"{nt.GO_PLUGIN_DIR / plugin} missing (install containernetworking-plugins)")
+    mode = os.environ.get("RDMANET_TEST_PLUGINS", "shims")
+    if mode not in PLUGIN_MODES:
+        raise pytest.UsageError(f"RDMANET_TEST_PLUGINS={mode!r}: expected one of {PLUGIN_MODES}")
     venv_bin = _venv_bin()
     path = pathlib.Path(tempfile.mkdtemp(prefix=f"{PREFIX}-bin-"))
+    daemon = None
     try:
-        for script in (nt.PLUGIN, "host-device-rdma", "lease-ipam"):
-            if (venv_bin / script).is_file():
+        if mode == "scripts":
+            for script in (nt.PLUGIN, "host-device-rdma", "lease-ipam"):
                 shutil.copy2(venv_bin / script, path / script)
+        else:
+            from shim.testing import Daemon, write_shims
+
+            socket_path = str(path / "daemon.sock")
+            write_shims(path, socket_path, python=str(venv_bin / "python"))
+            if mode == "daemon":
+                daemon = Daemon(socket_path)
         for entry in sorted(nt.GO_PLUGIN_DIR.iterdir()):
             if entry.is_file() and not (path / entry.name).exists():
                 (path / entry.name).symlink_to(entry)
         yield path
+        if daemon is not None:
+            assert daemon.proc.poll() is None, f"the daemon died during the tests: {daemon.log()}"
     finally:
+        if daemon is not None:
+            daemon.cleanup()
         shutil.rmtree(path, ignore_errors=True)
 
 

@@ -2,7 +2,8 @@
 
 Commands: ``demo`` (attach a network namespace with the embedded defaults and show it),
 ``ipam`` (``ls``: lease-ipam claims and free counts; ``reconcile``: free Kubernetes-store claims
-of pods that are gone), ``version``. The daemon and doctor join here as they land.
+of pods that are gone), ``daemon`` (the node daemon the CNI shims talk to; ``--check``: is it
+healthy), ``version``. The doctor joins here as it lands.
 """
 
 from __future__ import annotations
@@ -26,6 +27,13 @@ def main(argv: list[str] | None = None) -> int:
 
     register_ipam(sub)
 
+    daemon = sub.add_parser("daemon", help="run the node daemon that serves the CNI shims (root)")
+    daemon.add_argument("--socket", default=None,
+                        help="unix socket (default: $RDMANET_DAEMON_SOCKET or /run/rdmanet/daemon.sock)")
+    daemon.add_argument("--check", action="store_true", help="ask a running daemon for its health; exit 0 healthy, 1 not")
+    daemon.add_argument("--allow-uid", type=int, action="append", default=None, metavar="UID",
+                        help="a peer uid to accept (repeatable; default: only root, uid 0); for tests")
+
     sub.add_parser("version", help="print the version")
 
     args = parser.parse_args(argv)
@@ -33,6 +41,19 @@ def main(argv: list[str] | None = None) -> int:
         from .ipam_cli import run as run_ipam
 
         return run_ipam(args)
+    if args.command == "daemon":
+        import os
+
+        from shim.launcher import DEFAULT_SOCKET, SOCKET_ENV
+
+        path = args.socket or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
+        if args.check:
+            from shim.daemon import check
+
+            return check(path)
+        from shim.daemon import run as run_daemon
+
+        return run_daemon(path, allowed_uids=args.allow_uid or (0,))
     if args.command == "version":
         from importlib.metadata import version
 

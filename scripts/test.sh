@@ -28,4 +28,11 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
 
-exec .venv/bin/python -m pytest "$@"
+if [ $# -gt 0 ]; then
+    exec .venv/bin/python -m pytest "$@"
+fi
+# The whole suite, with the plugins installed as shims that run in-process (no daemon) ...
+.venv/bin/python -m pytest
+# ... then the netns suite again through the same shims with `rdmanet daemon` answering them:
+# both ways must give the same results (the VM stage runs the plugins itself and is not repeated).
+RDMANET_TEST_PLUGINS=daemon .venv/bin/python -m pytest netns_tests --ignore-glob='netns_tests/test_vm_*'

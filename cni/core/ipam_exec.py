@@ -1,5 +1,12 @@
 """IPAM delegation (SPEC section 4, pkg/invoke): exec ``ipam.type`` found on CNI_PATH with the
-same environment and the complete stdin; only CNI_COMMAND changes with the verb."""
+same environment and the complete stdin; only CNI_COMMAND changes with the verb.
+
+:data:`IN_PROCESS` lets a long-lived process (the node daemon) run an IPAM plugin it has already
+imported instead of exec'ing it: a handler takes the environment (with CNI_COMMAND set to the
+verb) and stdin, and returns ``(exit code, stdout document or None)`` exactly as
+:func:`cni.core.skel.handle` does. The plugin must still be found on CNI_PATH (same errors as an
+exec), and its answer goes through the same parsing as an exec'd plugin's stdout. Exec stays the
+default: the registry is empty unless the daemon fills it."""
 
 from __future__ import annotations
 
@@ -7,13 +14,17 @@ import json
 import logging
 import os
 import subprocess
-from typing import Optional
+from typing import Callable, Mapping, Optional
 
 from .errors import INVALID_CONFIG, IPAM_FAILURE, CNIError
 from .invocation import Invocation
 from .result import Result
 
 log = logging.getLogger("rdmanet")
+
+# A handler returns None to decline (the plugin is exec'd as usual).
+InProcessHandler = Callable[[Mapping[str, str], bytes], "Optional[tuple[int, Optional[dict]]]"]
+IN_PROCESS: dict[str, InProcessHandler] = {}
 
 
 def find_plugin(name: str, path: list[str]) -> str:
@@ -35,15 +46,25 @@ def exec_plugin(name: str, inv: Invocation, command: str, stdin: Optional[bytes]
     binary = find_plugin(name, inv.path)
     env = dict(inv.env)
     env["CNI_COMMAND"] = command
+    handler = IN_PROCESS.get(name)
+    answer = None if handler is None else handler(env, inv.stdin if stdin is None else stdin)
+    if answer is not None:
+        code, document = answer
+        # What the exec'd plugin would have printed (skel.main), parsed the same way.
+        out = b"" if document is None else (json.dumps(document) + "\n").encode()
+        return _parse_answer(name, command, out.strip(), code)
     try:
         proc = subprocess.run(
             [binary], input=inv.stdin if stdin is None else stdin, env=env, stdout=subprocess.PIPE, stderr=None, check=False
         )
     except OSError as exc:
         raise CNIError(IPAM_FAILURE, f"cannot run IPAM plugin {binary}: {exc}", "check the plugin binary is executable") from exc
-    out = proc.stdout.strip()
-    if proc.returncode != 0:
-        raise _plugin_error(name, command, out, proc.returncode)
+    return _parse_answer(name, command, proc.stdout.strip(), proc.returncode)
+
+
+def _parse_answer(name: str, command: str, out: bytes, returncode: int) -> Optional[dict]:
+    if returncode != 0:
+        raise _plugin_error(name, command, out, returncode)
     if not out:
         return None
     try:

@@ -15,6 +15,7 @@ import sys
 import traceback
 from typing import IO, Mapping, Protocol
 
+from . import env as request_env
 from .errors import INTERNAL, CNIError
 from .invocation import Invocation, command_from, parse_invocation
 from .result import Result
@@ -41,7 +42,15 @@ def _error_version(stdin: bytes) -> str:
 
 
 def handle(plugin: Plugin, environ: Mapping[str, str], stdin: bytes) -> tuple[int, dict | None]:
-    """Run one call; returns (exit code, JSON document to print or None)."""
+    """Run one call; returns (exit code, JSON document to print or None).
+
+    ``environ`` is the call's environment for its whole duration (:mod:`cni.core.env`): in the
+    daemon, concurrent calls each see their own."""
+    with request_env.scoped(environ):
+        return _handle(plugin, environ, stdin)
+
+
+def _handle(plugin: Plugin, environ: Mapping[str, str], stdin: bytes) -> tuple[int, dict | None]:
     try:
         if command_from(environ) == "VERSION":
             return 0, version_info()
@@ -67,16 +76,26 @@ def configure_logging(environ: Mapping[str, str]) -> None:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
 
+def read_stdin(environ: Mapping[str, str], stdin: IO[bytes] | None = None) -> bytes:
+    """The call's stdin; VERSION ignores it (it may be a tty)."""
+    if environ.get("CNI_COMMAND") == "VERSION":
+        return b""
+    return (stdin or sys.stdin.buffer).read()
+
+
+def render(document: dict | None) -> str:
+    """What a call prints on stdout: the document as one JSON line, or nothing."""
+    return "" if document is None else json.dumps(document) + "\n"
+
+
 def main(plugin: Plugin, environ: Mapping[str, str] | None = None, stdin: IO[bytes] | None = None,
          stdout: IO[str] | None = None) -> int:
     environ = os.environ if environ is None else environ
     configure_logging(environ)
-    raw = b""
-    if environ.get("CNI_COMMAND") != "VERSION":  # VERSION ignores stdin, which may be a tty
-        raw = (stdin or sys.stdin.buffer).read()
+    raw = read_stdin(environ, stdin)
     code, document = handle(plugin, environ, raw)
     out = stdout or sys.stdout
     if document is not None:
-        out.write(json.dumps(document) + "\n")
+        out.write(render(document))
         out.flush()
     return code

@@ -322,7 +322,9 @@ def _bus_of(root: str, parts: list[str]) -> str | None:
 def default_root() -> str:
     """Where the plugins read sysfs: "/" unless RDMANET_SYSFS_ROOT points at a fake tree (a test
     hook: netns tests give a veth the PCI and RDMA identity of a NIC this machine lacks)."""
-    return os.environ.get("RDMANET_SYSFS_ROOT", "/")
+    from cni.core import env
+
+    return env.get("RDMANET_SYSFS_ROOT", "/")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,298 @@
+"""The node daemon: serves the shims' CNI calls from one warm process.
+
+It keeps the plugin modules, pyroute2 and pydantic imported and answers each request (see
+:mod:`shim.launcher` for the protocol) by running :func:`cni.core.skel.handle` in a thread of its
+own, printing exactly what the in-process run would print (``skel.render``) with the same exit code.
+
+- Socket: its directory is made 0700, the socket 0600; peers other than root (SO_PEERCRED) are
+  disconnected without an answer.
+- Per request: the call's environment is its own (:mod:`cni.core.env`), and what the plugins log
+  or print on stderr goes into that request's answer, never into another's (a contextvar-routed
+  ``sys.stderr``). Network namespaces are entered per thread and always left (cni.linux.netns).
+- lease-ipam as ``ipam.type`` runs in-process (``ipam_exec.IN_PROCESS``), not by exec.
+- Requests carrying a test crash hook (LEASE_IPAM_TEST_CRASH_AT, which os._exit()s) are declined
+  with ``{"exec": true}`` so the shim runs them in a process of their own.
+- SIGTERM/SIGINT: stop accepting, finish the requests in flight, remove the socket, exit 0.
+- The daemon's own logs: one JSON object per line on stderr.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import io
+import json
+import logging
+import os
+import signal
+import socket
+import socketserver
+import struct
+import sys
+import threading
+import time
+from typing import Any, Iterable, Mapping, Optional
+
+from cni.core import ipam_exec, skel
+
+from .launcher import DEFAULT_SOCKET, MAX_LINE, PLUGINS, b64, exchange, read_line, unb64, NoDaemon, DaemonLost
+
+CRASH_HOOKS = ("LEASE_IPAM_TEST_CRASH_AT",)
+_LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"  # = skel.configure_logging
+
+_real_stderr = sys.__stderr__
+
+
+# --------------------------------------------------------------------------- logging
+
+
+def log_event(event: str, level: str = "info", **fields: Any) -> None:
+    """One structured line on the daemon's own stderr."""
+    doc = {"ts": round(time.time(), 3), "level": level, "event": event, **fields}
+    try:
+        _real_stderr.write(json.dumps(doc, default=str) + "\n")
+        _real_stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+class _Capture:
+    """What one request writes to stderr, and the log level its RDMANET_LOG_LEVEL asks for."""
+
+    def __init__(self, level: int) -> None:
+        self.level = level
+        self.buffer = io.StringIO()
+
+
+_capture: contextvars.ContextVar[Optional[_Capture]] = contextvars.ContextVar("rdmanet_stderr_capture", default=None)
+
+
+class _RoutedStderr(io.TextIOBase):
+    """``sys.stderr`` of the daemon: inside a request, that request's buffer; else the real one."""
+
+    def write(self, text: str) -> int:
+        cap = _capture.get()
+        if cap is not None:
+            return cap.buffer.write(text)
+        return _real_stderr.write(text)
+
+    def flush(self) -> None:
+        if _capture.get() is None:
+            _real_stderr.flush()
+
+    def writable(self) -> bool:
+        return True
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return "utf-8"
+
+
+class _RequestLevel(logging.Filter):
+    """Outside a request: WARNING and up (to the daemon's stderr); inside: the request's level."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        cap = _capture.get()
+        return record.levelno >= (logging.WARNING if cap is None else cap.level)
+
+
+def _install_logging() -> None:
+    sys.stderr = _RoutedStderr()
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(_LOG_FORMAT))
+    handler.addFilter(_RequestLevel())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)  # the filter decides, per request
+
+
+def _level_of(env: Mapping[str, str]) -> int:
+    return getattr(logging, env.get("RDMANET_LOG_LEVEL", "WARNING").upper(), logging.WARNING)
+
+
+# --------------------------------------------------------------------------- plugins
+
+
+def load_plugins() -> dict[str, Any]:
+    """Import every plugin (and with them pyroute2, pydantic) and register in-process IPAM."""
+    plugins = {}
+    for name, (module, cls) in PLUGINS.items():
+        plugins[name] = getattr(__import__(module, fromlist=[cls]), cls)
+    import pydantic  # noqa: F401  (warm)
+    import pyroute2  # noqa: F401
+
+    lease = plugins["lease-ipam"]
+
+    def lease_ipam_in_process(env: Mapping[str, str], stdin: bytes):
+        if any(hook in env for hook in CRASH_HOOKS):
+            return None  # os._exit() hooks run in a process of their own
+        return skel.handle(lease(), env, stdin)
+
+    ipam_exec.IN_PROCESS["lease-ipam"] = lease_ipam_in_process
+    return plugins
+
+
+def serve_call(plugins: Mapping[str, Any], plugin: str, env: Mapping[str, str], stdin: bytes) -> dict:
+    """One CNI call: the answer document (code, stdout_b64, stderr_b64)."""
+    cap = _Capture(_level_of(env))
+    token = _capture.set(cap)
+    try:
+        code, document = skel.handle(plugins[plugin](), env, stdin)
+    finally:
+        _capture.reset(token)
+    return {"code": code, "stdout_b64": b64(skel.render(document).encode()),
+            "stderr_b64": b64(cap.buffer.getvalue().encode("utf-8", "surrogateescape"))}
+
+
+# --------------------------------------------------------------------------- server
+
+
+def peer_uid(sock: socket.socket) -> int:
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    server: "DaemonServer"
+
+    def handle(self) -> None:
+        srv = self.server
+        try:
+            line = read_line(self.request)
+        except (OSError, ValueError) as exc:
+            log_event("bad_request", "warning", error=str(exc))
+            return
+        if line is None:
+            return
+        started = time.monotonic()
+        try:
+            req = json.loads(line)
+            if req.get("health"):
+                answer: dict = {"ok": True, "pid": os.getpid(), "uptime": round(time.monotonic() - srv.started, 3),
+                                "requests": srv.requests, "in_flight": srv.in_flight}
+            else:
+                plugin, env, stdin = req["plugin"], req["env"], unb64(req.get("stdin_b64", ""))
+                if plugin not in srv.plugins or not isinstance(env, dict):
+                    raise ValueError(f"unknown plugin {plugin!r}")
+                if any(hook in env for hook in CRASH_HOOKS):
+                    answer = {"exec": True}
+                else:
+                    with srv.count():
+                        answer = serve_call(srv.plugins, plugin, env, stdin)
+                    log_event("call", plugin=plugin, command=env.get("CNI_COMMAND"),
+                              container=env.get("CNI_CONTAINERID"), ifname=env.get("CNI_IFNAME"),
+                              code=answer["code"], ms=round((time.monotonic() - started) * 1000, 1))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            log_event("bad_request", "warning", error=f"{type(exc).__name__}: {exc}")
+            return  # closing without an answer: the shim runs the call itself (or answers 11 on ADD)
+        try:
+            self.request.sendall(json.dumps(answer).encode() + b"\n")
+        except OSError as exc:
+            log_event("answer_lost", "warning", error=str(exc))
+
+
+class DaemonServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = False
+    block_on_close = True  # server_close() joins the requests in flight
+
+    def __init__(self, path: str, plugins: Mapping[str, Any], allowed_uids: Iterable[int] = (0,)) -> None:
+        self.plugins = plugins
+        self.allowed_uids = frozenset(allowed_uids)
+        self.started = time.monotonic()
+        self.requests = 0
+        self.in_flight = 0
+        self._lock = threading.Lock()
+        super().__init__(path, _Handler, bind_and_activate=False)
+        old = os.umask(0o177)  # the socket is born 0600
+        try:
+            self.server_bind()
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o600)
+        self.server_activate()
+
+    def verify_request(self, request, client_address) -> bool:  # type: ignore[override]
+        try:
+            uid = peer_uid(request)
+        except OSError:
+            return False
+        if uid not in self.allowed_uids:
+            log_event("peer_refused", "warning", uid=uid)
+            return False
+        return True
+
+    def count(self):
+        server = self
+
+        class _Count:
+            def __enter__(self):
+                with server._lock:
+                    server.requests += 1
+                    server.in_flight += 1
+
+            def __exit__(self, *exc):
+                with server._lock:
+                    server.in_flight -= 1
+
+        return _Count()
+
+
+def _prepare_socket(path: str) -> None:
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    os.chmod(directory, 0o700)
+    if os.path.exists(path):
+        try:
+            exchange(path, {"health": True})
+        except (NoDaemon, DaemonLost):
+            os.unlink(path)  # stale: nobody answers
+        else:
+            raise RuntimeError(f"another daemon answers on {path}")
+
+
+def run(socket_path: str = DEFAULT_SOCKET, allowed_uids: Iterable[int] = (0,)) -> int:
+    _install_logging()
+    t0 = time.monotonic()
+    plugins = load_plugins()
+    try:
+        _prepare_socket(socket_path)
+        server = DaemonServer(socket_path, plugins, allowed_uids)
+    except (OSError, RuntimeError) as exc:
+        log_event("start_failed", "error", socket=socket_path, error=str(exc))
+        return 1
+    stop = threading.Event()
+
+    def on_signal(signum, frame):
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    loop = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="accept", daemon=True)
+    loop.start()
+    log_event("started", socket=socket_path, pid=os.getpid(), import_ms=round((time.monotonic() - t0) * 1000, 1),
+              allowed_uids=sorted(server.allowed_uids))
+    try:
+        while not stop.wait(1.0):
+            pass
+    finally:
+        log_event("stopping", in_flight=server.in_flight)
+        server.shutdown()  # no new connections
+        try:
+            os.unlink(socket_path)
+        except FileNotFoundError:
+            pass
+        server.server_close()  # joins the requests in flight
+        log_event("stopped", requests=server.requests)
+    return 0
+
+
+def check(socket_path: str = DEFAULT_SOCKET) -> int:
+    """``rdmanet daemon --check``: 0 when the daemon answers healthy, else 1."""
+    try:
+        answer = exchange(socket_path, {"health": True}, timeout=5.0)
+    except (NoDaemon, DaemonLost) as exc:
+        print(json.dumps({"ok": False, "socket": socket_path, "error": str(exc)}))
+        return 1
+    print(json.dumps(answer))
+    return 0 if answer.get("ok") else 1

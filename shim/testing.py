@@ -1,0 +1,100 @@
+"""Test helpers: shims in a temporary bin dir and a daemon that is always stopped."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from typing import Iterator, Optional, Sequence
+
+from .launcher import PLUGINS, NoDaemon, DaemonLost, exchange, write_shim
+
+
+def write_shims(bin_dir: os.PathLike | str, socket_path: str, python: str = sys.executable,
+                site_dir: Optional[str] = None) -> None:
+    os.makedirs(bin_dir, exist_ok=True)
+    for name in PLUGINS:
+        write_shim(os.path.join(bin_dir, name), name, python, site_dir or sysconfig.get_path("purelib"), socket_path)
+
+
+def health(socket_path: str) -> Optional[dict]:
+    try:
+        return exchange(socket_path, {"health": True}, timeout=5.0)
+    except (NoDaemon, DaemonLost):
+        return None
+
+
+class Daemon:
+    """``rdmanet daemon`` as a subprocess; :meth:`stop` always leaves no process and no socket."""
+
+    def __init__(self, socket_path: str, allow_uids: Sequence[int] = (), log_path: Optional[str] = None) -> None:
+        self.socket = socket_path
+        self._own_log = log_path is None
+        if log_path is None:
+            fd, log_path = tempfile.mkstemp(prefix="rdmanet-daemon-", suffix=".log")
+            os.close(fd)
+        self.log_path = log_path
+        args = [sys.executable, "-m", "rdmanet.cli", "daemon", "--socket", socket_path]
+        for uid in allow_uids:
+            args += ["--allow-uid", str(uid)]
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=self._log)
+        deadline = time.monotonic() + 30
+        while health(socket_path) is None:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"daemon did not come up: {self.log()}")
+            time.sleep(0.05)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        try:
+            return pathlib.Path(self.log_path).read_text()
+        except OSError:
+            return ""
+
+    def terminate(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
+    def stop(self, timeout: float = 30) -> Optional[int]:
+        try:
+            self.terminate()
+            try:
+                return self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                return None
+        finally:
+            self._log.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.socket)
+
+    def cleanup(self) -> None:
+        """stop(), and remove the log file when it is ours."""
+        self.stop()
+        if self._own_log:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.log_path)
+
+
+@contextlib.contextmanager
+def shim_env(prefix: str = "rdmanet-shim-") -> Iterator[pathlib.Path]:
+    """A temporary directory with ``bin/`` (the shims, socket ``run/daemon.sock`` baked in)."""
+    root = pathlib.Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        write_shims(root / "bin", str(root / "run" / "daemon.sock"))
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -34,7 +34,7 @@ from typing import Any, Iterable, Mapping, Optional
 
 from cni.core import ipam_exec, skel
 
-from .launcher import DEFAULT_SOCKET, MAX_LINE, PLUGINS, b64, exchange, read_line, unb64, NoDaemon, DaemonLost
+from .launcher import DEFAULT_SOCKET, PLUGINS, b64, exchange, read_line, unb64, NoDaemon, DaemonLost
 
 CRASH_HOOKS = ("LEASE_IPAM_TEST_CRASH_AT",)
 _LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"  # = skel.configure_logging

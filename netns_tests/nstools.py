@@ -466,3 +466,20 @@ def wait_link_gone(ns: Optional[str], name: str, timeout: float = 5.0) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+# --------------------------------------------------------------------------- shared by the plugin suites
+
+
+def store_of(cni, kind: str) -> pathlib.Path:
+    """The IPAM store directory of ``kind`` ("host-local" or "lease-ipam") in a test's CniEnv."""
+    return cni.host_local_dir if kind == "host-local" else cni.data_dir
+
+
+def bare_ip(cidr: str) -> str:
+    return cidr.split("/")[0]
+
+
+def add_ok(cni, net, ns, **kw) -> dict:
+    """cnitool add that must succeed; its result."""
+    return json.loads(ok(cni.tool("add", net, ns, **kw)).stdout)

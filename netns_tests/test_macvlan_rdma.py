@@ -40,16 +40,7 @@ def ipam_block(cni, kind: str, prefix: str, *, routes: bool = True, **extra) -> 
     return nt.lease_ipam(cni.data_dir, f"{prefix}.0/24", gateway=f"{prefix}.1", routes=route_list, **extra)
 
 
-def store_of(cni, kind: str) -> pathlib.Path:
-    return cni.host_local_dir if kind == "host-local" else cni.data_dir
-
-
-def bare_ip(cidr: str) -> str:
-    return cidr.split("/")[0]
-
-
-def add_ok(cni, net, ns, **kw) -> dict:
-    return json.loads(nt.ok(cni.tool("add", net, ns, **kw)).stdout)
+store_of, bare_ip, add_ok = nt.store_of, nt.bare_ip, nt.add_ok
 
 
 # --------------------------------------------------------------------------- the plugin as installed

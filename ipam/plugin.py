@@ -15,6 +15,7 @@ Facts relied on (research/cni-contract.md §1, §6):
 from __future__ import annotations
 
 import logging
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from cni.core.errors import CHECK_FAILED, NOT_AVAILABLE, CNIError
@@ -60,23 +61,39 @@ def default_store(data_dir: str, domain: str, inv: Invocation) -> Store:
 
 
 def configure_logging(config: dict) -> None:
-    """Honour ``ipam.log_file``/``ipam.log_level`` (read leniently: logging must never fail a verb)."""
+    """Honour ``ipam.log_file``/``ipam.log_level`` for this call only (read leniently: logging
+    must never fail a verb). The node daemon serves many networks at once, so the settings live
+    in a context variable that filters records, never in the process-wide logger state."""
     raw = config.get("ipam")
-    if not isinstance(raw, dict):
-        return
+    raw = raw if isinstance(raw, dict) else {}
     level = raw.get("log_level")
-    if isinstance(level, str) and level.lower() in _LEVELS:
-        log.setLevel(_LEVELS[level.lower()])
-    path = raw.get("log_file")
-    if isinstance(path, str) and path and path not in _file_handlers:
+    level = _LEVELS.get(level.lower()) if isinstance(level, str) else None
+    path = raw.get("log_file") if isinstance(raw.get("log_file"), str) and raw.get("log_file") else None
+    _call_logging.set((level, path))
+    if path is not None and path not in _file_handlers:
         try:
             handler = logging.FileHandler(path)
         except OSError as exc:
             log.warning("cannot open ipam.log_file %s: %s", path, exc)
             return
         handler.setFormatter(logging.Formatter("%(asctime)s lease-ipam[%(process)d] %(levelname)s %(message)s"))
+        handler.addFilter(lambda record, path=path: _call_logging.get()[1] == path)
         _file_handlers[path] = handler
         log.addHandler(handler)
+
+
+class _CallLevel(logging.Filter):
+    """Drop records below the current call's ``log_level``; without one, below the level the
+    parent "rdmanet" logger has (RDMANET_LOG_LEVEL), as if this logger had no level of its own."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        level = _call_logging.get()[0]
+        return record.levelno >= (level if level is not None else log.parent.getEffectiveLevel())
+
+
+_call_logging: ContextVar[tuple[Optional[int], Optional[str]]] = ContextVar("lease_ipam_logging", default=(None, None))
+log.setLevel(logging.DEBUG)  # the effective level is decided per call by the filter below
+log.addFilter(_CallLevel())
 
 
 def render(config: "LeaseIPAMConfig", addresses: list) -> Result:

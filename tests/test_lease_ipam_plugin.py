@@ -246,6 +246,26 @@ def test_log_file(tmp_path):
     assert "ADD ctr1/net1" in log.read_text()
 
 
+def test_log_settings_belong_to_their_call(tmp_path):
+    """In the node daemon one process serves every network: one network's log_file/log_level
+    must not catch another's records, nor outlive its call."""
+    import threading
+
+    log_a, log_b = tmp_path / "a.log", tmp_path / "b.log"
+    a = netconf(tmp_path / "a", name="net-a", log_file=str(log_a), log_level="debug")
+    b = netconf(tmp_path / "b", name="net-b", log_file=str(log_b), log_level="debug")
+    threads = [threading.Thread(target=call, args=("ADD", conf), kwargs={"cid": cid})
+               for conf, cid in ((a, "ctr-a"), (b, "ctr-b"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    call("ADD", netconf(tmp_path / "c", name="net-c"), cid="ctr-c")  # no log settings
+    assert "ctr-a" in log_a.read_text() and "ctr-b" not in log_a.read_text()
+    assert "ctr-b" in log_b.read_text() and "ctr-a" not in log_b.read_text()
+    assert "ctr-c" not in log_a.read_text() + log_b.read_text()
+
+
 # -- real exec ------------------------------------------------------------------------------------
 
 def run(command, conf, extra_env=None, **kw):

@@ -11,7 +11,6 @@ default: the registry is empty unless the daemon fills it."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 import subprocess
 from typing import Callable, Mapping, Optional
@@ -19,8 +18,8 @@ from typing import Callable, Mapping, Optional
 from .errors import INVALID_CONFIG, IPAM_FAILURE, CNIError
 from .invocation import Invocation
 from .result import Result
-
-log = logging.getLogger("rdmanet")
+from .rollback import quietly
+from .skel import render
 
 # A handler returns None to decline (the plugin is exec'd as usual).
 InProcessHandler = Callable[[Mapping[str, str], bytes], "Optional[tuple[int, Optional[dict]]]"]
@@ -51,7 +50,7 @@ def exec_plugin(name: str, inv: Invocation, command: str, stdin: Optional[bytes]
     if answer is not None:
         code, document = answer
         # What the exec'd plugin would have printed (skel.main), parsed the same way.
-        out = b"" if document is None else (json.dumps(document) + "\n").encode()
+        out = render(document).encode()
         return _parse_answer(name, command, out.strip(), code)
     try:
         proc = subprocess.run(
@@ -100,16 +99,10 @@ class IPAM:
         """ADD, with the addresses on interface 0 of ``result`` (the plugin's one interface);
         registers the IPAM DEL on ``undo`` (an ExitStack) for when a later step fails."""
         allocated = self.add()
-        undo.callback(self._delete_quietly)
+        undo.callback(quietly, self.delete)
         for ip in allocated.ips:
             ip.interface = 0
         result.ips, result.routes, result.dns = allocated.ips, allocated.routes, allocated.dns
-
-    def _delete_quietly(self) -> None:
-        try:
-            self.delete()
-        except Exception as exc:  # rollback must not hide the original error
-            log.warning("rollback: IPAM DEL failed: %s", exc)
 
     def delete(self) -> None:
         exec_plugin(self.type, self.inv, "DEL")

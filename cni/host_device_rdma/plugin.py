@@ -28,6 +28,7 @@ from cni.core.invocation import Invocation
 from cni.core.ipam_exec import IPAM
 from cni.core.rdma_policy import decide_exclusive
 from cni.core.result import DNS, Interface, Result
+from cni.core.rollback import quietly
 from cni.linux import links, netns, sysfs
 from cni.linux.state import StateDir
 
@@ -76,7 +77,7 @@ class HostDeviceRdma:
 
                 state["vf"] = apply_vf_settings(host, ref, conf, mac)
                 states.save(key, state)
-                undo.callback(_quietly, restore_vf_settings, host, ref, state["vf"])
+                undo.callback(quietly, restore_vf_settings, host, ref, state["vf"])
             pod_fd = undo.enter_context(_open_pod(inv.netns))
             if rdma_device:
                 # RDMA first: a soft-RoCE device dies when its netdev leaves init_net, and a driver
@@ -84,18 +85,17 @@ class HostDeviceRdma:
                 _move_rdma_into_pod(rdma_device, pod_fd)
                 state["rdma"] = {"device": rdma_device, "moved": True}
                 states.save(key, state)
-                undo.callback(_quietly, _move_rdma_to_host, rdma_device, inv.netns)
+                undo.callback(quietly, _move_rdma_to_host, rdma_device, inv.netns)
             if not ref.dpdk:
                 moved = move_into_pod(host, link, pod_fd, inv.ifname, mtu=conf.mtu or None, mac=mac)
-                undo.callback(_quietly, move_to_host, pod_fd, inv.ifname, state["original"])
+                undo.callback(quietly, move_to_host, pod_fd, inv.ifname, state["original"])
                 result.interfaces = [Interface(name=inv.ifname, mac=moved.mac, mtu=moved.mtu, sandbox=inv.netns,
                                                pci_id=ref.device_id if ref.kind == "pci" else "")]
             if conf.ipam:
                 IPAM(conf.ipam.type, inv).add_into(result, undo)
                 if not ref.dpdk:  # DPDK: the addresses are returned for the workload to use, not configured
                     with links.rtnl_in_fd(pod_fd) as pod:
-                        index = links.find_link(pod, inv.ifname).index
-                        links.configure_in_pod(pod, pod_fd, index, inv.ifname, result.ips, result.routes)
+                        links.configure_in_pod(pod, pod_fd, moved.index, inv.ifname, result.ips, result.routes)
             if conf.dns:
                 result.dns = DNS.from_json(conf.dns)
             _write_device_info(conf, ref, rdma_device)
@@ -258,15 +258,6 @@ def _collect(errors: list, fn, *args) -> None:
 
 def _holder(inv: Invocation) -> str:
     return f"{inv.network_name}/{inv.container_id}/{inv.ifname}"
-
-
-def _quietly(fn, *args) -> None:
-    try:
-        fn(*args)
-    except Exception as exc:  # rollback must not hide the original error
-        log.warning("rollback step %s failed: %s", getattr(fn, "__name__", fn), exc)
-
-
 
 
 @contextmanager

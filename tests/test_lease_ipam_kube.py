@@ -287,7 +287,10 @@ def test_unreachable_server_is_11_quickly_and_status_50(tmp_path):
     code, err = call("ADD", conf)
     elapsed = time.monotonic() - t0
     assert code == 1 and err["code"] == TRY_AGAIN_LATER, err
-    assert 1.0 < elapsed < 3.0, elapsed
+    # bounded by the 1.5 s budget (a refused connect is instant); that it retries within the
+    # budget is test_5xx_and_dropped_connections_are_retried's job: a lower time bound here was
+    # flaky, as the last jittered backoff is skipped when it would pass the deadline
+    assert elapsed < 3.0, elapsed
     assert call("DEL", conf)[1]["code"] == TRY_AGAIN_LATER
     code, err = call("STATUS", conf)
     assert err["code"] == NOT_AVAILABLE

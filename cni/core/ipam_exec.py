@@ -4,12 +4,19 @@ same environment and the complete stdin; only CNI_COMMAND changes with the verb.
 :data:`IN_PROCESS` lets a long-lived process (the node daemon) run an IPAM plugin it has already
 imported instead of exec'ing it: a handler takes the environment (with CNI_COMMAND set to the
 verb) and stdin, and returns ``(exit code, stdout document or None)`` exactly as
-:func:`cni.core.skel.handle` does. The plugin must still be found on CNI_PATH (same errors as an
-exec), and its answer goes through the same parsing as an exec'd plugin's stdout. Exec stays the
-default: the registry is empty unless the daemon fills it."""
+:func:`cni.core.skel.handle` does.
+
+The IPAM plugins of this distribution (:data:`IN_PROCESS_PLUGINS`: ``lease-ipam``) always run
+in-process, in the daemon and in a plugin's own process alike: an exec would start a second
+interpreter and import the stack again (~180 ms) to give the same answer. A call carrying a test
+crash hook (:data:`CRASH_HOOKS`, which ``os._exit()``) is exec'd in a process of its own.
+
+Either way the plugin must still be found on CNI_PATH (same errors as an exec), and its answer
+goes through the same parsing as an exec'd plugin's stdout. Any other IPAM is exec'd."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -19,11 +26,15 @@ from .errors import INVALID_CONFIG, IPAM_FAILURE, CNIError
 from .invocation import Invocation
 from .result import Result
 from .rollback import quietly
-from .skel import render
+from .skel import handle, render
 
 # A handler returns None to decline (the plugin is exec'd as usual).
 InProcessHandler = Callable[[Mapping[str, str], bytes], "Optional[tuple[int, Optional[dict]]]"]
 IN_PROCESS: dict[str, InProcessHandler] = {}
+# IPAM type -> (module, class) of the plugins shipped with rdmanet, imported on first use.
+IN_PROCESS_PLUGINS = {"lease-ipam": ("ipam.plugin", "LeaseIPAM")}
+# Test-only hooks that os._exit() the process that runs the plugin.
+CRASH_HOOKS = ("LEASE_IPAM_TEST_CRASH_AT",)
 
 
 def find_plugin(name: str, path: list[str]) -> str:
@@ -45,8 +56,7 @@ def exec_plugin(name: str, inv: Invocation, command: str, stdin: Optional[bytes]
     binary = find_plugin(name, inv.path)
     env = dict(inv.env)
     env["CNI_COMMAND"] = command
-    handler = IN_PROCESS.get(name)
-    answer = None if handler is None else handler(env, inv.stdin if stdin is None else stdin)
+    answer = _in_process(name, env, inv.stdin if stdin is None else stdin)
     if answer is not None:
         code, document = answer
         # What the exec'd plugin would have printed (skel.main), parsed the same way.
@@ -59,6 +69,18 @@ def exec_plugin(name: str, inv: Invocation, command: str, stdin: Optional[bytes]
     except OSError as exc:
         raise CNIError(IPAM_FAILURE, f"cannot run IPAM plugin {binary}: {exc}", "check the plugin binary is executable") from exc
     return _parse_answer(name, command, proc.stdout.strip(), proc.returncode)
+
+
+def _in_process(name: str, env: Mapping[str, str], stdin: bytes) -> Optional[tuple[int, Optional[dict]]]:
+    """The plugin's answer when it runs in this process, None when it must be exec'd."""
+    handler = IN_PROCESS.get(name)
+    if handler is not None:
+        return handler(env, stdin)
+    shipped = IN_PROCESS_PLUGINS.get(name)
+    if shipped is None or any(hook in env for hook in CRASH_HOOKS):
+        return None
+    module, cls = shipped
+    return handle(getattr(importlib.import_module(module), cls)(), env, stdin)
 
 
 def _parse_answer(name: str, command: str, out: bytes, returncode: int) -> Optional[dict]:

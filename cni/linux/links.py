@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
-from pyroute2 import IPRoute
+from pyroute2.iproute.linux import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 from cni.core.errors import LINK_FAILURE, CNIError

@@ -1,0 +1,77 @@
+"""What a plugin exec imports and runs when no daemon answers (the in-process path)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import sysconfig
+
+from cni.core import ipam_exec
+from cni.core.invocation import parse_invocation
+
+SITE = sysconfig.get_path("purelib")
+
+
+def _run(code: str) -> str:
+    """``code`` in a fresh interpreter started as the shims start it (-I -S, then the venv's site dir)."""
+    prelude = f"import site, sys; site.addsitedir({SITE!r}); sys.path.insert(0, {sys.path[0]!r})\n"
+    return subprocess.run([sys.executable, "-IS", "-c", prelude + code], capture_output=True, text=True,
+                          check=True, timeout=60).stdout
+
+
+def test_plugins_import_only_the_pyroute2_parts_they_use():
+    out = _run(
+        "import cni.macvlan_rdma.plugin, cni.host_device_rdma.plugin, ipam.plugin\n"
+        "heavy = ('ndb', 'ipdb', 'conntrack', 'nftables', 'ipset', 'ipvs', 'nslink', 'plan9')\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pyroute2' and m.split('.')[1:2] and m.split('.')[1] in heavy))\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'kubernetes'))\n"
+    )
+    assert out.splitlines() == ["[]", "[]"]
+
+
+def test_pyroute2_package_names_still_work_after_the_partial_import():
+    out = _run(
+        "import cni.linux.links\n"
+        "from pyroute2 import IPRoute, NDB\n"
+        "import pyroute2\n"
+        "print(IPRoute.__module__, NDB.__module__, pyroute2.__version__ != 'unknown')\n"
+        "try:\n"
+        "    pyroute2.no_such_name\n"
+        "except AttributeError as exc:\n"
+        "    print('AttributeError', exc)\n"
+    )
+    assert out.splitlines() == [
+        "pyroute2.iproute.linux pyroute2.ndb.main True",
+        "AttributeError module 'pyroute2' has no attribute 'no_such_name'",
+    ]
+
+
+def _lease_invocation(tmp_path, command: str, **extra: str):
+    (tmp_path / "bin").mkdir(exist_ok=True)
+    (tmp_path / "bin" / "lease-ipam").write_text("")  # found on CNI_PATH, but not executable
+    stdin = json.dumps({"cniVersion": "1.0.0", "name": "inproc", "type": "macvlan-rdma",
+                        "ipam": {"type": "lease-ipam", "range": "198.18.90.0/29",
+                                 "dataDir": str(tmp_path / "data")}}).encode()
+    env = {"CNI_COMMAND": command, "CNI_CONTAINERID": "c1", "CNI_NETNS": "/run/netns/x", "CNI_IFNAME": "net1",
+           "CNI_PATH": str(tmp_path / "bin"), **extra}
+    return parse_invocation(env, stdin)
+
+
+def test_lease_ipam_runs_in_the_plugins_own_process(tmp_path):
+    """The bin-dir file is empty: an exec would fail, the in-process call answers."""
+    add = ipam_exec.exec_plugin("lease-ipam", _lease_invocation(tmp_path, "ADD"), "ADD")
+    assert add["ips"][0]["address"] == "198.18.90.1/29"
+    again = ipam_exec.exec_plugin("lease-ipam", _lease_invocation(tmp_path, "ADD"), "ADD")
+    assert again["ips"] == add["ips"]  # the same store, the same reservation
+    assert ipam_exec.exec_plugin("lease-ipam", _lease_invocation(tmp_path, "DEL"), "DEL") is None
+
+
+def test_crash_hook_calls_are_execed(tmp_path):
+    inv = _lease_invocation(tmp_path, "ADD", LEASE_IPAM_TEST_CRASH_AT="no-such-step")
+    try:
+        ipam_exec.exec_plugin("lease-ipam", inv, "ADD")
+    except Exception as exc:  # the empty file cannot be exec'd: proof the call was not in-process
+        assert getattr(exc, "code", None) == 104 and "cannot run IPAM plugin" in exc.msg
+    else:
+        raise AssertionError("a call carrying a crash hook ran in-process")

@@ -1,75 +1,544 @@
 #!/usr/bin/env bash
-# rdmanet installer (host mode): a venv with rdmanet, its plugins in the CNI bin dir, `rdmanet` on PATH.
+# rdmanet installer, two modes (see usage below):
+#   host mode (default): a venv with rdmanet from this checkout, the three plugins in the CNI bin
+#     dir as shims that fall back to running the plugin in-process, `rdmanet` on PATH;
+#   DaemonSet mode (--daemonset): the DaemonSet container's entry point: daemon-only shims for the
+#     node, a kubeconfig from the pod's service account (kept fresh), then `rdmanet daemon`.
 set -euo pipefail
 
-usage() {
-    cat <<USAGE
-Usage: ./install.sh [--prefix DIR] [--bin-dir DIR] [--uninstall]
+PLUGINS="macvlan-rdma host-device-rdma lease-ipam"
+SHIM_MARK="# rdmanet CNI shim for "  # line 2 of every shim shim/launcher.py renders
 
-Installs rdmanet from this checkout, as root, on Debian 12:
-  - a Python venv in --prefix (default /opt/cni/rdmanet) on Debian's /usr/bin/python3,
-  - the plugins macvlan-rdma, host-device-rdma and lease-ipam into --bin-dir (default
-    /opt/cni/bin) as stdlib-only shims that use \`rdmanet daemon\` when it runs, each checked to
-    answer CNI VERSION,
-  - /usr/local/bin/rdmanet.
-Idempotent: run it again to upgrade. --uninstall removes exactly what it installed.
+usage() {
+    cat <<'USAGE'
+Usage: install.sh [--prefix DIR] [--bin-dir DIR] [--socket PATH] [--link-dir DIR] [--uninstall]
+       install.sh --daemonset [--prefix DIR] [--bin-dir DIR] [--conf-dir DIR] [--socket PATH]
+                  [--host-python PATH] [--host-root DIR] [--serviceaccount-dir DIR] [--uninstall]
+
+Installs the rdmanet CNI plugins macvlan-rdma, host-device-rdma and lease-ipam. Run as root.
+Idempotent: run it again to upgrade or repair. --uninstall removes exactly what the mode installs.
+
+Host mode (default): from this checkout, on Debian 12.
+  - A Python venv in --prefix (default /opt/cni/rdmanet) on /usr/bin/python3 with rdmanet in it
+    (python3, python3-venv and iproute2 are installed with apt-get when missing).
+  - The three plugins in --bin-dir as stdlib-only shims: each forwards the call to
+    `rdmanet daemon` on --socket when it runs, and otherwise runs the plugin in-process from the
+    venv, with the same output. Each is written by write + rename and checked to answer VERSION.
+  - The link --link-dir/rdmanet (default /usr/local/bin/rdmanet).
+  What it wrote is listed in PREFIX/installed-files; --uninstall removes those files (shims only
+  while they are rdmanet shims, the link only while it points into the venv) and the venv.
+
+DaemonSet mode (--daemonset, or RDMANET_INSTALL_MODE=daemonset): the entry point of the rdmanet
+DaemonSet's container (privileged, hostPID; the node's --bin-dir, --conf-dir and the directory of
+--socket mounted at the same paths). rdmanet is already installed in the image's venv --prefix
+(default /opt/rdmanet): nothing is downloaded or installed. In order:
+  1. Checks that --host-python runs under --host-root and is Python >= 3.6.
+  2. Writes the three shims into --bin-dir by write + rename (a temporary ".<name>.*.tmp" in the
+     same directory, then a rename: the kubelet never execs a half-written file), with
+     --host-python as their interpreter, and checks that each answers VERSION when run the way the
+     node runs it (chroot into --host-root, empty environment).
+  3. Writes CONF_DIR/rdmanet.d/rdmanet.kubeconfig (mode 0600, directory 0700) for lease-ipam's
+     Kubernetes store, from the pod's service account (the token; ca.crt, copied to
+     CONF_DIR/rdmanet.d/ca.crt; the namespace, as the context's namespace) and the API server
+     https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT. A background loop rewrites it
+     (write + rename) whenever the token or CA content changes, as the kubelet rotates the token.
+     It never outlives the daemon: it is a child of this process, which becomes the daemon (step
+     4), and the kernel signals it when its parent exits (PR_SET_PDEATHSIG; it also checks its
+     parent every second). No service account mounted: skipped, with a log line.
+     A NAD uses it as "kubernetes": {"kubeconfig": "/etc/cni/net.d/rdmanet.d/rdmanet.kubeconfig"}.
+  4. Execs `rdmanet daemon --socket SOCKET` in the foreground: the daemon is the container's main
+     process and gets its signals itself (SIGTERM: finish the calls in flight, remove the socket,
+     exit 0).
+  Why the shims have no in-process fallback in this mode: they run on the node, under the node's
+  python3, but the plugins and their dependencies (pyroute2, pydantic, kubernetes) exist only in
+  the image. When the daemon does not answer, a shim prints CNI error 11 (try again later; for
+  STATUS 50, not available) naming the socket and asking
+  "is the rdmanet DaemonSet pod running on this node?", and exits 1: nothing was done, and the
+  runtime retries the ADD or DEL once the pod is back. VERSION is answered by the shim itself
+  when the daemon is down.
+  --uninstall (for a cleanup Job or a preStop hook): removes the three shims (only while they are
+  rdmanet shims) and the files it writes in CONF_DIR/rdmanet.d (then the directory, if empty);
+  nothing else. It does not stop a running daemon.
+
+Options (an environment variable, where named, sets the same; a flag wins):
+  --daemonset                DaemonSet mode                  RDMANET_INSTALL_MODE=host|daemonset
+  --uninstall                remove what the mode installs
+  --prefix DIR               host mode: the venv to create (default /opt/cni/rdmanet);
+                             DaemonSet mode: the image's venv with rdmanet (default /opt/rdmanet)
+  --bin-dir DIR              CNI bin dir (default /opt/cni/bin)           RDMANET_CNI_BIN_DIR
+  --socket PATH              the daemon's socket, baked into the shims
+                             (default /run/rdmanet/daemon.sock)          RDMANET_DAEMON_SOCKET
+  --link-dir DIR             host mode: where the rdmanet link goes (default /usr/local/bin)
+  --conf-dir DIR             DaemonSet mode: CNI conf dir (default /etc/cni/net.d)
+                                                                          RDMANET_CNI_CONF_DIR
+  --host-python PATH         DaemonSet mode: the node's python3 (>= 3.6), the shims' interpreter,
+                             a path on the node (default /usr/bin/python3) RDMANET_HOST_PYTHON
+  --host-root DIR            DaemonSet mode: the node's root as the container sees it
+                             (default /proc/1/root, the pod has hostPID; / runs without chroot)
+                                                                          RDMANET_HOST_ROOT
+  --serviceaccount-dir DIR   DaemonSet mode: token, ca.crt, namespace
+                             (default /var/run/secrets/kubernetes.io/serviceaccount)
+                                                                          RDMANET_SERVICEACCOUNT_DIR
+  -h, --help                 this text
+Environment read in DaemonSet mode besides the above:
+  KUBERNETES_SERVICE_HOST, KUBERNETES_SERVICE_PORT (default 443)  the API server (the kubelet
+                             sets them); an IPv6 address is written in brackets
+  RDMANET_KUBECONFIG_REFRESH_SECONDS   how often the token and CA are compared (default 60)
+Exit status: 0 done (DaemonSet mode: the daemon's own), 1 failed, 2 bad usage.
 USAGE
 }
 
-PREFIX=/opt/cni/rdmanet
-BIN_DIR=/opt/cni/bin
+usage_error() {
+    echo "install.sh: $*" >&2
+    echo "Try 'install.sh --help'." >&2
+    exit 2
+}
+
+die() {
+    echo "install.sh: $*" >&2
+    exit 1
+}
+
+say() {
+    echo "install.sh: $*"
+}
+
+# ------------------------------------------------------------------------------------ arguments
+
+MODE=${RDMANET_INSTALL_MODE:-host}
+BIN_DIR=${RDMANET_CNI_BIN_DIR:-/opt/cni/bin}
+SOCKET=${RDMANET_DAEMON_SOCKET:-/run/rdmanet/daemon.sock}
+CONF_DIR=${RDMANET_CNI_CONF_DIR:-/etc/cni/net.d}
+HOST_PYTHON=${RDMANET_HOST_PYTHON:-/usr/bin/python3}
+HOST_ROOT=${RDMANET_HOST_ROOT:-/proc/1/root}
+SA_DIR=${RDMANET_SERVICEACCOUNT_DIR:-/var/run/secrets/kubernetes.io/serviceaccount}
+REFRESH=${RDMANET_KUBECONFIG_REFRESH_SECONDS:-60}
+PREFIX=
+LINK_DIR=/usr/local/bin
 UNINSTALL=0
+HOST_ONLY=     # flags given that only host mode takes
+DS_ONLY=       # flags given that only DaemonSet mode takes
+
 while [ $# -gt 0 ]; do
-    case "$1" in
-        --prefix) PREFIX=$2; shift 2 ;;
-        --bin-dir) BIN_DIR=$2; shift 2 ;;
-        --uninstall) UNINSTALL=1; shift ;;
+    opt=$1
+    val=
+    inline=0
+    case "$opt" in
+        --*=*) val=${opt#*=}; opt=${opt%%=*}; inline=1 ;;
+    esac
+    case "$opt" in
+        --daemonset|--uninstall|-h|--help)
+            [ "$inline" -eq 0 ] || usage_error "$opt takes no value" ;;
+        --prefix|--bin-dir|--socket|--link-dir|--conf-dir|--host-python|--host-root|--serviceaccount-dir)
+            if [ "$inline" -eq 0 ]; then
+                [ $# -ge 2 ] || usage_error "$opt needs a value"
+                val=$2
+                shift
+            fi
+            case "$val" in
+                /*) ;;
+                *) usage_error "$opt '$val': give an absolute path" ;;
+            esac ;;
+    esac
+    case "$opt" in
+        --daemonset) MODE=daemonset ;;
+        --uninstall) UNINSTALL=1 ;;
         -h|--help) usage; exit 0 ;;
-        *) echo "install.sh: unknown argument $1" >&2; usage >&2; exit 2 ;;
+        --prefix) PREFIX=$val ;;
+        --bin-dir) BIN_DIR=$val ;;
+        --socket) SOCKET=$val ;;
+        --link-dir) LINK_DIR=$val; HOST_ONLY="$HOST_ONLY $opt" ;;
+        --conf-dir) CONF_DIR=$val; DS_ONLY="$DS_ONLY $opt" ;;
+        --host-python) HOST_PYTHON=$val; DS_ONLY="$DS_ONLY $opt" ;;
+        --host-root) HOST_ROOT=$val; DS_ONLY="$DS_ONLY $opt" ;;
+        --serviceaccount-dir) SA_DIR=$val; DS_ONLY="$DS_ONLY $opt" ;;
+        *) usage_error "unknown argument '$opt'" ;;
     esac
+    shift
 done
 
-[ "$(id -u)" -eq 0 ] || { echo "install.sh: run as root" >&2; exit 1; }
-SRC=$(cd "$(dirname "$0")" && pwd)
-PLUGINS="macvlan-rdma host-device-rdma lease-ipam"
-MANIFEST="$PREFIX/installed-files"
+case "$MODE" in
+    host) [ -z "$DS_ONLY" ] || usage_error "${DS_ONLY# } only apply to DaemonSet mode (--daemonset)"
+          PREFIX=${PREFIX:-/opt/cni/rdmanet} ;;
+    daemonset) [ -z "$HOST_ONLY" ] || usage_error "${HOST_ONLY# } only apply to host mode"
+          PREFIX=${PREFIX:-/opt/rdmanet} ;;
+    *) usage_error "RDMANET_INSTALL_MODE='$MODE': use host or daemonset" ;;
+esac
+for pair in "--bin-dir/RDMANET_CNI_BIN_DIR:$BIN_DIR" "--socket/RDMANET_DAEMON_SOCKET:$SOCKET" \
+            "--conf-dir/RDMANET_CNI_CONF_DIR:$CONF_DIR" "--host-python/RDMANET_HOST_PYTHON:$HOST_PYTHON" \
+            "--host-root/RDMANET_HOST_ROOT:$HOST_ROOT" "--serviceaccount-dir/RDMANET_SERVICEACCOUNT_DIR:$SA_DIR"; do
+    case "${pair#*:}" in
+        /*) ;;
+        *) usage_error "${pair%%:*} '${pair#*:}': give an absolute path" ;;
+    esac
+done
+if ! [[ $REFRESH =~ ^[0-9]+([.][0-9]+)?$ && $REFRESH =~ [1-9] ]]; then
+    usage_error "RDMANET_KUBECONFIG_REFRESH_SECONDS='$REFRESH': give a positive number of seconds"
+fi
 
-if [ "$UNINSTALL" -eq 1 ]; then
-    if [ -f "$MANIFEST" ]; then
-        while read -r f; do rm -f "$f"; done < "$MANIFEST"
+[ "$(id -u)" -eq 0 ] || die "run as root"
+
+# ------------------------------------------------------------------------------------ helpers
+
+is_rdmanet_shim() {  # is_rdmanet_shim PATH: a regular file rendered by shim/launcher.py
+    [ -f "$1" ] && [ ! -L "$1" ] && [ "$(sed -n 2p "$1" 2>/dev/null | cut -c1-${#SHIM_MARK})" = "$SHIM_MARK" ]
+}
+
+remove_shim() {  # remove_shim PATH: the shim (only while it is ours) and temporaries a crash left
+    local f=$1
+    rm -f "$(dirname "$f")/.$(basename "$f")".*.tmp
+    if is_rdmanet_shim "$f"; then
+        rm -f "$f"
+        say "removed $f"
+    elif [ -e "$f" ] || [ -L "$f" ]; then
+        say "left $f: not an rdmanet shim"
     fi
-    rm -rf "$PREFIX"
+}
+
+# ------------------------------------------------------------------------------------ host mode
+
+host_uninstall() {
+    local manifest f
+    for manifest in "$PREFIX/installed-files" "$PREFIX/installed-files.new"; do  # .new: a run that failed
+        [ -f "$manifest" ] || continue
+        while IFS= read -r f; do
+            [ -n "$f" ] || continue
+            if [ -L "$f" ]; then  # the rdmanet link, only while it points into this venv
+                if [ "$(readlink "$f")" = "$PREFIX/bin/rdmanet" ]; then
+                    rm -f "$f"
+                    say "removed $f"
+                else
+                    say "left $f: it points elsewhere now"
+                fi
+            else
+                remove_shim "$f"
+            fi
+        done < "$manifest"
+    done
+    if [ -f "$PREFIX/pyvenv.cfg" ]; then  # only ever a venv: never a directory we did not make
+        rm -rf "$PREFIX"
+        say "removed $PREFIX"
+    elif [ -e "$PREFIX" ]; then
+        say "left $PREFIX: not a venv"
+    fi
     echo "rdmanet uninstalled"
-    exit 0
-fi
+}
 
-missing=""
-for p in python3 python3-venv iproute2; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
-done
-if [ -n "$missing" ]; then
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
-fi
+host_install() {
+    local src manifest exe answer missing="" p f
+    src=$(cd "$(dirname "$0")" && pwd)
+    manifest=$PREFIX/installed-files
+    [ "$PREFIX" != / ] || die "--prefix /: give a directory of its own"
+    if [ -d "$PREFIX" ] && [ ! -f "$PREFIX/pyvenv.cfg" ] && [ -n "$(ls -A "$PREFIX")" ]; then
+        die "--prefix $PREFIX exists and is not a venv: not installing into it"
+    fi
 
-[ -x "$PREFIX/bin/python" ] || /usr/bin/python3 -m venv "$PREFIX"
-"$PREFIX/bin/pip" install -q --disable-pip-version-check --upgrade "$SRC"
+    for p in python3 python3-venv iproute2; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+    done
+    if [ -n "$missing" ]; then
+        apt-get update -qq
+        # shellcheck disable=SC2086  # one word per package
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
+    fi
 
-mkdir -p "$BIN_DIR"
-: > "$MANIFEST.new"
-for exe in $PLUGINS; do
-    # a stdlib-only shim (shim/launcher.py): forwards to `rdmanet daemon` when it runs, else runs
-    # the plugin in-process from this venv; written by write + rename, so a runtime never execs
-    # a half-written plugin
-    "$PREFIX/bin/python" -m shim "$BIN_DIR" "$exe" >/dev/null
-    echo "$BIN_DIR/$exe" >> "$MANIFEST.new"
-    answer=$(env -i CNI_COMMAND=VERSION "$BIN_DIR/$exe" </dev/null)
-    case "$answer" in
-        *supportedVersions*) echo "installed $BIN_DIR/$exe: $answer" ;;
-        *) echo "install.sh: $BIN_DIR/$exe does not answer VERSION: $answer" >&2; exit 1 ;;
+    [ -x "$PREFIX/bin/python" ] || /usr/bin/python3 -m venv "$PREFIX"
+    "$PREFIX/bin/pip" install -q --disable-pip-version-check --upgrade "$src"
+
+    mkdir -p "$BIN_DIR" "$LINK_DIR"
+    : > "$manifest.new"
+    if [ -f "$manifest" ]; then  # keep what an earlier run wrote elsewhere (another --bin-dir)
+        while IFS= read -r f; do
+            if [ -L "$f" ] && [ "$(readlink "$f")" = "$PREFIX/bin/rdmanet" ]; then
+                echo "$f" >> "$manifest.new"
+            elif is_rdmanet_shim "$f"; then
+                echo "$f" >> "$manifest.new"
+            fi
+        done < "$manifest"
+    fi
+    for exe in $PLUGINS; do
+        # a stdlib-only shim (shim/launcher.py): forwards to `rdmanet daemon` when it runs, else runs
+        # the plugin in-process from this venv; written by write + rename
+        "$PREFIX/bin/python" -I -m shim "$BIN_DIR" "$exe" --socket "$SOCKET" >/dev/null
+        echo "$BIN_DIR/$exe" >> "$manifest.new"
+        answer=$(env -i CNI_COMMAND=VERSION "$BIN_DIR/$exe" </dev/null) || true
+        case "$answer" in
+            *supportedVersions*) say "installed $BIN_DIR/$exe: $answer" ;;
+            *) die "$BIN_DIR/$exe does not answer VERSION: $answer" ;;
+        esac
+    done
+    ln -sfn "$PREFIX/bin/rdmanet" "$LINK_DIR/rdmanet"
+    echo "$LINK_DIR/rdmanet" >> "$manifest.new"
+    awk '!seen[$0]++' "$manifest.new" > "$manifest.tmp"
+    rm -f "$manifest.new"
+    mv -f "$manifest.tmp" "$manifest"
+    echo "rdmanet installed in $PREFIX; try: rdmanet demo"
+}
+
+# ------------------------------------------------------------------------------------ DaemonSet mode
+
+KUBE_DIR=$CONF_DIR/rdmanet.d
+KUBECONFIG_NAME=rdmanet.kubeconfig
+
+host_run() {  # host_run [NAME=VALUE ...] -- COMMAND [ARG ...]: as the node runs it (its root, only that env)
+    local assigns=()
+    while [ "$1" != -- ]; do
+        assigns+=("$1")
+        shift
+    done
+    shift
+    if [ "$HOST_ROOT" = / ]; then
+        env -i "${assigns[@]}" "$@"
+    else
+        env -i "${assigns[@]}" "$CHROOT" "$HOST_ROOT" "$@"
+    fi
+}
+
+kubeconfig_py() {  # the kubeconfig writer, run by the image's python (stdlib only)
+    cat <<'PY'
+import hashlib, json, os, signal, sys, tempfile, time
+
+mode, sa_dir, kdir, name, host, port, interval, parent = sys.argv[1:]
+interval = float(interval)
+path = os.path.join(kdir, name)
+ca_path = os.path.join(kdir, "ca.crt")
+
+
+def log(event, level="info", **fields):
+    doc = {"ts": round(time.time(), 3), "level": level, "event": event, "component": "install.sh"}
+    doc.update(fields)
+    sys.stderr.write(json.dumps(doc) + "\n")
+    sys.stderr.flush()
+
+
+def read(p):
+    with open(p, "rb") as fh:
+        return fh.read()
+
+
+def server():
+    h = host if ":" not in host or host.startswith("[") else "[%s]" % host  # IPv6 in brackets
+    return "https://%s:%s" % (h, port or "443")
+
+
+def render():
+    """(ca bytes, kubeconfig bytes, namespace). Nothing secret ever goes into an exception or a log."""
+    token = read(os.path.join(sa_dir, "token")).decode("utf-8", "replace").strip()
+    if not token or any(c.isspace() or not c.isprintable() for c in token):
+        raise ValueError("%s/token is empty or not a bearer token" % sa_dir)
+    ca = read(os.path.join(sa_dir, "ca.crt"))
+    try:
+        ns = read(os.path.join(sa_dir, "namespace")).decode("utf-8", "replace").strip()
+    except FileNotFoundError:
+        ns = ""
+    q = json.dumps  # a JSON string is a YAML double-quoted scalar
+    lines = [
+        "# Written by rdmanet install.sh --daemonset from the pod's service account; rewritten when",
+        "# the token or the CA changes. Do not edit. ca.crt sha256: " + hashlib.sha256(ca).hexdigest(),
+        "apiVersion: v1",
+        "kind: Config",
+        "clusters:",
+        "- name: rdmanet",
+        "  cluster:",
+        "    server: " + q(server()),
+        "    certificate-authority: " + q(ca_path),
+        "users:",
+        "- name: rdmanet",
+        "  user:",
+        "    token: " + q(token),
+        "contexts:",
+        "- name: rdmanet",
+        "  context:",
+        "    cluster: rdmanet",
+        "    user: rdmanet",
+    ]
+    if ns:
+        lines.append("    namespace: " + q(ns))
+    lines += ["current-context: rdmanet", ""]
+    return ca, "\n".join(lines).encode("utf-8"), ns
+
+
+def write_atomic(target, data):
+    """mode 0600, by write + rename (a reader sees the old file or the new one, never half)."""
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(target) + ".", suffix=".tmp", dir=kdir)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    dfd = os.open(kdir, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def sync():
+    """Rewrite what differs from the service account; the names of the files rewritten."""
+    ca, config, ns = render()
+    os.makedirs(kdir, mode=0o700, exist_ok=True)
+    os.chmod(kdir, 0o700)
+    changed = []
+    for target, data in ((ca_path, ca), (path, config)):  # the CA first: the kubeconfig names it
+        try:
+            same = read(target) == data
+        except OSError:
+            same = False
+        if not same:
+            write_atomic(target, data)
+            changed.append(os.path.basename(target))
+        elif os.stat(target).st_mode & 0o777 != 0o600:
+            os.chmod(target, 0o600)
+    return changed, ns
+
+
+def parent_gone():
+    return os.getppid() != int(parent)
+
+
+if mode == "once":
+    for f in ("token", "ca.crt"):
+        if not os.path.isfile(os.path.join(sa_dir, f)):
+            log("kubeconfig_skipped", reason="no service account mounted (%s/%s missing)" % (sa_dir, f),
+                hint="lease-ipam's Kubernetes store then needs a kubeconfig of its own")
+            sys.exit(3)
+    if not host:
+        log("kubeconfig_skipped", reason="KUBERNETES_SERVICE_HOST is not set")
+        sys.exit(3)
+    if os.path.isdir(kdir):  # temporaries a killed writer left
+        for f in os.listdir(kdir):
+            if f.startswith((".%s." % name, ".ca.crt.")) and f.endswith(".tmp"):
+                os.unlink(os.path.join(kdir, f))
+    try:
+        changed, ns = sync()
+    except (OSError, ValueError) as exc:
+        log("kubeconfig_failed", "error", path=path, error=str(exc))
+        sys.exit(1)
+    log("kubeconfig_written" if changed else "kubeconfig_unchanged", path=path, server=server(),
+        namespace=ns or None, rewritten=changed)
+    sys.exit(0)
+
+# mode == "loop": until the parent (the daemon, after install.sh's exec) is gone
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+try:  # the kernel's SIGTERM the moment the parent exits
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+except Exception:
+    pass  # polled below, once a second
+if parent_gone():
+    sys.exit(0)
+log("kubeconfig_refresh_started", path=path, interval_seconds=interval, pid=os.getpid())
+due = time.monotonic() + interval
+while True:
+    time.sleep(min(1.0, interval))
+    if parent_gone():
+        sys.exit(0)
+    if time.monotonic() < due:
+        continue
+    due = time.monotonic() + interval
+    try:
+        changed, _ = sync()
+    except Exception as exc:  # keep going: the next round may succeed (and the old file still works)
+        log("kubeconfig_refresh_failed", "error", path=path, error="%s: %s" % (type(exc).__name__, exc))
+        continue
+    if changed:
+        log("kubeconfig_rewritten", path=path, rewritten=changed)
+PY
+}
+
+kubeconfig() {  # kubeconfig once|loop (loop: in the background, a direct child of this process)
+    local args=("$SA_DIR" "$KUBE_DIR" "$KUBECONFIG_NAME" "${KUBERNETES_SERVICE_HOST:-}" \
+                "${KUBERNETES_SERVICE_PORT:-}" "$REFRESH" "$$")
+    if [ "$1" = loop ]; then
+        # a simple command in the background: one fork, then python, whose parent is this process
+        "$PREFIX/bin/python" -I -S - loop "${args[@]}" <<<"$(kubeconfig_py)" &
+    else
+        "$PREFIX/bin/python" -I -S - "$1" "${args[@]}" <<<"$(kubeconfig_py)"
+    fi
+}
+
+daemonset_uninstall() {
+    local exe f
+    for exe in $PLUGINS; do
+        remove_shim "$BIN_DIR/$exe"
+    done
+    if [ -d "$KUBE_DIR" ]; then
+        for f in "$KUBE_DIR/$KUBECONFIG_NAME" "$KUBE_DIR/ca.crt" "$KUBE_DIR/.$KUBECONFIG_NAME".*.tmp "$KUBE_DIR"/.ca.crt.*.tmp; do
+            if [ -f "$f" ]; then
+                rm -f "$f"
+                say "removed $f"
+            fi
+        done
+        if rmdir "$KUBE_DIR" 2>/dev/null; then
+            say "removed $KUBE_DIR"
+        else
+            say "left $KUBE_DIR: it holds files rdmanet did not write"
+        fi
+    fi
+    echo "rdmanet shims and kubeconfig removed"
+}
+
+daemonset_install() {
+    local exe answer version rc
+    if [ ! -x "$PREFIX/bin/python" ] || [ ! -x "$PREFIX/bin/rdmanet" ]; then
+        die "no rdmanet in --prefix $PREFIX ($PREFIX/bin/rdmanet is missing): give the image's venv"
+    fi
+    [ -d "$HOST_ROOT" ] || die "--host-root $HOST_ROOT (RDMANET_HOST_ROOT) is not a directory: the node's root, /proc/1/root with hostPID"
+    if [ "$HOST_ROOT" != / ]; then
+        CHROOT=$(command -v chroot) || die "chroot is not in the image; it is needed for --host-root $HOST_ROOT"
+    fi
+
+    # 1. the node's interpreter
+    version=$(host_run -- "$HOST_PYTHON" -I -S -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>&1 </dev/null) \
+        || die "--host-python $HOST_PYTHON (RDMANET_HOST_PYTHON) does not run under --host-root $HOST_ROOT: $version." \
+               "The shims run on the node under it: install python3 (>= 3.6) on the node or point --host-python at the node's python3."
+    case "$version" in
+        3.[6-9]|3.[1-9][0-9]) ;;
+        *) die "--host-python $HOST_PYTHON (RDMANET_HOST_PYTHON) under --host-root $HOST_ROOT is Python $version; the shims need Python >= 3.6 on the node" ;;
     esac
-done
-ln -sfn "$PREFIX/bin/rdmanet" /usr/local/bin/rdmanet
-echo /usr/local/bin/rdmanet >> "$MANIFEST.new"
-mv -f "$MANIFEST.new" "$MANIFEST"
-echo "rdmanet installed in $PREFIX; try: rdmanet demo"
+    say "the node's $HOST_PYTHON is Python $version"
+
+    # 2. the shims, by write + rename, each asked VERSION the way the node runs it
+    mkdir -p "$BIN_DIR"
+    "$PREFIX/bin/python" -I -m shim "$BIN_DIR" --daemon-only --python "$HOST_PYTHON" --socket "$SOCKET" >/dev/null
+    for exe in $PLUGINS; do
+        answer=$(host_run CNI_COMMAND=VERSION -- "$BIN_DIR/$exe" </dev/null) || true
+        case "$answer" in
+            *supportedVersions*) say "installed $BIN_DIR/$exe (daemon only, $HOST_PYTHON): $answer" ;;
+            *) die "$BIN_DIR/$exe does not answer VERSION on the node (under --host-root $HOST_ROOT): '$answer';" \
+                   "is --bin-dir mounted at the same path as on the node?" ;;
+        esac
+    done
+
+    # 3. the kubeconfig, and the loop that keeps it fresh (it exits when its parent does: after
+    #    the exec below that is the daemon; the kernel signals it (PR_SET_PDEATHSIG), and it also
+    #    checks its parent every second)
+    rc=0
+    kubeconfig once || rc=$?
+    case "$rc" in
+        0) kubeconfig loop ;;
+        3) ;;  # skipped, logged
+        *) die "cannot write the kubeconfig in $KUBE_DIR" ;;
+    esac
+
+    # 4. the daemon, in the foreground, as this very process
+    say "starting rdmanet daemon on $SOCKET"
+    exec "$PREFIX/bin/rdmanet" daemon --socket "$SOCKET"
+}
+
+# ------------------------------------------------------------------------------------ main
+
+if [ "$MODE" = daemonset ]; then
+    if [ "$UNINSTALL" -eq 1 ]; then daemonset_uninstall; else daemonset_install; fi
+else
+    if [ "$UNINSTALL" -eq 1 ]; then host_uninstall; else host_install; fi
+fi

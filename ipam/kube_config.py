@@ -22,6 +22,7 @@ Without ``kubeconfig`` the in-cluster service-account config is used (KUBERNETES
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import re
@@ -100,29 +101,40 @@ class Connection:
     host: Optional[str] = None  # k8s_api_root: used instead of the kubeconfig's server
 
 
-_cache: dict[tuple, Connection] = {}
+_cache: dict[tuple, tuple[Optional[str], Connection]] = {}  # settings -> (kubeconfig digest, connection)
 _cache_lock = threading.Lock()
 
 
-def _file_key(path: Optional[str]) -> tuple:
+def _file_key(path: Optional[str]) -> Optional[str]:
+    """The kubeconfig's content digest (None: no kubeconfig, or unreadable).
+
+    Content, not stat data: a token rotated to one of the same length and rewritten within one
+    mtime tick has the same mtime and size, and an inode can be reused after a rename. A
+    kubeconfig is a few KiB, so hashing it per call costs microseconds."""
+    if not path:
+        return None
     try:
-        st = os.stat(path) if path else None
+        with open(path, "rb") as fh:
+            return hashlib.sha256(fh.read()).hexdigest()
     except OSError:
-        return (path, None)
-    return (path, st.st_mtime_ns, st.st_size) if st else (None,)
+        return None
 
 
 def connect(settings: KubeSettings) -> Connection:
     """An ApiClient for the settings, cached per process (a daemon reuses its connection pool).
 
-    The cache key includes the kubeconfig's mtime and size, so a rotated kubeconfig is re-read.
+    The connection is made anew when the kubeconfig's content changes (a rotated token or CA:
+    install.sh's DaemonSet mode rewrites it by rename), and the old one is dropped from the cache.
     urllib3's own retries are off: the store retries with its own budget and backoff.
     """
-    key = (_file_key(settings.kubeconfig), settings.api_root, settings.namespace)
+    key = (settings.kubeconfig, settings.api_root, settings.namespace)
+    digest = _file_key(settings.kubeconfig)
     with _cache_lock:
-        conn = _cache.get(key)
-        if conn is None:
-            conn = _cache[key] = _connect(settings)
+        cached = _cache.get(key)
+        if cached is not None and cached[0] == digest:
+            return cached[1]
+        conn = _connect(settings)
+        _cache[key] = (digest, conn)
         return conn
 
 

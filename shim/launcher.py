@@ -1,8 +1,11 @@
 """The launcher that is the file ``macvlan-rdma`` / ``host-device-rdma`` / ``lease-ipam`` in a CNI
-bin dir. STANDARD LIBRARY ONLY: a pod start must not pay for pydantic/pyroute2 imports.
+bin dir. STANDARD LIBRARY ONLY: a pod start must not pay for pydantic/pyroute2 imports. It also
+runs on a node's own ``python3`` (DaemonSet mode, below), so it keeps to Python 3.6 syntax and
+library (a test parses it with ``feature_version=(3, 6)``).
 
 :func:`render_shim` writes this module's own source into the shim, with the plugin name, the
-venv's site-packages and the daemon socket baked in, under ``#!<python> -IS``.
+venv's site-packages (or None: daemon only) and the daemon socket baked in, under
+``#!<python> -IS``.
 
 Protocol (one request per connection, both sides one JSON line ending in ``\\n``):
 
@@ -12,11 +15,29 @@ Protocol (one request per connection, both sides one JSON line ending in ``\\n``
            or {"exec": true}      the daemon declines: run the call in-process
     health    {"health": true}  ->  {"ok": true, "pid": ..., "uptime": ..., "requests": ...}
 
-When nothing answers on the socket (absent, ECONNREFUSED, EACCES, ...) the call runs
-in-process from ``site_dir``: same stdout, same exit code. When the daemon goes away after taking
-the request (EOF or reset before the answer), DEL/CHECK/GC/STATUS/VERSION run in-process
-(idempotent), while ADD answers CNI error 11 (try again later) instead of re-running an ADD
-that may be half done.
+A connect that finds the daemon's accept queue full (EAGAIN: a burst of calls, many pods starting
+at once) is retried for up to ``BUSY_SECONDS``: a busy daemon is not an absent one.
+
+Two kinds of shim:
+
+**With a fallback** (``site_dir`` set; host mode of install.sh, the tests): when nothing answers
+on the socket (absent, ECONNREFUSED, EACCES, ...) the call runs in-process from ``site_dir``:
+same stdout, same exit code. When the daemon goes away after taking the request (EOF or reset
+before the answer), DEL/CHECK/GC/STATUS/VERSION run in-process (idempotent), while ADD answers
+CNI error 11 (try again later) instead of re-running an ADD that may be half done.
+
+**Daemon only** (``site_dir`` None; DaemonSet mode of install.sh, ``python -m shim
+--daemon-only``). The shim runs on the node, under the node's interpreter (install.sh
+``--host-python``, Python >= 3.6), but the plugin code and its dependencies live in the
+DaemonSet's image, not on the node: there is nothing to run in-process. So every call goes to the
+daemon, and when the daemon does not answer (not running, restarting, gone during the call) the
+shim prints CNI error 11 (try again later) naming the socket and asking whether the rdmanet
+DaemonSet pod runs on this node, and exits 1: the runtime retries ADD and DEL later, nothing was
+half done, and nothing is reported as released that was not (a DEL that "succeeded" without the
+daemon would leak its address). Two verbs answer differently without the daemon: VERSION, which
+the shim then answers itself, byte for byte as the plugins do (a test compares), so a runtime or
+install.sh can probe a shim before the daemon is up; and STATUS, which answers CNI error 50
+(plugin not available), the code the spec gives STATUS for "ADD cannot succeed now".
 """
 
 import binascii
@@ -24,6 +45,7 @@ import json
 import os
 import socket
 import sys
+import time
 
 DEFAULT_SOCKET = "/run/rdmanet/daemon.sock"
 SOCKET_ENV = "RDMANET_DAEMON_SOCKET"
@@ -39,6 +61,8 @@ PLUGINS = {
 SUPPORTED_VERSIONS = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
 LATEST = "1.1.0"
 TRY_AGAIN_LATER = 11
+NOT_AVAILABLE = 50  # STATUS: ADD cannot succeed now
+BUSY_SECONDS = 10.0  # how long a connect waits while the daemon's accept queue is full
 
 
 class NoDaemon(Exception):
@@ -75,13 +99,32 @@ def read_line(sock, limit=MAX_LINE):
             raise ValueError("line too long")
 
 
+def _connect(sock, socket_path, busy_seconds=BUSY_SECONDS):
+    """connect(), waiting while the daemon's accept queue is full.
+
+    A connect to a unix socket whose listen backlog is full fails at once with EAGAIN (the socket
+    has a timeout, so it is non-blocking): the daemon is busy with a burst of calls (many pods
+    starting at once), not gone. Retry for up to ``busy_seconds`` before calling it absent."""
+    deadline = time.monotonic() + busy_seconds
+    delay = 0.002
+    while True:
+        try:
+            sock.connect(socket_path)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+
 def exchange(socket_path, request, timeout=None):
     """Send one request document, return the answer document (NoDaemon / DaemonLost)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(5.0)
         try:
-            sock.connect(socket_path)
+            _connect(sock, socket_path)
         except OSError as exc:  # ENOENT, ECONNREFUSED, EACCES, ENOTDIR, timeout: nobody home
             raise NoDaemon(str(exc)) from None
         sock.settimeout(timeout)
@@ -108,13 +151,30 @@ def _error_version(stdin):
     return version if version in SUPPORTED_VERSIONS else LATEST
 
 
+def cni_error(stdin, code, msg, details):
+    """A CNI error document (one line), in the config's version when it is readable."""
+    return json.dumps({"cniVersion": _error_version(stdin), "code": code, "msg": msg, "details": details}) + "\n"
+
+
 def try_again_later(stdin, why):
-    return json.dumps({
-        "cniVersion": _error_version(stdin),
-        "code": TRY_AGAIN_LATER,
-        "msg": "the rdmanet daemon went away during ADD; try again later",
-        "details": why,
-    }) + "\n"
+    return cni_error(stdin, TRY_AGAIN_LATER, "the rdmanet daemon went away during ADD; try again later", why)
+
+
+def version_answer():
+    """What the plugins print for VERSION (skel.render(version.version_info())), byte for byte."""
+    return json.dumps({"cniVersion": LATEST, "supportedVersions": list(SUPPORTED_VERSIONS)}) + "\n"
+
+
+def no_daemon(command, stdin, socket_path, why):
+    """(exit code, stdout) of a daemon-only shim whose daemon does not answer."""
+    if command == "VERSION":
+        return 0, version_answer()
+    msg = ("the rdmanet daemon does not answer on %s: is the rdmanet DaemonSet pod running on this node?"
+           % (socket_path,))
+    details = ("%s; this shim has no in-process fallback (the plugin code is in the DaemonSet's image), "
+               "nothing was done: try again later" % (why,))
+    code = NOT_AVAILABLE if command == "STATUS" else TRY_AGAIN_LATER
+    return 1, cni_error(stdin, code, msg, details)
 
 
 def in_process(plugin, site_dir, stdin):
@@ -130,7 +190,13 @@ def in_process(plugin, site_dir, stdin):
     return skel.main(instance, os.environ, io.BytesIO(stdin))
 
 
+def _print(text):
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
 def run(plugin, site_dir, socket_path=DEFAULT_SOCKET):
+    """One CNI call. ``site_dir`` None (or empty): daemon only, no in-process fallback."""
     environ = os.environ
     command = environ.get("CNI_COMMAND", "")
     stdin = b"" if command == "VERSION" else sys.stdin.buffer.read()  # VERSION: stdin may be a tty
@@ -138,15 +204,27 @@ def run(plugin, site_dir, socket_path=DEFAULT_SOCKET):
     request = {"v": PROTOCOL, "plugin": plugin, "env": dict(environ), "stdin_b64": b64(stdin)}
     try:
         answer = exchange(path, request)
-    except NoDaemon:
+    except NoDaemon as exc:
+        if not site_dir:
+            code, out = no_daemon(command, stdin, path, "cannot connect: %s" % (exc,))
+            _print(out)
+            return code
         return in_process(plugin, site_dir, stdin)
     except DaemonLost as exc:
         if command == "ADD":
-            sys.stdout.write(try_again_later(stdin, str(exc)))
-            sys.stdout.flush()
+            _print(try_again_later(stdin, str(exc)))
             return 1
+        if not site_dir:
+            code, out = no_daemon(command, stdin, path, "it went away during the call: %s" % (exc,))
+            _print(out)
+            return code
         return in_process(plugin, site_dir, stdin)
     if answer.get("exec"):
+        if not site_dir:
+            code, out = no_daemon(command, stdin, path, "it declined the call (%s)" % (
+                answer.get("why") or "it asked for an in-process run",))
+            _print(out)
+            return code
         return in_process(plugin, site_dir, stdin)
     err = unb64(answer.get("stderr_b64", ""))
     if err:
@@ -160,21 +238,48 @@ def run(plugin, site_dir, socket_path=DEFAULT_SOCKET):
 
 
 def render_shim(plugin_name, python, site_dir, socket_path=DEFAULT_SOCKET):
-    """The text of the bin-dir file for ``plugin_name``: this module plus a call to :func:`run`."""
+    """The text of the bin-dir file for ``plugin_name``: this module plus a call to :func:`run`.
+
+    ``site_dir`` None or empty: a daemon-only shim (no in-process fallback)."""
     if plugin_name not in PLUGINS:
         raise ValueError("unknown plugin %r" % (plugin_name,))
     if not os.path.isabs(python):
         raise ValueError("the interpreter path must be absolute: %r" % (python,))
+    if any(c.isspace() for c in python):
+        raise ValueError("the interpreter path must not contain white space: %r" % (python,))
+    site_dir = site_dir or None
     with open(__file__.replace(".pyc", ".py"), encoding="utf-8") as fh:
         source = fh.read()
-    return "#!%s -IS\n# rdmanet CNI shim for %s (generated by shim.launcher.render_shim; do not edit)\n%s\n\nif __name__ == \"__main__\":\n    sys.exit(run(%r, %r, %r))\n" % (
-        python, plugin_name, source, plugin_name, site_dir, socket_path)
+    kind = "daemon only" if site_dir is None else "falls back to %r" % (site_dir,)
+    return "#!%s -IS\n# rdmanet CNI shim for %s (%s; generated by shim.launcher.render_shim; do not edit)\n%s\n\nif __name__ == \"__main__\":\n    sys.exit(run(%r, %r, %r))\n" % (
+        python, plugin_name, kind, source, plugin_name, site_dir, socket_path)
 
 
 def write_shim(path, plugin_name, python, site_dir, socket_path=DEFAULT_SOCKET):
-    """Write the shim at ``path`` (0755) by write + rename: a runtime never execs half a file."""
-    tmp = os.path.join(os.path.dirname(path) or ".", ".%s.tmp" % os.path.basename(path))
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(render_shim(plugin_name, python, site_dir, socket_path))
-    os.chmod(tmp, 0o755)
-    os.replace(tmp, path)
+    """Write the shim at ``path`` (0755) by write + rename: a runtime never execs half a file.
+
+    The temporary file is ``.<name>.<random>.tmp`` in the same directory: a leading dot (a runtime
+    listing the dir skips it) and unique (two installers at once never write into one file)."""
+    import tempfile
+
+    text = render_shim(plugin_name, python, site_dir, socket_path)
+    directory = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    dfd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)

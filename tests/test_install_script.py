@@ -1,0 +1,535 @@
+"""install.sh: usage, and DaemonSet mode end to end (shims, kubeconfig and its refresh, the daemon).
+
+DaemonSet mode runs here with ``--host-root /``, this venv as ``--prefix`` (the image's venv in a
+real pod) and everything else under a temporary directory: the machine's /opt/cni/bin, /etc/cni
+and /run/rdmanet are never touched. Every process a test starts is killed in a finalizer, also
+when the test fails. Host mode (a pip install into a new venv, about 30 s) runs only with
+RDMANET_TEST_HOST_INSTALL=1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pathlib
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Optional
+
+import pytest
+
+from shim import launcher
+from shim.testing import health
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kube_api_server import KubeAPIServer  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+INSTALL = ROOT / "install.sh"
+PREFIX = pathlib.Path(sys.prefix)  # this venv: rdmanet is installed in it, as in the image's /opt/rdmanet
+HOST_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+PLUGINS = sorted(launcher.PLUGINS)
+BARE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+NAMESPACE = "rdmanet-system"
+DAEMONSET_PHRASE = "is the rdmanet DaemonSet pod running on this node?"
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="install.sh runs as root")
+
+
+def token() -> str:
+    """A JWT-shaped token; every one has the same length (rotation must not rely on a size change)."""
+    return "eyJhbGciOiJSUzI1NiJ9." + secrets.token_hex(40) + "." + secrets.token_hex(20)
+
+
+def pids_with_parent(ppid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = pathlib.Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == ppid:
+            found.append(int(entry))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_for(predicate, timeout: float, what: str, log=lambda: ""):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}\n{log()}")
+        time.sleep(0.05)
+
+
+class Node:
+    """A fake node for one test: a bin dir, a conf dir, a service account, a socket, the installer."""
+
+    def __init__(self, base: pathlib.Path, short: pathlib.Path) -> None:
+        self.base = base
+        self.bin = base / "bin"
+        self.conf = base / "conf"
+        self.sa = base / "serviceaccount"
+        self.socket = short / "run" / "daemon.sock"  # short: a unix socket path has at most 107 bytes
+        self.kdir = self.conf / "rdmanet.d"
+        self.kubeconfig = self.kdir / "rdmanet.kubeconfig"
+        self.sa.mkdir()
+        self.token = token()
+        (self.sa / "token").write_text(self.token)
+        (self.sa / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\nZmFrZSBDQQ==\n-----END CERTIFICATE-----\n")
+        (self.sa / "namespace").write_text(NAMESPACE)
+        self.env = {"PATH": os.environ.get("PATH", BARE_PATH), "KUBERNETES_SERVICE_HOST": "10.96.0.1",
+                    "KUBERNETES_SERVICE_PORT": "443", "RDMANET_KUBECONFIG_REFRESH_SECONDS": "1"}
+        self.procs: list[subprocess.Popen] = []
+        self.loop_pids: set[int] = set()
+        self.logs: list[pathlib.Path] = []
+
+    def args(self, *extra: str, host_root: str = "/") -> list[str]:
+        return [str(INSTALL), "--daemonset", "--prefix", str(PREFIX), "--bin-dir", str(self.bin),
+                "--conf-dir", str(self.conf), "--socket", str(self.socket), "--host-root", host_root,
+                "--host-python", HOST_PYTHON, "--serviceaccount-dir", str(self.sa), *extra]
+
+    def run(self, *extra: str, env: Optional[dict] = None, **kw) -> subprocess.CompletedProcess:
+        """install.sh to completion (usage errors, --uninstall, failures before the daemon)."""
+        return subprocess.run(self.args(*extra, **kw), env={**self.env, **(env or {})}, capture_output=True,
+                              text=True, timeout=120)
+
+    def start(self, *extra: str, env: Optional[dict] = None, wait: bool = True, **kw) -> subprocess.Popen:
+        """install.sh in the background until its daemon answers; killed in the finalizer."""
+        log = self.base / f"install-{len(self.logs)}.log"
+        self.logs.append(log)
+        with open(log, "wb") as fh:
+            proc = subprocess.Popen(self.args(*extra, **kw), env={**self.env, **(env or {})}, stdout=fh,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs.append(proc)
+        if wait:
+            wait_for(lambda: health(str(self.socket)) or proc.poll() is not None, 60, "the daemon", self.log)
+            assert proc.poll() is None, self.log()
+            assert health(str(self.socket))["pid"] == proc.pid  # install.sh exec'd the daemon
+            self.loop_pids.update(pids_with_parent(proc.pid))
+        return proc
+
+    def log(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in self.logs if p.exists())
+
+    def stop(self, proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        proc.send_signal(sig)
+        return proc.wait(timeout)
+
+    def cleanup(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of its group (a refresh loop)
+        for pid in self.loop_pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def node(tmp_path):
+    short = pathlib.Path(tempfile.mkdtemp(prefix="rdn-inst-"))
+    n = Node(tmp_path, short)
+    try:
+        yield n
+    finally:
+        n.cleanup()
+        shutil.rmtree(short, ignore_errors=True)
+
+
+def shim_call(node: Node, plugin: str, command: str, stdin: bytes = b"", **extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(node.bin / plugin)], input=stdin, env={"PATH": BARE_PATH, "CNI_COMMAND": command, **extra},
+                          capture_output=True, timeout=60)
+
+
+def ipam_env(node: Node, cid: str) -> dict:
+    return {"CNI_CONTAINERID": cid, "CNI_NETNS": "/proc/self/ns/net", "CNI_IFNAME": "net1", "CNI_PATH": str(node.bin)}
+
+
+def local_conf(data_dir: pathlib.Path) -> bytes:
+    return json.dumps({"cniVersion": "1.0.0", "name": "dsnet", "type": "lease-ipam",
+                       "ipam": {"type": "lease-ipam", "dataDir": str(data_dir), "ranges": [[{"subnet": "10.79.0.0/24"}]]}}).encode()
+
+
+def snapshot(*dirs: pathlib.Path) -> dict:
+    """Every file and directory under ``dirs``: mode, inode and content."""
+    out = {}
+    for d in dirs:
+        for path in sorted([d, *d.rglob("*")]) if d.exists() else []:
+            st = path.lstat()
+            out[str(path)] = (st.st_mode, st.st_ino, None if path.is_dir() else path.read_bytes())
+    return out
+
+
+# --------------------------------------------------------------------------- usage
+
+
+def test_help_documents_both_modes_every_flag_and_env():
+    proc = subprocess.run([str(INSTALL), "--help"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0 and proc.stderr == ""
+    text = proc.stdout
+    for word in ("Host mode", "DaemonSet mode", "--daemonset", "--uninstall", "--prefix", "--bin-dir", "--socket",
+                 "--link-dir", "--conf-dir", "--host-python", "--host-root", "--serviceaccount-dir",
+                 "RDMANET_INSTALL_MODE", "RDMANET_CNI_BIN_DIR", "RDMANET_CNI_CONF_DIR", "RDMANET_HOST_PYTHON",
+                 "RDMANET_HOST_ROOT", "RDMANET_DAEMON_SOCKET", "RDMANET_SERVICEACCOUNT_DIR",
+                 "RDMANET_KUBECONFIG_REFRESH_SECONDS", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT",
+                 "/opt/rdmanet", "/opt/cni/rdmanet", "/proc/1/root", "rdmanet.kubeconfig", "0600",
+                 "no in-process fallback", "error 11", DAEMONSET_PHRASE, "write + rename"):
+        assert word in text, word
+
+
+@pytest.mark.parametrize("argv,env", [
+    (["--bogus"], {}),
+    (["--bin-dir"], {}),
+    (["--bin-dir", "relative/bin"], {}),
+    (["--bin-dir=relative"], {}),
+    (["--uninstall=yes"], {}),
+    (["--conf-dir", "/tmp/x"], {}),  # a DaemonSet-mode flag in host mode
+    (["--host-python", "/usr/bin/python3"], {}),
+    (["--daemonset", "--link-dir", "/tmp/x"], {}),  # a host-mode flag in DaemonSet mode
+    (["--daemonset", "--host-root"], {}),
+    ([], {"RDMANET_INSTALL_MODE": "pod"}),
+    ([], {"RDMANET_INSTALL_MODE": "daemonset", "RDMANET_HOST_PYTHON": "python3"}),
+    (["--daemonset"], {"RDMANET_KUBECONFIG_REFRESH_SECONDS": "0"}),
+    (["--daemonset"], {"RDMANET_KUBECONFIG_REFRESH_SECONDS": "soon"}),
+])
+def test_bad_usage_exits_2(tmp_path, argv, env):
+    proc = subprocess.run([str(INSTALL), *argv], env={"PATH": BARE_PATH, **env}, capture_output=True, text=True,
+                          timeout=30, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("install.sh: ") and "--help" in proc.stderr and proc.stdout == ""
+    assert os.listdir(tmp_path) == []
+
+
+# --------------------------------------------------------------------------- DaemonSet mode
+
+
+@needs_root
+def test_daemonset_mode_end_to_end(node):
+    proc = node.start()
+    log = node.log()
+
+    # the shims: 0755, the node's python, daemon only, no temporary left
+    assert sorted(os.listdir(node.bin)) == PLUGINS
+    for plugin in PLUGINS:
+        path = node.bin / plugin
+        assert path.stat().st_mode & 0o7777 == 0o755
+        lines = path.read_text().splitlines()
+        assert lines[0] == f"#!{HOST_PYTHON} -IS"
+        assert lines[1].startswith(f"# rdmanet CNI shim for {plugin} (daemon only;")
+        assert lines[-1] == f"    sys.exit(run({plugin!r}, None, {str(node.socket)!r}))"
+
+    # the kubeconfig: 0600 in a 0700 dir, the CA copied beside it, loadable, with the token
+    assert node.kdir.stat().st_mode & 0o777 == 0o700
+    assert sorted(os.listdir(node.kdir)) == ["ca.crt", "rdmanet.kubeconfig"]
+    for f in ("ca.crt", "rdmanet.kubeconfig"):
+        assert (node.kdir / f).stat().st_mode & 0o777 == 0o600
+    assert (node.kdir / "ca.crt").read_bytes() == (node.sa / "ca.crt").read_bytes()
+    from kubernetes import client, config
+
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=str(node.kubeconfig), client_configuration=cfg, persist_config=False)
+    assert cfg.host == "https://10.96.0.1:443"
+    assert cfg.api_key["BearerToken"] == f"Bearer {node.token}"
+    assert cfg.ssl_ca_cert == str(node.kdir / "ca.crt")
+    _, active = config.list_kube_config_contexts(config_file=str(node.kubeconfig))
+    assert active["context"]["namespace"] == NAMESPACE
+    assert node.token not in log  # never in a log
+
+    # the daemon answers: --check, VERSION and a real call through the shims
+    check = subprocess.run([str(PREFIX / "bin" / "rdmanet"), "daemon", "--check", "--socket", str(node.socket)],
+                           capture_output=True, text=True, timeout=30)
+    assert check.returncode == 0 and json.loads(check.stdout)["pid"] == proc.pid
+    before = health(str(node.socket))["requests"]
+    for plugin in PLUGINS:
+        own = subprocess.run([str(PREFIX / "bin" / plugin)], env={"CNI_COMMAND": "VERSION"}, capture_output=True)
+        got = shim_call(node, plugin, "VERSION")
+        assert (got.returncode, got.stdout) == (0, own.stdout)
+    conf = local_conf(node.base / "ipam-data")
+    add = shim_call(node, "lease-ipam", "ADD", conf, **ipam_env(node, "c1"))
+    assert add.returncode == 0, add.stdout + add.stderr
+    assert json.loads(add.stdout)["ips"][0]["address"] == "10.79.0.2/24"
+    assert (node.base / "ipam-data" / "dsnet").is_dir()
+    assert health(str(node.socket))["requests"] == before + 4
+
+    # a rotated token (same length) is in the kubeconfig within seconds; the CA file is untouched
+    loops = [p for p in node.loop_pids if alive(p)]
+    assert len(loops) == 1, node.loop_pids
+    ca_inode = (node.kdir / "ca.crt").stat().st_ino
+    rotated = token()
+    assert len(rotated) == len(node.token)
+    (node.sa / "token").write_text(rotated)
+    wait_for(lambda: rotated in node.kubeconfig.read_text(), 10, "the rotated token in the kubeconfig", node.log)
+    assert node.kubeconfig.stat().st_mode & 0o777 == 0o600
+    assert (node.kdir / "ca.crt").stat().st_ino == ca_inode
+    assert sorted(os.listdir(node.kdir)) == ["ca.crt", "rdmanet.kubeconfig"]
+    assert rotated not in node.log()
+
+    # SIGTERM: the daemon stops (exit 0, socket removed), and the refresh loop with it
+    assert node.stop(proc) == 0, node.log()
+    wait_for(lambda: not alive(loops[0]), 10, "the refresh loop to exit")
+    assert not node.socket.exists()
+
+    # the shims stay; without the daemon they say so, and VERSION still answers
+    add = shim_call(node, "lease-ipam", "ADD", conf, **ipam_env(node, "c2"))
+    assert add.returncode == 1
+    err = json.loads(add.stdout)
+    assert err["code"] == 11 and str(node.socket) in err["msg"] and DAEMONSET_PHRASE in err["msg"]
+    version = shim_call(node, "macvlan-rdma", "VERSION")
+    assert version.returncode == 0 and b"supportedVersions" in version.stdout
+
+
+@needs_root
+def test_refresh_loop_does_not_outlive_a_killed_daemon(node):
+    proc = node.start()
+    loops = [p for p in node.loop_pids if alive(p)]
+    assert len(loops) == 1
+    proc.kill()  # SIGKILL: no cleanup of its own
+    proc.wait(10)
+    wait_for(lambda: not alive(loops[0]), 10, "the refresh loop to exit")
+
+
+@needs_root
+def test_running_twice_is_idempotent(node):
+    node.env["KUBERNETES_SERVICE_HOST"] = "fd00:10:96::1"  # IPv6: in brackets
+    first = node.start()
+    assert node.stop(first) == 0
+    after_first = snapshot(node.bin, node.conf)
+    second = node.start()
+    assert node.stop(second) == 0
+    after_second = snapshot(node.bin, node.conf)
+    # the same files, modes and bytes; the unchanged kubeconfig and CA were not even rewritten
+    assert after_second.keys() == after_first.keys()
+    for path, (mode, inode, data) in after_first.items():
+        assert (after_second[path][0], after_second[path][2]) == (mode, data), path
+        if path.startswith(str(node.kdir)):
+            assert after_second[path][1] == inode, path
+    assert '"server": "https://[fd00:10:96::1]:443"' in node.log()
+    assert "server: \"https://[fd00:10:96::1]:443\"" in node.kubeconfig.read_text()
+    assert '"kubeconfig_unchanged"' in node.log()
+
+
+@needs_root
+def test_second_installer_while_one_runs_leaves_the_first_serving(node):
+    first = node.start()
+    second = node.start(wait=False)
+    assert second.wait(60) == 1  # its daemon refuses the live socket
+    assert "another daemon" in node.log()
+    assert health(str(node.socket))["pid"] == first.pid
+    assert sorted(os.listdir(node.bin)) == PLUGINS
+    assert node.stop(first) == 0
+
+
+@needs_root
+def test_uninstall_removes_only_what_it_wrote(node):
+    node.bin.mkdir()
+    (node.bin / "bridge").write_text("#!/bin/sh\n")  # another plugin
+    node.conf.mkdir()
+    (node.conf / "00-multus.conf").write_text("{}")
+    foreign = node.base / "other-bin"
+    foreign.mkdir()
+    (foreign / "lease-ipam").write_text("#!/bin/sh\necho not ours\n")
+    others = snapshot(node.bin, node.conf, foreign)
+    node.stop(node.start())
+    assert set(os.listdir(node.bin)) == {"bridge", *PLUGINS}
+    proc = node.run("--uninstall")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert snapshot(node.bin, node.conf, foreign) == others
+    assert node.run("--uninstall").returncode == 0  # again: nothing left to do
+    # a bin dir whose lease-ipam is not ours: left alone
+    proc = subprocess.run([str(INSTALL), "--daemonset", "--uninstall", "--bin-dir", str(foreign),
+                           "--conf-dir", str(node.conf)], env=node.env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "not an rdmanet shim" in proc.stdout
+    assert (foreign / "lease-ipam").read_text() == "#!/bin/sh\necho not ours\n"
+    # a kubeconfig dir holding someone else's file: ours removed, theirs and the dir left
+    node.stop(node.start())
+    (node.kdir / "notes.txt").write_text("mine")
+    assert node.run("--uninstall").returncode == 0
+    assert os.listdir(node.kdir) == ["notes.txt"]
+
+
+@needs_root
+def test_no_service_account_no_kubeconfig(node):
+    for f in ("token", "ca.crt", "namespace"):
+        (node.sa / f).unlink()
+    proc = node.start()
+    assert not node.kdir.exists()
+    assert '"kubeconfig_skipped"' in node.log() and "no service account" in node.log()
+    assert node.loop_pids == set() or not any(alive(p) for p in node.loop_pids)
+    assert shim_call(node, "lease-ipam", "VERSION").returncode == 0
+    assert node.stop(proc) == 0
+
+
+@needs_root
+def test_host_root_through_chroot(node):
+    """--host-root other than /: the checks run through chroot (/proc/self/root is this root)."""
+    proc = node.start(host_root="/proc/self/root")
+    assert "the node's" in node.log() and sorted(os.listdir(node.bin)) == PLUGINS
+    assert node.stop(proc) == 0
+
+
+@needs_root
+@pytest.mark.parametrize("python,why", [("/nonexistent/python3", "does not run"), ("old", "Python 2.7")])
+def test_bad_host_python_is_refused_naming_the_flag(node, python, why):
+    if python == "old":
+        fake = node.base / "python2"
+        fake.write_text("#!/bin/sh\necho 2.7\n")
+        fake.chmod(0o755)
+        python = str(fake)
+    args = node.args()
+    args[args.index("--host-python") + 1] = python
+    proc = subprocess.run(args, env=node.env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "--host-python" in proc.stderr and why in proc.stderr and ">= 3.6" in proc.stderr, proc.stderr
+    assert not node.bin.exists() and not node.conf.exists()  # refused before writing anything
+
+
+@needs_root
+def test_prefix_without_rdmanet_is_refused(node, tmp_path):
+    args = node.args()
+    args[args.index("--prefix") + 1] = str(tmp_path / "empty")
+    proc = subprocess.run(args, env=node.env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "--prefix" in proc.stderr
+    assert not node.bin.exists()
+
+
+@needs_root
+def test_kube_store_through_the_daemon_follows_token_rotation(node):
+    """lease-ipam's Lease store in the daemon, through a shim, with the kubeconfig install.sh wrote:
+    after the token rotates (same length), the API server takes only the new one, and ADD works."""
+    server = KubeAPIServer(token=node.token)
+    try:
+        proc = node.start()
+        conf = json.dumps({"cniVersion": "1.0.0", "name": "kubenet", "type": "lease-ipam",
+                           "ipam": {"type": "lease-ipam", "range": "10.80.0.0/24",
+                                    "kubernetes": {"kubeconfig": str(node.kubeconfig), "k8s_api_root": server.url,
+                                                   "timeout_seconds": 5}}}).encode()
+
+        def add(cid: str) -> subprocess.CompletedProcess:
+            return shim_call(node, "lease-ipam", "ADD", conf, RDMANET_NODE_NAME="node-a",
+                             CNI_ARGS=f"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={cid};K8S_POD_UID=uid-{cid}",
+                             **ipam_env(node, cid))
+
+        first = add("c1")
+        assert first.returncode == 0, first.stdout + first.stderr
+        ip1 = json.loads(first.stdout)["ips"][0]["address"]
+        assert ip1.startswith("10.80.0.") and ip1.endswith("/24")
+        leases = server.objects("leases", NAMESPACE)  # the context's namespace: the service account's
+        assert len(leases) == 1
+        rotated = token()
+        (node.sa / "token").write_text(rotated)
+        server.token = rotated  # the old token is refused from now on
+        wait_for(lambda: rotated in node.kubeconfig.read_text(), 10, "the rotated token", node.log)
+        second = add("c2")
+        assert second.returncode == 0, second.stdout + second.stderr
+        ip2 = json.loads(second.stdout)["ips"][0]["address"]
+        assert ip2.startswith("10.80.0.") and ip2 != ip1
+        assert len(server.objects("leases", NAMESPACE)) == 2
+        assert node.stop(proc) == 0
+    finally:
+        server.stop()
+
+
+# --------------------------------------------------------------------------- host mode
+
+
+@needs_root
+@pytest.mark.skipif(os.environ.get("RDMANET_TEST_HOST_INSTALL") != "1",
+                    reason="host mode pip-installs rdmanet and its dependencies into a new venv (about 30 s, "
+                           "package index needed): set RDMANET_TEST_HOST_INSTALL=1")
+def test_host_mode_twice_then_uninstall(tmp_path):
+    prefix, bin_dir, bin2, link_dir = (tmp_path / d for d in ("venv", "bin", "bin2", "lbin"))
+    bin_dir.mkdir()
+    (bin_dir / "bridge").write_text("#!/bin/sh\n")
+    sock = tmp_path / "run" / "none.sock"
+
+    def install(*extra: str) -> subprocess.CompletedProcess:
+        proc = subprocess.run([str(INSTALL), "--prefix", str(prefix), "--link-dir", str(link_dir), "--socket", str(sock),
+                               *extra], capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc
+
+    install("--bin-dir", str(bin_dir))
+    for plugin in PLUGINS:
+        lines = (bin_dir / plugin).read_text().splitlines()
+        assert lines[0] == f"#!{prefix}/bin/python -IS" and "falls back to" in lines[1]
+    assert os.readlink(link_dir / "rdmanet") == f"{prefix}/bin/rdmanet"
+    shims = {p: (bin_dir / p).read_bytes() for p in PLUGINS}
+    manifest = (prefix / "installed-files").read_text()
+    install("--bin-dir", str(bin_dir))  # again: the same files
+    assert {p: (bin_dir / p).read_bytes() for p in PLUGINS} == shims
+    assert (prefix / "installed-files").read_text() == manifest
+    assert sorted(os.listdir(bin_dir)) == sorted(["bridge", *PLUGINS])
+    # no daemon: the shim runs the plugin in-process
+    add = subprocess.run([str(bin_dir / "lease-ipam")], input=local_conf(tmp_path / "data"), capture_output=True,
+                         env={"PATH": BARE_PATH, "CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1",
+                              "CNI_NETNS": "/proc/self/ns/net", "CNI_IFNAME": "net1", "CNI_PATH": str(bin_dir)})
+    assert add.returncode == 0 and json.loads(add.stdout)["ips"][0]["address"] == "10.79.0.2/24"
+    install("--bin-dir", str(bin2))  # another bin dir: both are remembered
+    assert len((prefix / "installed-files").read_text().split()) == 7
+    (bin2 / "lease-ipam").write_text("#!/bin/sh\n")  # replaced by someone else: not ours any more
+    proc = subprocess.run([str(INSTALL), "--uninstall", "--prefix", str(prefix)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert os.listdir(bin_dir) == ["bridge"] and os.listdir(bin2) == ["lease-ipam"] and os.listdir(link_dir) == []
+    assert not prefix.exists()
+
+
+# --------------------------------------------------------------------------- ipam.kube_config's cache
+
+
+def test_connect_sees_a_same_size_rewrite_within_one_mtime_tick(tmp_path):
+    """A token rotated to one of the same length, rewritten with the same mtime (and even in place,
+    same inode): connect() must not hand out the client with the old token."""
+    from ipam.kube_config import KubeSettings, connect
+
+    path = tmp_path / "kubeconfig"
+
+    def write(tok: str) -> None:
+        path.write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: c, cluster: {{server: "http://127.0.0.1:1"}}}}]
+users: [{{name: u, user: {{token: "{tok}"}}}}]
+contexts: [{{name: x, context: {{cluster: c, user: u, namespace: ns}}}}]
+current-context: x
+""")
+
+    old, new = token(), token()
+    write(old)
+    st = path.stat()
+    settings = KubeSettings(kubeconfig=str(path))
+    a = connect(settings)
+    assert connect(settings) is a  # cached
+    assert a.api_client.configuration.api_key["BearerToken"] == f"Bearer {old}"
+    write(new)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (path.stat().st_size, path.stat().st_mtime_ns, path.stat().st_ino) == (st.st_size, st.st_mtime_ns, st.st_ino)
+    b = connect(settings)
+    assert b is not a and b.api_client.configuration.api_key["BearerToken"] == f"Bearer {new}"
+    assert connect(settings) is b

@@ -11,7 +11,7 @@ fi
 
 # Debian packages: the venv module, Go + libcni for the cnitool front end, the Go reference
 # plugins, iproute2 and ping for the netns tests.
-packages="python3 python3-venv golang-go golang-github-appc-cni-dev containernetworking-plugins iproute2 iputils-ping"
+packages="python3 python3-venv golang-go golang-github-appc-cni-dev containernetworking-plugins iproute2 iputils-ping podman runc busybox-static"
 missing=""
 for p in $packages; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -3,7 +3,8 @@
 Commands: ``demo`` (attach a network namespace with the embedded defaults and show it),
 ``ipam`` (``ls``: lease-ipam claims and free counts; ``reconcile``: free Kubernetes-store claims
 of pods that are gone), ``daemon`` (the node daemon the CNI shims talk to; ``--check``: is it
-healthy), ``version``. The doctor joins here as it lands.
+healthy), ``doctor`` (read-only checks of the node: RDMA NICs, netns mode, modules, CNI dirs,
+daemon, lease-ipam stores), ``version``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,20 @@ def main(argv: list[str] | None = None) -> int:
     daemon.add_argument("--allow-uid", type=int, action="append", default=None, metavar="UID",
                         help="a peer uid to accept (repeatable; default: only root, uid 0); for tests")
 
+    doctor = sub.add_parser("doctor", help="read-only checks of this node: RDMA NICs and mode, modules, CNI dirs, daemon, IPAM stores")
+    doctor.add_argument("-o", "--output", choices=("table", "json"), default="table", help="output format (default: %(default)s)")
+    doctor.add_argument("--sysfs-root", metavar="DIR", default=None,
+                        help="read /sys under DIR, for a fake tree (default: $RDMANET_SYSFS_ROOT or /)")
+    doctor.add_argument("--proc-root", metavar="DIR", default="/", help="read /proc/modules, /proc/net/route under DIR (default: /)")
+    doctor.add_argument("--dev-root", metavar="DIR", default="/", help="read /dev/infiniband under DIR (default: /)")
+    doctor.add_argument("--cni-bin-dir", metavar="DIR", default="/opt/cni/bin", help="CNI bin dir (default: %(default)s)")
+    doctor.add_argument("--cni-conf-dir", metavar="DIR", default="/etc/cni/net.d", help="CNI conf dir (default: %(default)s)")
+    doctor.add_argument("--socket", default=None, help="daemon socket (default: $RDMANET_DAEMON_SOCKET or /run/rdmanet/daemon.sock)")
+    doctor.add_argument("--network-config", metavar="FILE", action="append", default=None,
+                        help="also check this network config (a NAD's spec.config, a conflist or a NAD object); repeatable")
+    doctor.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
+                        help="for each shim's VERSION, the daemon and the API server (default: %(default)s)")
+
     sub.add_parser("version", help="print the version")
 
     args = parser.parse_args(argv)
@@ -54,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
         from shim.daemon import run as run_daemon
 
         return run_daemon(path, allowed_uids=args.allow_uid or (0,))
+    if args.command == "doctor":
+        from .doctor import run as run_doctor
+
+        return run_doctor(args)
     if args.command == "version":
         from importlib.metadata import version
 

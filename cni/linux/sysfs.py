@@ -270,20 +270,30 @@ def vf_index(pf_pci: str, vf_pci: str, root: str = "/") -> int | None:
     target is compared by basename (``virtfn3 -> ../0000:3b:00.5``).
     """
     vf = _pci(vf_pci)
+    return next((n for n, addr in vfs_of_pf(pf_pci, root) if addr == vf), None)
+
+
+def vfs_of_pf(pf_pci: str, root: str = "/") -> list[tuple[int, str]]:
+    """``(N, vf address)`` for each ``virtfnN`` link of the PF, in N order; [] for a non-PF.
+
+    As sriov-cni does, only N < ``sriov_numvfs`` counts when that file exists; the address is
+    the basename of the link's target, lower-cased (``virtfn3 -> ../0000:3b:00.5``).
+    """
     host_pf = _resolve(root, _bus_path("pci", pf_pci))[0]
     limit = sriov_numvfs(pf_pci, root)
     try:
         entries = os.listdir(host_pf)
     except (FileNotFoundError, NotADirectoryError):
-        return None
+        return []
+    found = []
     for entry in entries:
         m = _VIRTFN_RE.fullmatch(entry)
         if m is None or (limit is not None and int(m.group(1)) >= limit):
             continue
         link = os.path.join(host_pf, entry)
-        if os.path.islink(link) and os.path.basename(os.readlink(link).rstrip("/")).lower() == vf:
-            return int(m.group(1))
-    return None
+        if os.path.islink(link):
+            found.append((int(m.group(1)), os.path.basename(os.readlink(link).rstrip("/")).lower()))
+    return sorted(found)
 
 
 def device_id_of_netdev(ifname: str, root: str = "/") -> tuple[str, str] | None:
@@ -316,6 +326,79 @@ def _bus_of(root: str, parts: list[str]) -> str | None:
     host, sub = _resolve(root, "/" + "/".join(parts + ["subsystem"]))
     if os.path.isdir(host) and len(sub) >= 2 and sub[-2] == "bus":
         return sub[-1]
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Inventory (``rdmanet doctor``): what a host has, read-only, inside root like everything above.
+#
+# Kernel facts relied on:
+#
+# - ``/sys/bus/pci/devices/<pci>/{vendor,device,class}`` read ``0x15b3``, ``0x101d``, ``0x020000``
+#   (class 0x0200xx is Ethernet, 0x0207xx InfiniBand).
+# - A PF capable of SR-IOV has ``sriov_totalvfs`` (the most VFs it can enable) beside
+#   ``sriov_numvfs``.
+# - ``/sys/class/infiniband/<ibdev>`` leads to ``<parent device>/infiniband/<ibdev>``: a PCI
+#   function, an auxiliary device (mlx5 SF), or ``/sys/devices/virtual`` for rxe and siw.
+# - Some attributes cannot be read in some states: ``carrier`` and ``speed`` of a link that is
+#   down answer EINVAL; ``read_attribute`` gives None for those, like for a missing file.
+# ---------------------------------------------------------------------------------------------
+
+
+def read_attribute(path: str, root: str = "/") -> str | None:
+    """The stripped text of sysfs attribute ``path`` (absolute, read inside root), or None when
+    it is absent or cannot be read (EINVAL for ``carrier`` of a link that is down, EACCES...)."""
+    host, _ = _resolve(root, path)
+    try:
+        with open(host, encoding="utf-8", errors="replace") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def list_names(path: str, root: str = "/") -> list[str]:
+    """Sorted names in directory ``path`` (read inside root); [] when it is absent."""
+    try:
+        return sorted(os.listdir(_resolve(root, path)[0]))
+    except OSError:
+        return []
+
+
+def pci_devices(root: str = "/") -> list[str]:
+    """Every PCI function in ``/sys/bus/pci/devices``, by address (lower case), sorted."""
+    return sorted(n.lower() for n in list_names("/sys/bus/pci/devices", root) if is_pci_address(n))
+
+
+def sriov_totalvfs(pf_pci: str, root: str = "/") -> int | None:
+    """The PF's ``sriov_totalvfs`` (VFs it can enable); None for a function without SR-IOV."""
+    text = _read_text(root, f"{_bus_path('pci', pf_pci)}/sriov_totalvfs")
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def rdma_devices(root: str = "/") -> list[str]:
+    """Every RDMA device in ``/sys/class/infiniband`` (as this netns sees them), sorted."""
+    return list_names("/sys/class/infiniband", root)
+
+
+def rdma_device_parent(ibdev: str, root: str = "/") -> tuple[str, str] | None:
+    """The device RDMA device ``ibdev`` belongs to, as ``device_id_of_netdev`` names it:
+    ``("pci", "0000:3b:00.0")`` or ``("auxiliary", "mlx5_core.sf.4")``; None for a device
+    without a parent device (rxe, siw under ``/sys/devices/virtual``) or one that is missing."""
+    _check_name("RDMA device", ibdev)
+    host, parts = _resolve(root, f"/sys/class/infiniband/{ibdev}")
+    if len(parts) < 4 or parts[-2] != "infiniband" or not os.path.isdir(host):
+        return None
+    parent = parts[:-2]
+    if parent[:3] == ["sys", "devices", "virtual"]:
+        return None
+    bus = _bus_of(root, parent)
+    if bus == "auxiliary":
+        return ("auxiliary", parent[-1])
+    if is_pci_address(parent[-1]) and bus in ("pci", None):
+        return ("pci", parent[-1].lower())
     return None
 
 

@@ -84,14 +84,14 @@ def check_daemon(facts: DaemonFacts, shim_kinds: set[str], euid: int) -> list[Fi
         what = "not running (no socket)"
     if not shim_kinds:
         return [info("daemon", path, f"{what}, and no rdmanet shim is installed (see cni-bin)",
-                     "install.sh installs the shims; then start 'rdmanet daemon' (README: host install)")]
+                     "install.sh installs the shims; then start 'rdmanet daemon' as root")]
     if daemon_only:
         return [error("daemon", path, f"{what}; the shims here are daemon-only, so every ADD answers "
                                       "'try again later' and pods do not start",
                       "start the daemon: is the rdmanet DaemonSet pod running on this node? (or 'rdmanet daemon')")]
     return [warn("daemon", path, f"{what}; the shims run the plugins in-process, which makes every call "
                                  "pay the imports (slower pod starts)",
-                 "start it: 'rdmanet daemon' as root (README: host install has a systemd unit) or the rdmanet DaemonSet")]
+                 "start it: 'rdmanet daemon' as root (e.g. as a systemd service) or the rdmanet DaemonSet")]
 
 
 # =========================================================================== lease-ipam stores

@@ -1,6 +1,6 @@
 """lease-ipam benchmark: API calls per ADD/DEL and allocations per second, Kubernetes vs local store.
 
-    .venv/bin/python bench/ipam_kube_bench.py [--range 10.77.0.0/22] [--quick] [--json]
+    .venv/bin/python bench/ipam_kube_bench.py [--range 10.77.0.0/22] [--quick] [--json] [--no-watch-cache]
 
 Starts the fake kube-apiserver of ``tests/kube_api_server.py`` in this process (real HTTP on
 127.0.0.1) and 8 worker processes, one per node (``RDMANET_NODE_NAME=bench-node-<i>``). Each
@@ -9,7 +9,10 @@ path of ``python -m ipam`` without the interpreter start. For each pool fill lev
 95 %) the pool is pre-filled with claims made through the store itself, then for 1 node (worker 0
 alone) and 8 nodes (all workers, released together at one wall-clock instant) a batch of ADDs that
 fits in the free space is measured, then the same attachments are DELed. The same workloads run
-against the local file store (``dataDir`` in a temporary directory) for comparison.
+against the local file store (``dataDir`` in a temporary directory) for comparison, and (rows
+``kube+cache``) against the Lease store with the daemon's watch cache on in every worker
+(``use_watch_cache(True)``, as ``rdmanet daemon`` does): each worker's informer is started and
+synced by a warm-up ADD/DEL before the batch and stopped after the row.
 
 Server counts are reset before each ADD phase and each DEL phase; 409s are the create requests the
 server answered 409 (from its request log). Run as ``... --worker <node>`` the file is the worker.
@@ -69,6 +72,17 @@ def worker(node: str, confs: dict[str, str]) -> None:
         cmd = json.loads(line)
         if cmd["op"] == "quit":
             break
+        if cmd["op"] == "cache":  # the daemon's Lease watch cache on or off in this worker
+            from ipam.store import lease_cache
+            from ipam.store.kube import use_watch_cache
+
+            stats: dict[str, int] = {}
+            for inf in lease_cache.informers():
+                for k, v in inf.stats.items():
+                    stats[k] = stats.get(k, 0) + v
+            use_watch_cache(cmd["on"])
+            print(json.dumps({"stats": stats}), flush=True)
+            continue
         conf = stdin[cmd["store"]]
         delay = cmd["start_at"] - time.time()
         if delay > 0:
@@ -116,6 +130,17 @@ class Workers:
         answers = [json.loads(p.stdout.readline()) for p in used]
         wall = max(a["t_end"] for a in answers) - start_at
         return wall, [row for a in answers for row in a["rows"]]
+
+    def cache(self, on: bool) -> dict[str, int]:
+        """Turn every worker's watch cache on or off; the informers' summed stats (when turning off)."""
+        for p in self.procs:
+            p.stdin.write(json.dumps({"op": "cache", "on": on}) + "\n")
+            p.stdin.flush()
+        total: dict[str, int] = {}
+        for p in self.procs:
+            for k, v in json.loads(p.stdout.readline())["stats"].items():
+                total[k] = total.get(k, 0) + v
+        return total
 
     def close(self) -> None:
         for p in self.procs:
@@ -193,7 +218,7 @@ def per_call(counts: dict, n: int) -> dict[str, float]:
 
 def scenario(server, workers: Workers, store: str, nodes: int, fill: float, prefilled: int, total: int,
              batch: int) -> dict:
-    tag = f"{store}-{nodes}n-{int(fill * 100)}"
+    tag = f"{store.replace('+', '-')}-{nodes}n-{int(fill * 100)}"  # a valid container ID
     per = batch // nodes
     cids = [[f"{tag}-{n}-{i:03d}" for i in range(per)] for n in range(nodes)]
 
@@ -214,7 +239,7 @@ def scenario(server, workers: Workers, store: str, nodes: int, fill: float, pref
     del_failed = [r for r in dels if r[1] != 0]
 
     lat = [r[3] for r in adds]
-    kube = store == "kube"
+    kube = store.startswith("kube")
     conflicts = sum(1 for e in add_log if e.get("verb") == "create" and e.get("status") == 409)
     return {
         "store": store, "nodes": nodes, "fill": fill, "prefilled": prefilled, "pool": total,
@@ -265,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--adds", type=int, default=None, help="ADDs per scenario (default 160, --quick 24); "
                     "capped at 90 %% of the free addresses, rounded down to a multiple of the node count")
     ap.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
+    ap.add_argument("--no-watch-cache", action="store_true", help="leave out the kube+cache rows")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--conf", action="append", default=[], help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -295,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
             confs[name] = os.path.join(tmp, f"{name}.json")
             with open(confs[name], "w") as f:
                 json.dump(conf, f)
+        confs["kube+cache"] = confs["kube"]  # the same network: only the worker's cache differs
+        stores = ("kube", "local") if args.no_watch_cache else ("kube", "local", "kube+cache")
 
         prefill = Prefill(kube_conf, local_conf)
         say(f"pool {net}: {prefill.total} allocatable addresses; starting {NODES} worker processes ...")
@@ -316,10 +344,17 @@ def main(argv: list[str] | None = None) -> int:
                 if batch < NODES:
                     say(f"skipping fill {fill:.0%}: {free} free addresses are too few for {NODES} nodes")
                     continue
-                for store in ("kube", "local"):
+                for store in stores:
+                    cached = store == "kube+cache"
+                    if cached:  # start and sync every worker's informer outside the measurement
+                        workers.cache(True)
+                        workers.run(store, "ADD", [[f"warm-cache-{n}"] for n in range(NODES)])
+                        workers.run(store, "DEL", [[f"warm-cache-{n}"] for n in range(NODES)])
                     r = scenario(server, workers, store, nodes, fill, target, prefill.total, batch)
+                    if cached:
+                        r["cache_stats"] = workers.cache(False)
                     results.append(r)
-                    say(f"  {store:5} {nodes} node(s) fill {fill:4.0%}: {r['add_ok']} ADDs at "
+                    say(f"  {store:10} {nodes} node(s) fill {fill:4.0%}: {r['add_ok']} ADDs at "
                         f"{r['allocs_per_s']:.0f}/s, p50 {r['add_p50_ms']:.1f} ms")
         elapsed = time.perf_counter() - t_begin
         meta = {"range": str(net), "pool": prefill.total, "nodes": NODES, "batch_max": want, "quick": args.quick,

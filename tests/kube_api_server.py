@@ -34,7 +34,20 @@ Usage in tests::
 Test controls (all thread-safe): ``counts()``, ``reset_counts()``,
 ``request_log()``, ``inject_latency()``, ``fail_next()``, ``fail_rate()``,
 ``clear_faults()``, ``add_pod()``, ``delete_pod()``, ``objects()``,
-``get_object()``, ``compact()``, ``resource_version``.
+``get_object()``, ``compact()``, ``resource_version``, ``pause_watches()``,
+``resume_watches()``, ``drop_watches()``, ``active_watches``.
+
+Watch semantics (as the apiserver's watch cache serves them): ``?watch=true&resourceVersion=N``
+streams one JSON event per line (``ADDED``/``MODIFIED``/``DELETED``) for every change after N
+that the label/field selectors match (an object leaving the selection is a ``DELETED``, one
+entering it an ``ADDED``); with ``allowWatchBookmarks=true`` a ``BOOKMARK`` carrying only
+``metadata.resourceVersion`` every ``bookmark_interval`` seconds; ``timeoutSeconds`` ends the
+stream cleanly. The event history is bounded (``max_events``; ``compact()`` drops it): a watch
+from an older resourceVersion gets HTTP 200 and one ``ERROR`` event whose object is a
+``Status`` with code 410, reason ``Expired`` ("too old resource version"), then the end of the
+stream. ``pause_watches()`` holds events (and bookmarks) back from every stream, as a lagging
+watch would, until ``resume_watches()``; ``drop_watches()`` cuts every open stream without the
+terminating chunk (a broken connection). Watch requests are counted as ``("watch", resource)``.
 
 The same controls are reachable over HTTP for other processes (not counted):
 ``GET /_control/counts``, ``POST /_control/reset_counts``,
@@ -43,7 +56,8 @@ The same controls are reachable over HTTP for other processes (not counted):
 ``POST /_control/latency`` ``{"seconds"}``, ``POST /_control/clear_faults``,
 ``GET /_control/objects/{resource}``, ``POST /_control/pods``
 ``{"namespace", "name", "uid", "node", "labels"}``,
-``DELETE /_control/pods/{namespace}/{name}``.
+``DELETE /_control/pods/{namespace}/{name}``, ``POST /_control/watches`` ``{"paused"}``,
+``POST /_control/drop_watches``.
 
 Run standalone: ``python tests/kube_api_server.py --port 8080 [--kubeconfig PATH]``.
 """
@@ -537,11 +551,13 @@ class KubeAPIServer:
     :param token: if set, requests must carry ``Authorization: Bearer <token>``
                   (401 otherwise); by default any or no credential is accepted.
     :param max_events: watch history kept; older watch resourceVersions get 410.
+    :param bookmark_interval: seconds between BOOKMARK events on watches that allow them.
     :param verbose: log each request to stderr.
     """
 
     def __init__(self, port: int = 0, host: str = "127.0.0.1", token: str | None = None,
-                 max_events: int = 100_000, verbose: bool = False, start: bool = True):
+                 max_events: int = 100_000, verbose: bool = False, start: bool = True,
+                 bookmark_interval: float = 1.0):
         self._cond = threading.Condition(threading.RLock())
         self._store: dict[str, dict[tuple[str, str], dict]] = {r: {} for r in RESOURCES}
         self._rv = 1000
@@ -562,6 +578,9 @@ class KubeAPIServer:
         self._rng = random.Random()
         self._connections: set[socket.socket] = set()
         self._active_watches = 0
+        self._watch_sockets: set[socket.socket] = set()
+        self._watch_paused = False
+        self.bookmark_interval = float(bookmark_interval)
 
         self.token = token
         self.verbose = verbose
@@ -649,6 +668,32 @@ class KubeAPIServer:
     def active_watches(self) -> int:
         with self._stats_lock:
             return self._active_watches
+
+    # -- watch controls --------------------------------------------------------
+
+    def pause_watches(self) -> None:
+        """Hold every watch's events (and bookmarks) back until :meth:`resume_watches`: a
+        lagging watch. Streams stay open; new ones open too and wait the same way."""
+        with self._cond:
+            self._watch_paused = True
+
+    def resume_watches(self) -> None:
+        with self._cond:
+            self._watch_paused = False
+            self._cond.notify_all()
+
+    def drop_watches(self) -> int:
+        """Cut every open watch stream (no terminating chunk): a broken connection. Returns how many."""
+        with self._stats_lock:
+            socks = list(self._watch_sockets)
+        for s in socks:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        with self._cond:
+            self._cond.notify_all()
+        return len(socks)
 
     # -- fault injection -----------------------------------------------------
 
@@ -1357,6 +1402,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._status = 200
         with srv._stats_lock:
             srv._active_watches += 1
+            srv._watch_sockets.add(self.connection)
         try:
             if error is not None:
                 self._chunk({"type": "ERROR", "object": error})
@@ -1368,13 +1414,15 @@ class _Handler(BaseHTTPRequestHandler):
                     "kind": rt.kind, "apiVersion": rt.api_version,
                     "metadata": {"resourceVersion": str(last_rv),
                                  "annotations": {"k8s.io/initial-events-end": "true"}}}})
-            next_bookmark = time.monotonic() + 1.0
+            interval = srv.bookmark_interval
+            next_bookmark = time.monotonic() + interval
             while True:
                 with srv._cond:
                     while True:
                         if srv._stopping:
                             return
-                        if srv._events and srv._events[-1][0] > last_rv:
+                        paused = srv._watch_paused
+                        if not paused and srv._events and srv._events[-1][0] > last_rv:
                             break
                         remaining = deadline - time.monotonic()
                         if remaining <= 0:
@@ -1382,7 +1430,7 @@ class _Handler(BaseHTTPRequestHandler):
                         srv._cond.wait(min(remaining, 0.25))
                         if self._client_gone():
                             return
-                        if bookmarks and time.monotonic() >= next_bookmark:
+                        if bookmarks and not srv._watch_paused and time.monotonic() >= next_bookmark:
                             break
                     if last_rv < srv._compacted_rv:
                         batch = None
@@ -1407,7 +1455,7 @@ class _Handler(BaseHTTPRequestHandler):
                     self._chunk({"type": "BOOKMARK", "object": {
                         "kind": rt.kind, "apiVersion": rt.api_version,
                         "metadata": {"resourceVersion": str(last_rv)}}})
-                    next_bookmark = time.monotonic() + 1.0
+                    next_bookmark = time.monotonic() + interval
                 if time.monotonic() >= deadline:
                     return
         except (BrokenPipeError, ConnectionResetError, OSError):
@@ -1415,6 +1463,7 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             with srv._stats_lock:
                 srv._active_watches -= 1
+                srv._watch_sockets.discard(self.connection)
             if not self.close_connection:
                 try:
                     self.wfile.write(b"0\r\n\r\n")
@@ -1451,6 +1500,14 @@ class _Handler(BaseHTTPRequestHandler):
         elif op == "clear_faults" and method == "POST":
             srv.clear_faults()
             self._send_json(200, {})
+        elif op == "watches" and method == "POST":
+            if body.get("paused"):
+                srv.pause_watches()
+            else:
+                srv.resume_watches()
+            self._send_json(200, {})
+        elif op == "drop_watches" and method == "POST":
+            self._send_json(200, {"dropped": srv.drop_watches()})
         elif op == "objects" and method == "GET" and len(parts) == 2 and parts[1] in RESOURCES:
             self._send_json(200, srv.objects(parts[1]))
         elif op == "pods" and method == "POST":

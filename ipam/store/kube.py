@@ -8,7 +8,9 @@ Facts relied on (research/ipam-anchors.md §1.2, §8; Kubernetes API conventions
   re-created or changed since it was read, and 404 when it is gone; so DEL never removes a claim
   re-made for another attachment (ABA).
 - A label-selected List of one namespace returns current state (no resourceVersion=0: a stale
-  watch-cache answer could hide our own claim from a repeat ADD).
+  watch-cache answer could hide our own claim from a repeat ADD). A GET by name is current too.
+- A watch from resourceVersion N delivers the selected changes after N in resourceVersion order
+  (so an object's own event follows every earlier change); UIDs are never reused.
 - Names are DNS-1123 subdomains (<= 253 chars, [a-z0-9.-]); label values are <= 63 chars of
   [A-Za-z0-9_.-] starting and ending alphanumeric; holderIdentity is a free string.
 
@@ -27,6 +29,28 @@ Per verb, when nothing is contended: ADD = 1 List (domain selector; serves both 
 lookup and the used set) + 1 create per range set; DEL = 1 List (domain+attachment selector) +
 1 delete per claim; CHECK = 1 List; GC = 1 List (domain+node+network) + 1 delete per freed claim;
 STATUS = 1 List. Nothing is written locally.
+
+With the watch cache (the node daemon calls :func:`use_watch_cache`; :mod:`.lease_cache` keeps
+one informer per domain, List + Watch, started on the domain's first ADD/DEL), once it is in
+sync: ADD = 1 create per range set and no List (repeat ADD: 1 GET per held claim instead);
+DEL = 1 delete per claim (the attachment's List when the cache shows none); STATUS = 0. The
+cache is a hint, never the answer, so nothing depends on its freshness:
+- candidates come from its used set, but the create is still the claim (409: the address is
+  marked taken in the cache, next candidate); our creates/deletes/GETs are written through;
+  "no free address" (ADD 102, STATUS 50) is only said after a List of the domain;
+- a claim of the attachment that it shows is confirmed by a GET before a repeat ADD returns it
+  (another process may have freed it);
+- a claim of the attachment that it does not show yet (made by another process, e.g. the
+  in-process fallback while the daemon restarted) is found after the ADD's own creates: the
+  watch delivers in resourceVersion order, so once it has delivered our new claims it has
+  delivered every earlier one; the attachment's older claim in that range set is returned and
+  ours deleted. Without that delivery within ``echo_budget``, a label-selected List of the one
+  attachment decides (and the cache is distrusted for a while). DEL does the same after its
+  deletes, so a claim the cache had missed is freed too;
+- deletes carry the cached uid/resourceVersion as preconditions: a stale one meets 409, the
+  Lease is re-read and deleted only while it still names the attachment;
+- ADD/DEL of one attachment are serialised in the daemon; an informer not in sync within
+  ``sync_budget`` (or failing, e.g. no RBAC for watch) leaves the verb to the List path.
 
 Candidates: a start offset hashed from (node, containerID, range set) so concurrent nodes rarely
 pick the same address, then :meth:`RangeSet.next_free` over the used set from the List; a 409
@@ -50,9 +74,11 @@ import re
 import socket
 import time
 from bisect import insort
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
+from functools import partial
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence
 
 from cni.core.errors import (
     ADDRESS_UNAVAILABLE,
@@ -64,7 +90,9 @@ from cni.core.errors import (
 )
 
 from ..ranges import IPAddress, RangeSet
+from . import lease_cache
 from .base import Attachment, Reservation, Store, place_held, refuse_other_request
+from .lease_cache import LeaseCache
 
 log = logging.getLogger("rdmanet.ipam")
 
@@ -161,6 +189,25 @@ class Unreachable(Exception):
     """No HTTP answer: connection refused/reset, timeout, TLS failure."""
 
 
+class WatchStream:
+    """An open watch request. ``status`` (and ``doc``, the error body, when it is not 200);
+    ``events()`` yields the decoded JSON lines of a 200 answer and raises when the stream
+    breaks; ``abort()``, from any thread, ends a blocked read; ``close()`` releases it."""
+
+    def __init__(self, status: int, doc: Any = None) -> None:
+        self.status = status
+        self.doc = doc
+
+    def events(self) -> Iterator[Any]:
+        return iter(())
+
+    def abort(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class Transport:
     """One HTTP request to the API server; the store does the retrying."""
 
@@ -168,6 +215,10 @@ class Transport:
 
     def request(self, method: str, path: str, query: Sequence[tuple[str, str]], body: Any,
                 timeout: float) -> Response:
+        raise NotImplementedError
+
+    def watch(self, path: str, query: Sequence[tuple[str, str]], timeout: float) -> WatchStream:
+        """Open a watch (``query`` carries ``watch=true``); ``timeout`` bounds each read."""
         raise NotImplementedError
 
 
@@ -204,8 +255,81 @@ class ApiClientTransport(Transport):
             doc = None
         return Response(resp.status, doc, resp.headers or {})
 
+    def watch(self, path: str, query: Sequence[tuple[str, str]], timeout: float) -> WatchStream:
+        headers = {"Accept": "application/json"}
+        try:
+            req = self.api.param_serialize("GET", path, query_params=list(query), header_params=headers,
+                                           auth_settings=["BearerToken"], _host=self.override)
+            resp = self.api.call_api(*req, _request_timeout=(min(timeout, 10.0), timeout))
+        except self._errors as exc:
+            raise Unreachable(f"{type(exc).__name__}: {exc}") from None
+        raw = resp.response  # urllib3's response, not read yet (the client never preloads)
+        if resp.status == 200:
+            return _Urllib3WatchStream(raw)
+        try:
+            data = raw.read()
+            doc = json.loads(data) if data else None
+        except (ValueError, *self._errors):
+            doc = None
+        raw.release_conn()
+        return WatchStream(resp.status, doc)
+
+
+class _Urllib3WatchStream(WatchStream):
+    def __init__(self, raw: Any) -> None:
+        super().__init__(200)
+        self.raw = raw
+        self._closed = False
+
+    def events(self) -> Iterator[Any]:
+        raw = self.raw
+        chunks = raw.stream(amt=None) if raw.chunked else iter(lambda: raw.read1(65536), b"")
+        buf = b""
+        for chunk in chunks:
+            buf += chunk
+            while True:
+                end = buf.find(b"\n")
+                if end < 0:
+                    break
+                line, buf = buf[:end], buf[end + 1:]
+                if line.strip():
+                    yield json.loads(line)
+        if buf.strip():
+            yield json.loads(buf)
+
+    def abort(self) -> None:
+        try:
+            self.raw.shutdown()  # wakes a read blocked in another thread
+            return
+        except Exception:  # noqa: BLE001 - already closed or released, or an older urllib3
+            pass
+        sock = getattr(getattr(self.raw, "_connection", None), "sock", None)
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for step in (self.raw.close, self.raw.release_conn):  # a half-read stream is never reused
+            try:
+                step()
+            except Exception:  # noqa: BLE001
+                pass
+
 
 # -- the store ------------------------------------------------------------------------------------
+
+def use_watch_cache(on: bool = True, **settings: Any) -> None:
+    """Keep a Lease watch cache per domain in this process (the node daemon calls this once).
+
+    Off by default: the in-process plugin never starts a thread or a watch. See
+    :mod:`ipam.store.lease_cache` for the informers and ``settings``.
+    """
+    lease_cache.enable(on, **settings)
 
 @dataclass(frozen=True)
 class PodInfo:
@@ -225,10 +349,44 @@ class Claim:
     time: Optional[datetime]
 
 
+def parse_claim(item: Any, dhash: str) -> Optional[Claim]:
+    """The claim a Lease of domain ``dhash`` records; None for anything else."""
+    if not isinstance(item, dict):
+        return None
+    md = item.get("metadata") or {}
+    name = md.get("name") or ""
+    ip = ip_of_name(name, dhash)
+    if ip is None:
+        return None
+    spec = item.get("spec") or {}
+    notes = md.get("annotations") or {}
+    when = _parse_time(spec.get("acquireTime")) or _parse_time(md.get("creationTimestamp"))
+    return Claim(name, ip, parse_holder(spec.get("holderIdentity")), str(md.get("uid") or ""),
+                 str(md.get("resourceVersion") or ""), str(notes.get(f"{GROUP}/network") or ""), when)
+
+
+CacheSource = Callable[[bool], Optional[LeaseCache]]
+
+
+def cache_source(settings: Any, conn: Any, domain: str) -> CacheSource:
+    """``source(start)``: the process's informer for the domain's Leases over ``conn`` (started
+    when ``start`` and none runs), or None when the process has no watch cache."""
+    dhash = domain_hash(domain)
+    path = LEASES_PATH.format(namespace=conn.namespace)
+    connection_key = (settings.kubeconfig, settings.api_root, settings.namespace)
+
+    def make(cache_settings: lease_cache.Settings) -> LeaseCache:
+        return LeaseCache(ApiClientTransport(conn.api_client, conn.host), path, f"{L_DOMAIN}={dhash}",
+                          partial(parse_claim, dhash=dhash), owner=conn.api_client, name=f"lease-cache {conn.namespace}/{dhash}", settings=cache_settings)
+
+    return lambda start: lease_cache.informer(connection_key, (conn.namespace, dhash), conn.api_client, make, start)
+
+
 class KubeStore(Store):
     def __init__(self, transport: Transport, namespace: str, domain: str, *, node: str,
                  pod: PodInfo = PodInfo(), timeout: float = 20.0, request_timeout: float = 5.0,
-                 gc_grace: float = 60.0, sleep: Callable[[float], None] = time.sleep) -> None:
+                 gc_grace: float = 60.0, sleep: Callable[[float], None] = time.sleep,
+                 cache: Optional[CacheSource] = None) -> None:
         self.transport = transport
         self.namespace = namespace
         self.domain = domain
@@ -242,6 +400,8 @@ class KubeStore(Store):
         self.path = LEASES_PATH.format(namespace=namespace)
         self.calls: dict[str, int] = {}  # per method, for logs and tests
         self._uncertain: list[str] = []  # creates whose outcome is unknown (no answer within the budget)
+        self._cache_source = cache
+        self.cache: Optional[LeaseCache] = None  # the informer this verb writes its answers through to
 
     @classmethod
     def for_invocation(cls, settings: Any, domain: str, inv: Any) -> "KubeStore":
@@ -251,8 +411,10 @@ class KubeStore(Store):
         node = inv.env.get(NODE_ENV) or socket.gethostname()
         pod = PodInfo(inv.args.get("K8S_POD_NAMESPACE", ""), inv.args.get("K8S_POD_NAME", ""),
                       inv.args.get("K8S_POD_UID", ""))
+        source = cache_source(settings, conn, domain) if lease_cache.enabled() else None
         return cls(ApiClientTransport(conn.api_client, conn.host), conn.namespace, domain, node=node, pod=pod,
-                   timeout=settings.timeout, request_timeout=settings.request_timeout, gc_grace=settings.gc_grace)
+                   timeout=settings.timeout, request_timeout=settings.request_timeout, gc_grace=settings.gc_grace,
+                   cache=source)
 
     # -- requests with retries ------------------------------------------------------------------
 
@@ -316,26 +478,20 @@ class KubeStore(Store):
         return out
 
     def _parse(self, item: Any) -> Optional[Claim]:
-        if not isinstance(item, dict):
-            return None
-        md = item.get("metadata") or {}
-        name = md.get("name") or ""
-        ip = ip_of_name(name, self.dhash)
-        if ip is None:
-            return None
-        spec = item.get("spec") or {}
-        notes = md.get("annotations") or {}
-        when = _parse_time(spec.get("acquireTime")) or _parse_time(md.get("creationTimestamp"))
-        return Claim(name, ip, parse_holder(spec.get("holderIdentity")), str(md.get("uid") or ""),
-                     str(md.get("resourceVersion") or ""), str(notes.get(f"{GROUP}/network") or ""), when)
+        return parse_claim(item, self.dhash)
 
     def _get(self, name: str, deadline: float) -> Optional[Claim]:
         resp, _ = self._call("GET", f"{self.path}/{name}", f"get lease {name}", deadline)
         if resp.status == 404:
+            if self.cache is not None:
+                self.cache.absent(name)
             return None
         if resp.status != 200:
             raise self._refused(resp, f"get lease {name}")
-        return self._parse(resp.doc)
+        claim = self._parse(resp.doc)
+        if claim is not None and self.cache is not None:
+            self.cache.observed(claim)
+        return claim
 
     def _body(self, ip: IPAddress, attachment: Attachment, network: str, rs: RangeSet) -> dict:
         r = rs.range_of(ip)
@@ -372,10 +528,14 @@ class KubeStore(Store):
                 if claim is None:
                     raise CNIError(IO_FAILURE, f"Kubernetes API answered the create of lease {name} with an unreadable object",
                                    "check that the API server (or a proxy) returns the created object")
+                if self.cache is not None:
+                    self.cache.created(claim)  # a repeat ADD in this process sees it before the watch does
                 return claim
             if resp.status != 409:
                 raise self._refused(resp, f"create lease {name}")
             if not retried:
+                if self.cache is not None:
+                    self.cache.taken(name, ip)
                 return None
             # An earlier attempt may have created it before its answer was lost: read it back.
             current = self._get(name, deadline)
@@ -386,6 +546,10 @@ class KubeStore(Store):
 
     def _delete(self, claim: Claim, deadline: float) -> bool:
         """Delete ``claim`` only while it still names its attachment; True when we removed it."""
+        return self._remove(claim, deadline) is not None
+
+    def _remove(self, claim: Claim, deadline: float) -> Optional[Claim]:
+        """:meth:`_delete`, answering the version of the claim that was deleted (None: not by us)."""
         current = claim
         for _ in range(4):
             body = {"apiVersion": "v1", "kind": "DeleteOptions",
@@ -393,16 +557,23 @@ class KubeStore(Store):
             resp, retried = self._call("DELETE", f"{self.path}/{current.name}", f"delete lease {current.name}",
                                        deadline, body=body)
             if resp.status in (200, 202):
-                return True
+                if self.cache is not None:
+                    self.cache.deleted(current)
+                return current
             if resp.status == 404:
-                return retried  # gone: by our own earlier attempt when we retried, else by someone else
+                if self.cache is not None:
+                    if retried:
+                        self.cache.deleted(current)
+                    else:
+                        self.cache.absent(current.name)
+                return current if retried else None  # gone: by our own earlier attempt when we retried, else by someone else
             if resp.status != 409:
                 raise self._refused(resp, f"delete lease {current.name}")
             # Precondition failed: re-read. Delete again only while it still names the same attachment.
             fresh = self._get(current.name, deadline)
             if fresh is None or fresh.attachment != claim.attachment:
                 log.info("lease %s was re-made for %s: left alone", current.name, fresh.attachment if fresh else "nobody")
-                return False
+                return None
             current = fresh
         raise CNIError(TRY_AGAIN_LATER, f"lease {claim.name} kept changing while being deleted", "retry the DEL")
 
@@ -423,15 +594,41 @@ class KubeStore(Store):
     def allocate(self, attachment: Attachment, network: str, range_sets: Sequence[RangeSet],
                  requested: Mapping[int, IPAddress]) -> list[IPAddress]:
         deadline = self._deadline()
+        cache = self._synced_cache(deadline)
+        if cache is not None:
+            with self._holding(cache, attachment, deadline):
+                return self._allocate_cached(cache, attachment, network, range_sets, requested, deadline)
         claims = self._list(self._selector(), deadline, f"list leases of domain {self.domain}")
-        by_ip = {c.ip: c for c in claims}
         used: dict[int, list[int]] = {4: [], 6: []}
         for c in claims:
             used[c.ip.version].append(int(c.ip))
         for values in used.values():
             values.sort()
+        mine = [c for c in claims if c.attachment == attachment]
+        return self._allocate(attachment, network, range_sets, requested, deadline, mine, used,
+                              {c.ip: c for c in claims}, None)
 
-        mine = sorted((c for c in claims if c.attachment == attachment), key=lambda c: (c.ip.version, c.ip))
+    def _allocate_cached(self, cache: LeaseCache, attachment: Attachment, network: str,
+                         range_sets: Sequence[RangeSet], requested: Mapping[int, IPAddress],
+                         deadline: float) -> list[IPAddress]:
+        """ADD from the watch cache: no List. What the cache shows is a hint, never the answer:
+        a held claim is confirmed by a GET (a stale cache may show one another process freed);
+        a free candidate is claimed by create (409: taken, try the next); and once the watch has
+        delivered our own new claims, every earlier change is in the cache, so a claim of this
+        attachment that another process made meanwhile shows up then (:meth:`_settle`)."""
+        mine = []
+        for c in cache.claims_of(attachment):
+            fresh = self._get(c.name, deadline)
+            if fresh is not None and fresh.attachment == attachment:
+                mine.append(fresh)
+        used = {4: cache.used(4), 6: cache.used(6)}
+        return self._allocate(attachment, network, range_sets, requested, deadline, mine, used, {}, cache)
+
+    def _allocate(self, attachment: Attachment, network: str, range_sets: Sequence[RangeSet],
+                  requested: Mapping[int, IPAddress], deadline: float, mine: list[Claim],
+                  used: dict[int, list[int]], by_ip: Mapping[IPAddress, Claim],
+                  cache: Optional[LeaseCache]) -> list[IPAddress]:
+        mine = sorted(mine, key=lambda c: (c.ip.version, c.ip))
         placed, spare = place_held(mine, range_sets, lambda c: c.ip)  # spare: ours, in no range set now
         plan: dict[int, IPAddress] = {i: c.ip for i, c in placed.items()}
 
@@ -443,20 +640,15 @@ class KubeStore(Store):
                     refuse_other_request(attachment, rs, plan[rs.index], want)
                     continue
                 if want is not None:
-                    claim = None
-                    holder = by_ip.get(want)
-                    if holder is None:
-                        claim = self._create(want, attachment, network, rs, deadline)
-                        if claim is None:
-                            holder = self._get(lease_name(self.dhash, want), deadline)
-                    if claim is None:
-                        who = holder.attachment if holder is not None else None
-                        raise CNIError(ADDRESS_UNAVAILABLE, f"requested address {want} is already reserved by {who or 'another attachment'}",
-                                       "request a free address, or DEL the attachment that holds it")
+                    claim, new = self._claim_requested(want, attachment, network, rs, by_ip, cache is not None, deadline)
+                    if new:
+                        created.append(claim)
                 else:
-                    claim = self._pick(rs, attachment, network, used[rs.family], deadline)
-                created.append(claim)
+                    claim = self._pick(rs, attachment, network, used[rs.family], deadline, cache is not None)
+                    created.append(claim)
                 plan[rs.index] = claim.ip
+            if cache is not None:
+                self._settle(cache, attachment, range_sets, plan, created, deadline)
         except BaseException:
             self._rollback(attachment, created)
             raise
@@ -467,11 +659,79 @@ class KubeStore(Store):
                 log.warning("could not free %s (outside the configured ranges) of %s: %s", c.ip, attachment, err.msg)
         return [plan[rs.index] for rs in range_sets]
 
-    def _pick(self, rs: RangeSet, attachment: Attachment, network: str, used: list[int], deadline: float) -> Claim:
+    def _claim_requested(self, want: IPAddress, attachment: Attachment, network: str, rs: RangeSet,
+                         by_ip: Mapping[IPAddress, Claim], cached: bool, deadline: float) -> tuple[Claim, bool]:
+        """(claim, made by this call) for a requested address; 103 when another attachment holds it.
+
+        From a List (``by_ip``), a holder it shows is final. From the cache the create decides
+        (the cache may be stale either way), and a holder that turns out to be this very
+        attachment (a claim made by another process) is adopted."""
+        claim = None
+        holder = by_ip.get(want)
+        if holder is None:
+            claim = self._create(want, attachment, network, rs, deadline)
+            if claim is not None:
+                return claim, True
+            holder = self._get(lease_name(self.dhash, want), deadline)
+            if cached and holder is not None and holder.attachment == attachment:
+                return holder, False
+        who = holder.attachment if holder is not None else None
+        raise CNIError(ADDRESS_UNAVAILABLE, f"requested address {want} is already reserved by {who or 'another attachment'}",
+                       "request a free address, or DEL the attachment that holds it")
+
+    def _settle(self, cache: LeaseCache, attachment: Attachment, range_sets: Sequence[RangeSet],
+                plan: dict[int, IPAddress], created: list[Claim], deadline: float) -> None:
+        """Make a cache-served ADD as exact as a List-served one about the attachment's own claims.
+
+        The cache may not have seen a claim of this attachment that another process made
+        (the in-process fallback while the daemon restarted) when we chose to create. The watch
+        delivers changes in order, so once it has delivered the claims we just made, the cache
+        holds every claim made before them. A range set in which the attachment then turns out
+        to hold another claim returns that one, and ours is deleted: a repeat ADD returns what
+        the first one did. When the watch does not deliver within ``echo_budget``, a
+        label-selected List of this one attachment answers instead (and the cache is not
+        trusted for a while: see :meth:`LeaseCache.suspect`).
+        """
+        if not created:
+            return
+        budget = min(cache.settings.echo_budget, max(0.0, deadline - time.monotonic()))
+        if cache.wait_confirmed([(c.name, c.uid) for c in created], budget):
+            held = cache.claims_of(attachment)
+        else:
+            log.info("the watch of %s did not deliver our claims within %.2f s: listing %s's claims",
+                     self.domain, budget, attachment)
+            cache.suspect()
+            held = self._attachment_claims(attachment, deadline)
+        new = {c.name for c in created}
+        for c in list(created):
+            rs = next((rs for rs in range_sets if plan.get(rs.index) == c.ip), None)
+            if rs is None:
+                continue
+            taken = set(plan.values())
+            others = sorted((h for h in held if h.attachment == attachment and h.name not in new and h.ip not in taken
+                             and rs.range_of(h.ip) is not None), key=lambda h: (h.ip.version, h.ip))
+            if not others:
+                continue
+            keep = others[0]
+            log.info("%s already holds %s in %s (claimed by another process): returning it, freeing %s",
+                     attachment, keep.ip, rs.describe(), c.ip)
+            self._delete(c, deadline)
+            created.remove(c)
+            plan[rs.index] = keep.ip
+
+    def _pick(self, rs: RangeSet, attachment: Attachment, network: str, used: list[int], deadline: float,
+              from_cache: bool = False) -> Claim:
         cursor = self._start(rs, attachment)
         taken = 0
         while True:
             candidate = rs.next_free(used, cursor)
+            if candidate is None and from_cache:
+                # The cache's used set may hold addresses freed since (a lagging watch, a 409
+                # placeholder outliving its Lease): "exhausted" is only said after a List.
+                from_cache = False
+                claims = self._list(self._selector(), deadline, f"list leases of domain {self.domain}")
+                used[:] = sorted(int(c.ip) for c in claims if c.ip.version == rs.family)
+                candidate = rs.next_free(used, cursor)
             if candidate is None:
                 raced = f" ({taken} candidates were claimed concurrently)" if taken else ""
                 raise CNIError(POOL_EXHAUSTED, f"no free address in range {rs.describe()}{raced}",
@@ -508,11 +768,67 @@ class KubeStore(Store):
     def _attachment_claims(self, attachment: Attachment, deadline: float) -> list[Claim]:
         selector = self._selector(**{L_ATTACHMENT: attachment_hash(attachment)})
         claims = self._list(selector, deadline, f"list leases of {attachment}")
+        if self.cache is not None:
+            for c in claims:
+                self.cache.observed(c)
         return sorted((c for c in claims if c.attachment == attachment), key=lambda c: (c.ip.version, c.ip))
 
     def release(self, attachment: Attachment) -> list[IPAddress]:
         deadline = self._deadline()
-        return [c.ip for c in self._attachment_claims(attachment, deadline) if self._delete(c, deadline)]
+        cache = self._synced_cache(deadline)
+        if cache is None:
+            return [c.ip for c in self._attachment_claims(attachment, deadline) if self._delete(c, deadline)]
+        with self._holding(cache, attachment, deadline):
+            return self._release_cached(cache, attachment, deadline)
+
+    def _release_cached(self, cache: LeaseCache, attachment: Attachment, deadline: float) -> list[IPAddress]:
+        """DEL from the watch cache: the claims it shows are deleted with their uid and
+        resourceVersion as preconditions (a stale resourceVersion meets 409, is re-read and
+        deleted only while the Lease still names this attachment). When it shows none, the
+        label-selected List of the attachment decides, as without a cache. When it showed some,
+        the watch delivering our deletes means every earlier claim is in the cache: one this
+        attachment holds that the cache had not seen (made by another process) is freed too."""
+        claims = sorted(cache.claims_of(attachment), key=lambda c: (c.ip.version, c.ip))
+        if not claims:
+            return [c.ip for c in self._attachment_claims(attachment, deadline) if self._delete(c, deadline)]
+        gone = [g for g in (self._remove(c, deadline) for c in claims) if g is not None]
+        freed = [g.ip for g in gone]
+        budget = min(cache.settings.echo_budget, max(0.0, deadline - time.monotonic()))
+        if cache.wait_deleted([g.uid for g in gone], budget):
+            rest = sorted(cache.claims_of(attachment), key=lambda c: (c.ip.version, c.ip))
+        else:
+            log.info("the watch of %s did not deliver our deletes within %.2f s: listing %s's claims",
+                     self.domain, budget, attachment)
+            cache.suspect()
+            rest = self._attachment_claims(attachment, deadline)
+        freed += [c.ip for c in rest if self._delete(c, deadline)]
+        return freed
+
+    # -- the watch cache ------------------------------------------------------------------------
+
+    def _synced_cache(self, deadline: float) -> Optional[LeaseCache]:
+        """The domain's informer when this process keeps one and it is (or within the sync
+        budget gets) in sync; else None and the verb Lists, as without a cache."""
+        if self._cache_source is None:
+            return None
+        cache = self._cache_source(True)
+        self.cache = cache
+        if cache is None:
+            return None
+        budget = min(cache.settings.sync_budget, max(0.0, deadline - time.monotonic()))
+        return cache if cache.wait_synced(budget) else None
+
+    @contextmanager
+    def _holding(self, cache: LeaseCache, attachment: Attachment, deadline: float) -> Iterator[None]:
+        """Hold the daemon's lock for this attachment (ADD/DEL of one attachment never overlap here)."""
+        lock = cache.attachment_lock(attachment)
+        if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise CNIError(TRY_AGAIN_LATER, f"another ADD or DEL of {attachment} did not finish within {self.timeout:g} s",
+                           "retry the call")
+        try:
+            yield
+        finally:
+            lock.release()
 
     def find(self, attachment: Attachment) -> Optional[Reservation]:
         claims = self._attachment_claims(attachment, self._deadline())
@@ -546,6 +862,11 @@ class KubeStore(Store):
         return _group(freed)
 
     def status(self, range_sets: Sequence[RangeSet]) -> list[int]:
+        cache = self._cache_source(False) if self._cache_source is not None else None
+        if cache is not None and cache.usable():  # a running informer answers; STATUS never starts one
+            free = [rs.count_free(cache.used(rs.family)) for rs in range_sets]
+            if all(free):  # "full" is only said after a List (the cache may lag behind a release)
+                return free
         try:
             claims = self._list(self._selector(), self._deadline(), f"list leases of domain {self.domain}")
         except CNIError as err:

@@ -1,0 +1,625 @@
+"""A watch cache of one allocation domain's Leases, for the node daemon only.
+
+One :class:`LeaseCache` (an informer) per (API connection, namespace, domain label selector):
+a background daemon thread Lists the domain's Leases (paged), then Watches from the List's
+resourceVersion with ``allowWatchBookmarks=true`` and applies ADDED / MODIFIED / DELETED /
+BOOKMARK events. A 410 (an ``ERROR`` event whose Status has code 410, or an HTTP 410) means the
+history it needed is gone: it Lists again. A broken stream or a clean end (``timeoutSeconds``)
+re-Watches from the last resourceVersion seen; failures back off exponentially with jitter.
+
+Facts relied on (Kubernetes API concepts: efficient detection of changes, watch bookmarks):
+- A watch from resourceVersion N delivers every change after N that the selector matches, in
+  resourceVersion order; an object leaving the selection arrives as DELETED. So once the event
+  of an object we created has been applied, every earlier change has been applied too.
+- The server may end a watch at any time (``timeoutSeconds``, restarts) and may answer a too-old
+  resourceVersion with 410 Gone / reason Expired, as an HTTP status or as an ERROR event.
+- Bookmarks carry only ``metadata.resourceVersion``; they come at the server's discretion.
+- UIDs are never reused: once a UID is known deleted, any later sighting of it is stale.
+
+What the cache never decides alone (the store, :mod:`ipam.store.kube`, keeps correctness):
+a create is still the claim (409 = taken), a held claim the cache shows is confirmed by a GET
+before it is returned, a delete carries uid/resourceVersion preconditions. The cache only
+saves the per-ADD List; whatever it may have missed is checked as described in kube.py.
+
+Knowledge per Lease name (an :class:`Entry`): the parsed claim, its UID, and whether the
+List/Watch has *confirmed* it. The store writes its own results through (a create, a delete,
+a GET, a 409) as unconfirmed knowledge, so a repeat ADD in the same daemon sees its claim
+before the watch delivers it. Ordering rules that keep write-through and a lagging stream from
+undoing each other:
+- an event or write for a UID known deleted (``dead``) is ignored;
+- an unconfirmed entry (our write) ignores events for *other* UIDs of its name: while the name
+  holds our UID, another UID's event can only be older (a newer one would need our UID's
+  DELETED first, which removes the entry);
+- a placeholder (a 409 told us the name is taken, not by whom) yields to any event of its name;
+- a re-List replaces everything (dropping unconfirmed knowledge it does not contain is the
+  safe direction: missing knowledge costs a 409 or a fallback request, never a wrong answer).
+
+Lifecycle: informers start lazily (the store asks for one on ADD/DEL) and only when the process
+enabled the cache (:func:`enable`, done by the daemon: the in-process plugin never starts a
+thread). An informer unused for ``idle_seconds`` stops (its watch's ``timeoutSeconds`` never
+outlasts the idle deadline, so the thread ends on its own); at most ``max_informers`` run (the
+least recently used is stopped); an informer whose connection is no longer the one the
+kubeconfig yields (token rotation: ``connect()`` returned a new ApiClient) is stopped.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+import random
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Hashable, Iterable, Optional
+
+log = logging.getLogger("rdmanet.ipam.cache")
+
+PAGE_SIZE = 500
+READ_GRACE = 15.0  # a watch read times out this long after the watch's own timeoutSeconds
+BACKOFF_BASE = 0.2
+BACKOFF_CAP = 30.0
+DEAD_UIDS = 4096  # deleted UIDs remembered (bounded: only stale writes within the watch lag need them)
+LOCK_STRIPES = 64
+
+
+@dataclass(frozen=True)
+class Settings:
+    idle_seconds: float = 600.0  # an informer unused this long stops
+    max_informers: int = 32  # least recently used beyond this are stopped
+    sync_budget: float = 1.0  # how long a verb waits for a starting informer's first sync
+    echo_budget: float = 1.0  # how long a verb waits for the watch to deliver its own write
+    distrust_seconds: float = 10.0  # after a missed echo the cache is not used for this long
+    watch_timeout: float = 300.0  # timeoutSeconds of one watch request (jittered -20 %)
+    request_timeout: float = 10.0  # one List page
+
+
+class Gone(Exception):
+    """410: the resourceVersion the watch needs is no longer in the server's history."""
+
+
+class Failed(Exception):
+    """A List or Watch answered with an error status (not 410)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status} {message}".rstrip())
+        self.status = status
+
+
+class Broken(Exception):
+    """An open watch stream failed while being read (the state up to its resourceVersion stands)."""
+
+    def __init__(self, lasted: float, cause: str) -> None:
+        super().__init__(f"watch stream broke after {lasted:.1f} s: {cause}")
+        self.lasted = lasted
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    ip: Any  # ipaddress object
+    claim: Any  # the parsed claim; None for a placeholder (a 409: taken, holder unknown)
+    uid: str  # "" for a placeholder
+    confirmed: bool  # seen in a List or a Watch event (not only written through)
+
+
+class LeaseCache:
+    """One informer: the Leases of one domain in one namespace, kept by List + Watch."""
+
+    def __init__(self, transport: Any, path: str, selector: str, parse: Callable[[Any], Any], *,
+                 owner: Any = None, name: str = "lease-cache", settings: Settings = Settings()) -> None:
+        self.transport = transport  # request(method, path, query, body, timeout) and watch(path, query, timeout)
+        self.path = path
+        self.selector = selector
+        self.parse = parse  # Lease dict -> claim (name, ip, uid, attachment, ...) or None
+        self.owner = owner  # the API client this informer belongs to (token rotation)
+        self.name = name
+        self.settings = settings
+        self._cond = threading.Condition()
+        self._entries: dict[str, Entry] = {}
+        self._by_attachment: dict[Hashable, set[str]] = {}
+        self._used: dict[int, list[int]] = {4: [], 6: []}
+        self._dead: OrderedDict[str, bool] = OrderedDict()  # uid -> the List/Watch confirmed it
+        self.resource_version = ""
+        self.synced = False  # a List applied and a watch stream open (or about to re-open)
+        self._failing = False  # the last List/Watch attempt failed: do not wait for a sync
+        self._distrust_until = 0.0
+        self._stop = threading.Event()
+        self._stream: Any = None
+        self._locks = [threading.Lock() for _ in range(LOCK_STRIPES)]
+        self.last_used = time.monotonic()
+        self.stats = {"lists": 0, "watches": 0, "events": 0, "relists": 0, "errors": 0, "echo_misses": 0}
+        self.thread: Optional[threading.Thread] = None
+        self.on_exit: Optional[Callable[["LeaseCache"], None]] = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> "LeaseCache":
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+            self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Ask the thread to end (returns at once; see :meth:`join`)."""
+        self._stop.set()
+        with self._cond:
+            stream = self._stream
+            self.synced = False
+            self._cond.notify_all()
+        if stream is not None:
+            stream.abort()
+
+    def join(self, timeout: Optional[float] = None) -> bool:
+        if self.thread is not None:
+            self.thread.join(timeout)
+            return not self.thread.is_alive()
+        return True
+
+    @property
+    def alive(self) -> bool:
+        return self.thread is not None and self.thread.is_alive() and not self._stop.is_set()
+
+    def touch(self) -> None:
+        self.last_used = time.monotonic()
+
+    def _idle_left(self) -> float:
+        return self.last_used + self.settings.idle_seconds - time.monotonic()
+
+    # -- use by the store -----------------------------------------------------------------------
+
+    def usable(self) -> bool:
+        with self._cond:
+            return self.synced and not self._stop.is_set() and time.monotonic() >= self._distrust_until
+
+    def wait_synced(self, timeout: float) -> bool:
+        """True when the cache is usable, waiting up to ``timeout`` only while it is starting
+        (a failing informer answers False at once: the verb then Lists, as without a cache)."""
+        end = time.monotonic() + max(0.0, timeout)
+        with self._cond:
+            while True:
+                if self._stop.is_set() or time.monotonic() < self._distrust_until:
+                    return False
+                if self.synced:
+                    return True
+                left = end - time.monotonic()
+                if self._failing or left <= 0:
+                    return False
+                self._cond.wait(left)
+
+    def attachment_lock(self, attachment: Hashable) -> threading.Lock:
+        """Serialises the daemon's ADD/DEL of one attachment (striped: memory stays bounded)."""
+        return self._locks[hash(attachment) % LOCK_STRIPES]
+
+    def used(self, version: int) -> list[int]:
+        """The sorted addresses (as ints) of ``version`` that some Lease (or a 409) holds."""
+        with self._cond:
+            return list(self._used[version])
+
+    def claims_of(self, attachment: Hashable) -> list[Any]:
+        with self._cond:
+            names = self._by_attachment.get(attachment, ())
+            return [self._entries[n].claim for n in names]
+
+    def entry(self, name: str) -> Optional[Entry]:
+        with self._cond:
+            return self._entries.get(name)
+
+    def size(self) -> int:
+        with self._cond:
+            return len(self._entries)
+
+    def suspect(self) -> None:
+        """The watch did not deliver a write in time: stop trusting the cache for a while and
+        re-open the watch (a silently stalled stream would otherwise stay open)."""
+        self.stats["echo_misses"] += 1
+        with self._cond:
+            self._distrust_until = time.monotonic() + self.settings.distrust_seconds
+            stream = self._stream
+        if stream is not None:
+            stream.abort()
+
+    def wait_confirmed(self, writes: Iterable[tuple[str, str]], timeout: float) -> bool:
+        """Wait until the List/Watch has confirmed each (name, uid) we wrote, or its deletion."""
+        writes = list(writes)
+        end = time.monotonic() + max(0.0, timeout)
+
+        def done() -> bool:
+            for name, uid in writes:
+                e = self._entries.get(name)
+                if not ((e is not None and e.uid == uid and e.confirmed) or self._dead.get(uid)):
+                    return False
+            return True
+
+        with self._cond:
+            while not done():
+                left = end - time.monotonic()
+                if left <= 0 or self._stop.is_set():
+                    return False
+                self._cond.wait(left)
+            return True
+
+    def wait_deleted(self, uids: Iterable[str], timeout: float) -> bool:
+        """Wait until the List/Watch has confirmed the deletion of each UID."""
+        uids = list(uids)
+        end = time.monotonic() + max(0.0, timeout)
+        with self._cond:
+            while not all(self._dead.get(u) for u in uids):
+                left = end - time.monotonic()
+                if left <= 0 or self._stop.is_set():
+                    return False
+                self._cond.wait(left)
+            return True
+
+    # -- write-through (the store's own answers) -------------------------------------------------
+
+    def created(self, claim: Any) -> None:
+        """Our create succeeded."""
+        with self._cond:
+            if claim.uid in self._dead:
+                return
+            e = self._entries.get(claim.name)
+            if e is not None and e.uid == claim.uid and e.confirmed:
+                return
+            self._put(Entry(claim.name, claim.ip, claim, claim.uid, False))
+
+    def observed(self, claim: Any) -> None:
+        """A GET (or a selective List) returned this Lease just now."""
+        with self._cond:
+            if claim.uid in self._dead:
+                return
+            e = self._entries.get(claim.name)
+            if e is not None and e.uid and e.uid != claim.uid:
+                self._kill(e.uid, False)  # the name holds another UID now: the old one is gone
+                e = None
+            self._put(Entry(claim.name, claim.ip, claim, claim.uid, e is not None and e.confirmed))
+
+    def absent(self, name: str) -> None:
+        """A GET or delete answered 404 just now."""
+        with self._cond:
+            e = self._entries.get(name)
+            if e is not None:
+                if e.uid:
+                    self._kill(e.uid, False)
+                self._drop(name)
+
+    def deleted(self, claim: Any) -> None:
+        """Our delete (with preconditions on this UID) succeeded."""
+        with self._cond:
+            self._kill(claim.uid, False)
+            e = self._entries.get(claim.name)
+            if e is not None and e.uid == claim.uid:
+                self._drop(claim.name)
+
+    def taken(self, name: str, ip: Any) -> None:
+        """A create met 409: the name is held, by whom the watch will tell."""
+        with self._cond:
+            if name not in self._entries:
+                self._put(Entry(name, ip, None, "", False))
+
+    # -- internals (call with the condition held) ------------------------------------------------
+
+    def _kill(self, uid: str, confirmed: bool) -> None:
+        if not uid:
+            return
+        self._dead[uid] = confirmed or self._dead.get(uid, False)
+        self._dead.move_to_end(uid)
+        while len(self._dead) > DEAD_UIDS:
+            self._dead.popitem(last=False)
+
+    def _put(self, entry: Entry) -> None:
+        old = self._entries.get(entry.name)
+        if old is None:
+            values = self._used.setdefault(entry.ip.version, [])
+            value = int(entry.ip)
+            i = bisect.bisect_left(values, value)
+            if i == len(values) or values[i] != value:
+                values.insert(i, value)
+        else:
+            self._unindex(old)
+        self._entries[entry.name] = entry
+        who = getattr(entry.claim, "attachment", None)
+        if who is not None:
+            self._by_attachment.setdefault(who, set()).add(entry.name)
+        self._cond.notify_all()
+
+    def _unindex(self, entry: Entry) -> None:
+        who = getattr(entry.claim, "attachment", None)
+        if who is not None:
+            names = self._by_attachment.get(who)
+            if names is not None:
+                names.discard(entry.name)
+                if not names:
+                    del self._by_attachment[who]
+
+    def _drop(self, name: str) -> None:
+        old = self._entries.pop(name, None)
+        if old is None:
+            return
+        self._unindex(old)
+        values = self._used.get(old.ip.version, [])
+        value = int(old.ip)
+        i = bisect.bisect_left(values, value)
+        if i < len(values) and values[i] == value:
+            del values[i]
+        self._cond.notify_all()
+
+    def _apply(self, kind: str, obj: Any) -> None:
+        md = obj.get("metadata") if isinstance(obj, dict) else None
+        if not isinstance(md, dict):
+            return
+        rv = str(md.get("resourceVersion") or "")
+        name = str(md.get("name") or "")
+        uid = str(md.get("uid") or "")
+        claim = self.parse(obj) if kind != "DELETED" else None
+        with self._cond:
+            if rv:
+                self.resource_version = rv
+            self.stats["events"] += 1
+            if kind == "DELETED":
+                self._kill(uid, True)
+                e = self._entries.get(name)
+                if e is not None and (e.uid == uid or not e.uid):
+                    self._drop(name)
+                self._cond.notify_all()
+                return
+            if claim is None or uid in self._dead:
+                return
+            e = self._entries.get(name)
+            if e is not None and not e.confirmed and e.uid and e.uid != uid:
+                return  # an older incarnation of a name we have written since
+            self._put(Entry(name, claim.ip, claim, uid, True))
+
+    def _replace(self, items: list[Any], rv: str) -> None:
+        parsed = [c for c in (self.parse(item) for item in items) if c is not None]
+        with self._cond:
+            listed = {c.uid for c in parsed}
+            for uid, confirmed in list(self._dead.items()):
+                if not confirmed and uid not in listed:
+                    self._dead[uid] = True  # a fresh List without it: its deletion is confirmed
+            self._entries.clear()
+            self._by_attachment.clear()
+            self._used = {4: [], 6: []}
+            for c in parsed:
+                if c.uid in self._dead:
+                    continue
+                self._entries[c.name] = Entry(c.name, c.ip, c, c.uid, True)
+                if c.attachment is not None:
+                    self._by_attachment.setdefault(c.attachment, set()).add(c.name)
+                self._used.setdefault(c.ip.version, []).append(int(c.ip))
+            for values in self._used.values():
+                values.sort()
+            self.resource_version = rv
+            self._cond.notify_all()
+
+    # -- the thread -----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        backoff = 0.0
+        need_list = True
+        try:
+            while not self._stop.is_set():
+                if self._idle_left() <= 0:
+                    log.debug("%s: idle for %g s: stopping", self.name, self.settings.idle_seconds)
+                    break
+                if backoff and self._stop.wait(backoff):
+                    break
+                try:
+                    if need_list:
+                        self._list()
+                        need_list = False
+                        if self._stop.is_set():
+                            break
+                    self._watch()
+                except Gone as exc:
+                    log.info("%s: %s: listing again", self.name, exc)
+                    self.stats["relists"] += 1
+                    need_list, backoff = True, 0.0
+                    with self._cond:
+                        self.synced = False
+                except Broken as exc:
+                    # The state up to resource_version stands: watch again from there (at once,
+                    # unless streams keep breaking as soon as they open).
+                    log.debug("%s: %s", self.name, exc)
+                    self.stats["errors"] += 1
+                    quick = exc.lasted < 1.0
+                    backoff = min(BACKOFF_CAP, max(BACKOFF_BASE, backoff * 2)) * random.uniform(0.8, 1.2) if quick else 0.0
+                except Exception as exc:  # noqa: BLE001 - any failure: back off and try again
+                    if self._stop.is_set():
+                        break
+                    self.stats["errors"] += 1
+                    backoff = min(BACKOFF_CAP, max(BACKOFF_BASE, backoff * 2)) * random.uniform(0.8, 1.2)
+                    level = logging.WARNING if isinstance(exc, Failed) and exc.status in (401, 403) else logging.INFO
+                    log.log(level, "%s: %s; retrying in %.1f s%s", self.name, exc, backoff,
+                            " (grant list and watch on leases.coordination.k8s.io)"
+                            if isinstance(exc, Failed) and exc.status == 403 else "")
+                    with self._cond:
+                        self.synced = False
+                        self._failing = True
+                        self._cond.notify_all()
+                else:
+                    backoff = 0.0
+        finally:
+            with self._cond:
+                self.synced = False
+                self._stream = None
+                self._cond.notify_all()
+            self._stop.set()
+            if self.on_exit is not None:
+                self.on_exit(self)
+
+    def _list(self) -> None:
+        items: list[Any] = []
+        cont, rv, restarts = "", "", 0
+        while True:
+            query = [("labelSelector", self.selector), ("limit", str(PAGE_SIZE))]
+            if cont:
+                query.append(("continue", cont))
+            resp = self.transport.request("GET", self.path, query, None, self.settings.request_timeout)
+            self.stats["lists"] += 1
+            if resp.status == 410 and cont and restarts < 3:
+                items, cont, restarts = [], "", restarts + 1  # the continue token expired: start over
+                continue
+            if resp.status != 200 or not isinstance(resp.doc, dict):
+                raise Failed(resp.status, _message(resp.doc))
+            items.extend(resp.doc.get("items") or [])
+            md = resp.doc.get("metadata") or {}
+            if not cont:
+                rv = str(md.get("resourceVersion") or "")
+            cont = md.get("continue") or ""
+            if not cont:
+                break
+            if self._stop.is_set():
+                return
+        if not rv:
+            raise Failed(200, "the List carried no resourceVersion to watch from")
+        self._replace(items, rv)
+
+    def _watch(self) -> None:
+        left = self._idle_left()
+        span = min(self.settings.watch_timeout * random.uniform(0.8, 1.0), max(1.0, left + 1.0))
+        seconds = max(1, math.ceil(span))
+        query = [("labelSelector", self.selector), ("watch", "true"), ("resourceVersion", self.resource_version),
+                 ("allowWatchBookmarks", "true"), ("timeoutSeconds", str(seconds))]
+        stream = self.transport.watch(self.path, query, seconds + READ_GRACE)
+        self.stats["watches"] += 1
+        if stream.status == 410:
+            stream.close()
+            raise Gone(f"HTTP 410 {_message(stream.doc)}".rstrip())
+        if stream.status != 200:
+            stream.close()
+            raise Failed(stream.status, _message(stream.doc))
+        opened = time.monotonic()
+        with self._cond:
+            self._stream = stream
+            self.synced = True
+            self._failing = False
+            self._cond.notify_all()
+        try:
+            if self._stop.is_set():
+                return
+            for event in _read(stream, opened, self._stop):
+                if not isinstance(event, dict):
+                    continue
+                kind, obj = event.get("type"), event.get("object")
+                if kind == "ERROR":
+                    code = obj.get("code") if isinstance(obj, dict) else None
+                    if code == 410:
+                        raise Gone(_message(obj) or "410 Gone")
+                    raise Failed(code if isinstance(code, int) else 0, _message(obj))
+                if kind == "BOOKMARK":
+                    rv = ((obj or {}).get("metadata") or {}).get("resourceVersion") if isinstance(obj, dict) else None
+                    if rv:
+                        with self._cond:
+                            self.resource_version = str(rv)
+                    continue
+                if kind in ("ADDED", "MODIFIED", "DELETED"):
+                    self._apply(kind, obj)
+                if self._stop.is_set():
+                    return
+        finally:
+            with self._cond:
+                self._stream = None
+            stream.close()
+
+
+def _read(stream: Any, opened: float, stop: threading.Event) -> Iterable[Any]:
+    """The stream's events; a failure while reading becomes :class:`Broken` (none after a stop)."""
+    events = iter(stream.events())
+    while True:
+        try:
+            event = next(events)
+        except StopIteration:
+            return
+        except Exception as exc:  # noqa: BLE001 - transport errors of any kind
+            if stop.is_set():
+                return
+            raise Broken(time.monotonic() - opened, f"{type(exc).__name__}: {exc}") from None
+        yield event
+
+
+def _message(doc: Any) -> str:
+    if isinstance(doc, dict) and isinstance(doc.get("message"), str):
+        return doc["message"]
+    return ""
+
+
+# -- the process-wide registry ----------------------------------------------------------------------
+
+_settings = Settings()
+_enabled = False
+_informers: "OrderedDict[tuple, LeaseCache]" = OrderedDict()
+_lock = threading.Lock()
+
+
+def enable(on: bool = True, **settings: Any) -> None:
+    """Turn the cache on (the daemon) or off (stops every informer). ``settings`` override
+    :class:`Settings` fields for informers started from now on (tests use short ones)."""
+    global _enabled, _settings
+    with _lock:
+        _enabled = on
+        _settings = replace(Settings(), **settings) if settings else Settings()
+        stopped = list(_informers.values()) if not on else []
+        if not on:
+            _informers.clear()
+    for inf in stopped:
+        inf.stop()
+    for inf in stopped:
+        inf.join(2.0)
+
+
+def enabled() -> bool:
+    return _enabled
+
+
+def settings() -> Settings:
+    return _settings
+
+
+def informers() -> list[LeaseCache]:
+    with _lock:
+        return list(_informers.values())
+
+
+def informer(connection_key: Hashable, domain_key: Hashable, owner: Any, make: Callable[[Settings], LeaseCache],
+             start: bool = True) -> Optional[LeaseCache]:
+    """The informer for (connection, domain); started with ``make`` when ``start`` and none runs.
+
+    ``owner`` is the API client the caller got from ``connect()`` for ``connection_key`` (the
+    kubeconfig path, API root and namespace setting): an informer of that key built on another
+    client belongs to a rotated-away credential and is stopped, whatever its domain.
+    """
+    if not _enabled:
+        return None
+    stopped = []
+    with _lock:
+        now = time.monotonic()
+        for key, inf in list(_informers.items()):
+            stale = key[0] == connection_key and inf.owner is not owner
+            if stale or not inf.alive or now - inf.last_used >= inf.settings.idle_seconds:
+                del _informers[key]
+                stopped.append(inf)
+        key = (connection_key, domain_key)
+        inf = _informers.get(key)
+        if inf is None and start:
+            inf = make(_settings)
+            inf.on_exit = _forget
+            _informers[key] = inf
+            inf.start()
+            while len(_informers) > max(1, _settings.max_informers):
+                _, old = _informers.popitem(last=False)
+                stopped.append(old)
+        if inf is not None:
+            _informers.move_to_end(key)
+            inf.touch()
+    for old in stopped:
+        old.stop()
+    return inf
+
+
+def _forget(inf: LeaseCache) -> None:
+    with _lock:
+        for key, other in list(_informers.items()):
+            if other is inf:
+                del _informers[key]

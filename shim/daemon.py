@@ -4,15 +4,22 @@ It keeps the plugin modules, pyroute2 and pydantic imported and answers each req
 :mod:`shim.launcher` for the protocol) by running :func:`cni.core.skel.handle` in a thread of its
 own, printing exactly what the in-process run would print (``skel.render``) with the same exit code.
 
-- Socket: its directory is made 0700, the socket 0600; peers other than root (SO_PEERCRED) are
-  disconnected without an answer.
+- Socket: 0600 (its directory, when the daemon creates it, 0700); peers other than root
+  (SO_PEERCRED) are disconnected without an answer.
 - Per request: the call's environment is its own (:mod:`cni.core.env`), and what the plugins log
   or print on stderr goes into that request's answer, never into another's (a contextvar-routed
   ``sys.stderr``). Network namespaces are entered per thread and always left (cni.linux.netns).
-- lease-ipam as ``ipam.type`` runs in-process (``ipam_exec.IN_PROCESS``), not by exec.
+- lease-ipam as ``ipam.type`` runs in-process (``ipam_exec.IN_PROCESS_PLUGINS``), not by exec.
 - Requests carrying a test crash hook (LEASE_IPAM_TEST_CRASH_AT, which os._exit()s) are declined
   with ``{"exec": true}`` so the shim runs them in a process of their own.
-- SIGTERM/SIGINT: stop accepting, finish the requests in flight, remove the socket, exit 0.
+- Requests of another protocol version (``"v"``) are declined with ``{"exec": true}``: a shim
+  with a fallback runs them itself, a daemon-only shim answers 11 until both sides match.
+- The call's environment is the runtime's (forwarded by the shim); :data:`DAEMON_DEFAULTS` come
+  from the daemon's own environment when the call lacks them (in a DaemonSet, the node name the
+  downward API gives the pod).
+- SIGTERM/SIGINT: remove the socket (new calls find no daemon: shims with a fallback run them
+  in-process, daemon-only shims answer 11 and the runtime retries), stop accepting, serve the
+  connections already queued, finish the requests in flight, exit 0.
 - The daemon's own logs: one JSON object per line on stderr.
 """
 
@@ -32,11 +39,14 @@ import threading
 import time
 from typing import Any, Iterable, Mapping, Optional
 
-from cni.core import ipam_exec, skel
+from cni.core import skel
+from cni.core.ipam_exec import CRASH_HOOKS
 
-from .launcher import DEFAULT_SOCKET, PLUGINS, b64, exchange, read_line, unb64, NoDaemon, DaemonLost
+from .launcher import DEFAULT_SOCKET, PLUGINS, PROTOCOL, b64, exchange, read_line, unb64, NoDaemon, DaemonLost
 
-CRASH_HOOKS = ("LEASE_IPAM_TEST_CRASH_AT",)
+# Variables a call gets from the daemon's environment when its own lacks them.
+DAEMON_DEFAULTS = ("RDMANET_NODE_NAME",)
+
 _LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"  # = skel.configure_logging
 
 _real_stderr = sys.__stderr__
@@ -115,22 +125,22 @@ def _level_of(env: Mapping[str, str]) -> int:
 
 
 def load_plugins() -> dict[str, Any]:
-    """Import every plugin (and with them pyroute2, pydantic) and register in-process IPAM."""
+    """Import every plugin (and with them pyroute2, pydantic)."""
     plugins = {}
     for name, (module, cls) in PLUGINS.items():
         plugins[name] = getattr(__import__(module, fromlist=[cls]), cls)
     import pydantic  # noqa: F401  (warm)
     import pyroute2  # noqa: F401
+    from ipam.store.kube import use_watch_cache
 
-    lease = plugins["lease-ipam"]
-
-    def lease_ipam_in_process(env: Mapping[str, str], stdin: bytes):
-        if any(hook in env for hook in CRASH_HOOKS):
-            return None  # os._exit() hooks run in a process of their own
-        return skel.handle(lease(), env, stdin)
-
-    ipam_exec.IN_PROCESS["lease-ipam"] = lease_ipam_in_process
+    use_watch_cache(True)  # Lease watch cache per domain, started on a domain's first ADD/DEL: daemon only
     return plugins
+
+
+def call_env(env: Mapping[str, str], daemon_env: Mapping[str, str]) -> dict[str, str]:
+    """The call's environment, completed with :data:`DAEMON_DEFAULTS` from the daemon's own."""
+    defaults = {key: daemon_env[key] for key in DAEMON_DEFAULTS if key in daemon_env}
+    return {**defaults, **env}
 
 
 def serve_call(plugins: Mapping[str, Any], plugin: str, env: Mapping[str, str], stdin: bytes) -> dict:
@@ -171,10 +181,14 @@ class _Handler(socketserver.BaseRequestHandler):
             if req.get("health"):
                 answer: dict = {"ok": True, "pid": os.getpid(), "uptime": round(time.monotonic() - srv.started, 3),
                                 "requests": srv.requests, "in_flight": srv.in_flight}
+            elif req.get("v") != PROTOCOL:
+                answer = {"exec": True, "why": f"protocol version {req.get('v')!r} is not served (this daemon speaks {PROTOCOL})"}
+                log_event("protocol_mismatch", "warning", v=req.get("v"), served=PROTOCOL)
             else:
                 plugin, env, stdin = req["plugin"], req["env"], unb64(req.get("stdin_b64", ""))
                 if plugin not in srv.plugins or not isinstance(env, dict):
                     raise ValueError(f"unknown plugin {plugin!r}")
+                env = call_env(env, os.environ)
                 if any(hook in env for hook in CRASH_HOOKS):
                     answer = {"exec": True}
                 else:
@@ -193,6 +207,7 @@ class _Handler(socketserver.BaseRequestHandler):
 
 
 class DaemonServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    request_queue_size = socket.SOMAXCONN  # a burst of pod starts must queue, not get EAGAIN (default 5)
     daemon_threads = False
     block_on_close = True  # server_close() joins the requests in flight
 
@@ -222,6 +237,22 @@ class DaemonServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             return False
         return True
 
+    def drain_backlog(self) -> int:
+        """Serve the connections already queued on the (no longer polled) listening socket."""
+        self.socket.setblocking(False)
+        served = 0
+        while True:
+            try:
+                request, address = self.get_request()
+            except OSError:  # EAGAIN: the queue is empty
+                return served
+            request.setblocking(True)
+            served += 1
+            if self.verify_request(request, address):
+                self.process_request(request, address)
+            else:
+                self.shutdown_request(request)
+
     def count(self):
         server = self
 
@@ -240,8 +271,10 @@ class DaemonServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
 def _prepare_socket(path: str) -> None:
     directory = os.path.dirname(path) or "."
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    os.chmod(directory, 0o700)
+    try:
+        os.makedirs(directory, mode=0o700)  # a directory of its own: 0700
+    except FileExistsError:
+        pass  # an existing one (/tmp, /run) keeps its mode: the socket itself is 0600
     if os.path.exists(path):
         try:
             exchange(path, {"health": True})
@@ -276,15 +309,22 @@ def run(socket_path: str = DEFAULT_SOCKET, allowed_uids: Iterable[int] = (0,)) -
         while not stop.wait(1.0):
             pass
     finally:
-        log_event("stopping", in_flight=server.in_flight)
-        server.shutdown()  # no new connections
-        try:
-            os.unlink(socket_path)
-        except FileNotFoundError:
-            pass
-        server.server_close()  # joins the requests in flight
-        log_event("stopped", requests=server.requests)
+        stop_serving(server, socket_path)
     return 0
+
+
+def stop_serving(server: DaemonServer, socket_path: str, accept_loop_running: bool = True) -> None:
+    """Graceful stop: no caller is left without an answer."""
+    log_event("stopping", in_flight=server.in_flight)
+    try:
+        os.unlink(socket_path)  # new callers find no daemon (fallback in-process, or 11 and a retry)
+    except FileNotFoundError:
+        pass
+    if accept_loop_running:
+        server.shutdown()  # the accept loop ends
+    queued = server.drain_backlog()  # callers that connected before the unlink are served
+    server.server_close()  # joins the requests in flight
+    log_event("stopped", requests=server.requests, served_from_backlog=queued)
 
 
 def check(socket_path: str = DEFAULT_SOCKET) -> int:

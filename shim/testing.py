@@ -34,7 +34,8 @@ def health(socket_path: str) -> Optional[dict]:
 class Daemon:
     """``rdmanet daemon`` as a subprocess; :meth:`stop` always leaves no process and no socket."""
 
-    def __init__(self, socket_path: str, allow_uids: Sequence[int] = (), log_path: Optional[str] = None) -> None:
+    def __init__(self, socket_path: str, allow_uids: Sequence[int] = (), log_path: Optional[str] = None,
+                 env: Optional[dict[str, str]] = None) -> None:
         self.socket = socket_path
         self._own_log = log_path is None
         if log_path is None:
@@ -45,7 +46,8 @@ class Daemon:
         for uid in allow_uids:
             args += ["--allow-uid", str(uid)]
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=self._log)
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=self._log,
+                                     env=None if env is None else {**os.environ, **env})
         deadline = time.monotonic() + 30
         while health(socket_path) is None:
             if self.proc.poll() is not None or time.monotonic() > deadline:

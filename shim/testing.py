@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pathlib
 import shutil
 import signal
+import socket
 import subprocess
+import threading
 import sys
 import sysconfig
 import tempfile
 import time
 from typing import Iterator, Optional, Sequence
 
-from .launcher import PLUGINS, NoDaemon, DaemonLost, exchange, write_shim
+from .launcher import PLUGINS, NoDaemon, DaemonLost, exchange, read_line, write_shim
 
 
 def write_shims(bin_dir: os.PathLike | str, socket_path: str, python: str = sys.executable,
@@ -89,6 +92,37 @@ class Daemon:
         if self._own_log:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.log_path)
+
+
+class ScriptedDaemon:
+    """A stand-in daemon on ``path``: reads each request, answers ``answer`` (None: closes without
+    answering, a daemon that went away); ``seen`` counts the requests."""
+
+    def __init__(self, path: str, answer: Optional[dict] = None) -> None:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(path)
+        self.sock.listen(8)
+        self.path, self.answer, self.seen = path, answer, 0
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                read_line(conn)
+                self.seen += 1
+                if self.answer is not None:
+                    conn.sendall(json.dumps(self.answer).encode() + b"\n")
+
+    def close(self) -> None:
+        self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+        os.unlink(self.path)
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ from cni.core import ipam_exec, version
 from cni.core.invocation import parse_invocation
 from cni.linux import sysfs
 from shim import launcher
-from shim.testing import Daemon, health, shim_env
+from shim.testing import Daemon, ScriptedDaemon, health, shim_env
 
 BARE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -208,37 +208,10 @@ def test_log_level_is_per_request(env_dir, daemon):
 # --------------------------------------------------------------------------- a daemon that goes away
 
 
-class _Vanishing:
-    """A socket server that reads the request and closes without answering."""
-
-    def __init__(self, path: str) -> None:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind(path)
-        self.sock.listen(8)
-        self.path = path
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            launcher.read_line(conn)
-            conn.close()
-
-    def close(self) -> None:
-        self.sock.shutdown(socket.SHUT_RDWR)
-        self.sock.close()
-        os.unlink(self.path)
-
-
 def test_daemon_lost_add_is_try_again_and_del_runs_in_process(env_dir, tmp_path):
     bin_dir = env_dir / "bin"
     conf = ipam_conf(tmp_path / "data")
-    server = _Vanishing(str(env_dir / "run" / "daemon.sock"))
+    server = ScriptedDaemon(str(env_dir / "run" / "daemon.sock"))
     try:
         add = call(bin_dir, "lease-ipam", "ADD", conf, **ipam_env(bin_dir, "c1"))
         assert add.returncode == 1

@@ -22,7 +22,7 @@ import pytest
 from cni.core import version
 from shim import launcher
 from shim.__main__ import main as shim_main
-from shim.testing import Daemon, health, write_shims
+from shim.testing import Daemon, ScriptedDaemon, health, write_shims
 
 BARE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 VENV_BIN = pathlib.Path(sys.executable).parent
@@ -206,41 +206,11 @@ def test_through_the_daemon_same_bytes_as_a_shim_with_fallback(root):
     assert json.loads(got["only"][0][1])["ips"][0]["address"] == "10.78.0.2/24"
 
 
-class _FakeDaemon:
-    """Answers every request with ``answer`` (None: reads the request and closes without answering)."""
-
-    def __init__(self, path: str, answer) -> None:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind(path)
-        self.sock.listen(8)
-        self.path, self.answer, self.seen = path, answer, 0
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn:
-                launcher.read_line(conn)
-                self.seen += 1
-                if self.answer is not None:
-                    conn.sendall(json.dumps(self.answer).encode() + b"\n")
-
-    def close(self) -> None:
-        self.sock.shutdown(socket.SHUT_RDWR)
-        self.sock.close()
-        os.unlink(self.path)
-
-
 @pytest.mark.parametrize("answer", [None, {"exec": True}, {"exec": True, "why": "protocol version 9 is not served"}],
                          ids=["went-away", "declined", "declined-why"])
 def test_daemon_gone_or_declining_is_try_again_later(root, answer):
     bin_dir = daemon_only_shims(root)
-    fake = _FakeDaemon(str(root / "run" / "daemon.sock"), answer)
+    fake = ScriptedDaemon(str(root / "run" / "daemon.sock"), answer)
     try:
         for command in ("ADD", "DEL"):
             proc = call(bin_dir / "lease-ipam", command, ipam_conf(root / "data"), **ipam_env(bin_dir))

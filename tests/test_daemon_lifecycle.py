@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from ipam.plugin import LeaseIPAM
 from shim import daemon as daemon_mod
 from shim.launcher import PROTOCOL, NoDaemon, exchange, read_line, unb64
 from shim.testing import Daemon, shim_env
@@ -79,7 +80,8 @@ def test_stop_serves_the_callers_already_queued(tmp_path):
     """Connections queued in the listen backlog when the daemon stops get answers, not resets;
     callers that come after the stop find no socket (and run in-process)."""
     path = str(tmp_path / "daemon.sock")
-    server = daemon_mod.DaemonServer(path, daemon_mod.load_plugins(), allowed_uids=(os.getuid(),))
+    # the plugin table without load_plugins(): that would turn the daemon's watch cache on in this process
+    server = daemon_mod.DaemonServer(path, {"lease-ipam": LeaseIPAM}, allowed_uids=(os.getuid(),))
     queued = []
     for _ in range(3):  # nobody accepts yet: connect() returns once the connection is in the backlog
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -12,8 +12,9 @@ own, printing exactly what the in-process run would print (``skel.render``) with
 - lease-ipam as ``ipam.type`` runs in-process (``ipam_exec.IN_PROCESS_PLUGINS``), not by exec.
 - Requests carrying a test crash hook (LEASE_IPAM_TEST_CRASH_AT, which os._exit()s) are declined
   with ``{"exec": true}`` so the shim runs them in a process of their own.
-- Requests of another protocol version (``"v"``) are declined with ``{"exec": true}``: a shim
-  with a fallback runs them itself, a daemon-only shim answers 11 until both sides match.
+- Two framings (:mod:`shim.launcher`): the shims' binary one and one JSON line for tools
+  (health) and the first shims. A request of another protocol version is declined ("exec"): a
+  shim with a fallback runs it itself, a daemon-only shim answers 11 until both sides match.
 - The call's environment is the runtime's (forwarded by the shim); :data:`DAEMON_DEFAULTS` come
   from the daemon's own environment when the call lacks them (in a DaemonSet, the node name the
   downward API gives the pod).
@@ -42,7 +43,8 @@ from typing import Any, Iterable, Mapping, Optional
 from cni.core import skel
 from cni.core.ipam_exec import CRASH_HOOKS
 
-from .launcher import DEFAULT_SOCKET, PLUGINS, PROTOCOL, b64, exchange, read_line, unb64, NoDaemon, DaemonLost
+from .launcher import (DEFAULT_SOCKET, JSON_PROTOCOL, MAX_LINE, PLUGINS, PROTOCOL, DaemonLost, NoDaemon, b64, exchange,
+                       unb64)
 
 # Variables a call gets from the daemon's environment when its own lacks them.
 DAEMON_DEFAULTS = ("RDMANET_NODE_NAME",)
@@ -143,16 +145,15 @@ def call_env(env: Mapping[str, str], daemon_env: Mapping[str, str]) -> dict[str,
     return {**defaults, **env}
 
 
-def serve_call(plugins: Mapping[str, Any], plugin: str, env: Mapping[str, str], stdin: bytes) -> dict:
-    """One CNI call: the answer document (code, stdout_b64, stderr_b64)."""
+def serve_call(plugins: Mapping[str, Any], plugin: str, env: Mapping[str, str], stdin: bytes) -> tuple[int, bytes, bytes]:
+    """One CNI call: (exit code, stdout, stderr), what the in-process run would give."""
     cap = _Capture(_level_of(env))
     token = _capture.set(cap)
     try:
         code, document = skel.handle(plugins[plugin](), env, stdin)
     finally:
         _capture.reset(token)
-    return {"code": code, "stdout_b64": b64(skel.render(document).encode()),
-            "stderr_b64": b64(cap.buffer.getvalue().encode("utf-8", "surrogateescape"))}
+    return code, skel.render(document).encode(), cap.buffer.getvalue().encode("utf-8", "surrogateescape")
 
 
 # --------------------------------------------------------------------------- server
@@ -163,47 +164,88 @@ def peer_uid(sock: socket.socket) -> int:
     return struct.unpack("3i", creds)[1]
 
 
-class _Handler(socketserver.BaseRequestHandler):
+class BadRequest(ValueError):
+    """Unreadable request: the connection is closed without an answer (the shim runs the call
+    itself, or answers 11 on ADD)."""
+
+
+def parse_binary(line: bytes, rfile: Any) -> tuple[int, str, dict[str, str], bytes]:
+    """The binary framing's request after its first line: (protocol, plugin, env, stdin)."""
+    try:
+        _, version, plugin, n_env, n_stdin = line.decode("ascii").split()
+        n_env, n_stdin = int(n_env), int(n_stdin)
+    except ValueError:
+        raise BadRequest(f"unreadable request line {line[:80]!r}") from None
+    body = rfile.read(n_env + n_stdin)
+    if len(body) != n_env + n_stdin:
+        raise BadRequest("request cut short")
+    env = {}
+    for entry in filter(None, body[:n_env].split(b"\0")):
+        key, _, value = entry.partition(b"=")
+        env[os.fsdecode(key)] = os.fsdecode(value)  # as os.environ decodes them
+    return int(version) if version.isdigit() else -1, plugin, env, body[n_env:]
+
+
+class _Handler(socketserver.StreamRequestHandler):
     server: "DaemonServer"
 
     def handle(self) -> None:
-        srv = self.server
-        try:
-            line = read_line(self.request)
-        except (OSError, ValueError) as exc:
-            log_event("bad_request", "warning", error=str(exc))
-            return
-        if line is None:
-            return
         started = time.monotonic()
         try:
-            req = json.loads(line)
-            if req.get("health"):
-                answer: dict = {"ok": True, "pid": os.getpid(), "uptime": round(time.monotonic() - srv.started, 3),
-                                "requests": srv.requests, "in_flight": srv.in_flight}
-            elif req.get("v") != PROTOCOL:
-                answer = {"exec": True, "why": f"protocol version {req.get('v')!r} is not served (this daemon speaks {PROTOCOL})"}
-                log_event("protocol_mismatch", "warning", v=req.get("v"), served=PROTOCOL)
+            line = self.rfile.readline(MAX_LINE)
+            if not line.endswith(b"\n"):
+                return  # EOF or an endless line: nothing to answer
+            if line.startswith(b"RDMANET "):
+                answer = self._binary(*parse_binary(line, self.rfile), started)
             else:
-                plugin, env, stdin = req["plugin"], req["env"], unb64(req.get("stdin_b64", ""))
-                if plugin not in srv.plugins or not isinstance(env, dict):
-                    raise ValueError(f"unknown plugin {plugin!r}")
-                env = call_env(env, os.environ)
-                if any(hook in env for hook in CRASH_HOOKS):
-                    answer = {"exec": True}
-                else:
-                    with srv.count():
-                        answer = serve_call(srv.plugins, plugin, env, stdin)
-                    log_event("call", plugin=plugin, command=env.get("CNI_COMMAND"),
-                              container=env.get("CNI_CONTAINERID"), ifname=env.get("CNI_IFNAME"),
-                              code=answer["code"], ms=round((time.monotonic() - started) * 1000, 1))
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                answer = json.dumps(self._json(json.loads(line), started)).encode() + b"\n"
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             log_event("bad_request", "warning", error=f"{type(exc).__name__}: {exc}")
-            return  # closing without an answer: the shim runs the call itself (or answers 11 on ADD)
+            return
         try:
-            self.request.sendall(json.dumps(answer).encode() + b"\n")
+            self.wfile.write(answer)
         except OSError as exc:
             log_event("answer_lost", "warning", error=str(exc))
+
+    def _binary(self, version: int, plugin: str, env: dict[str, str], stdin: bytes, started: float) -> bytes:
+        if version != PROTOCOL:
+            return f"exec {self._mismatch(version)}\n".encode()
+        served = self._call(plugin, env, stdin, started)
+        if served is None:
+            return b"exec a test crash hook runs in a process of its own\n"
+        code, out, err = served
+        return b"%d %d %d\n" % (code, len(out), len(err)) + out + err
+
+    def _json(self, req: dict, started: float) -> dict:
+        srv = self.server
+        if req.get("health"):
+            return {"ok": True, "pid": os.getpid(), "uptime": round(time.monotonic() - srv.started, 3),
+                    "requests": srv.requests, "in_flight": srv.in_flight}
+        if req.get("v") != JSON_PROTOCOL:
+            return {"exec": True, "why": self._mismatch(req.get("v"))}
+        served = self._call(req["plugin"], req["env"], unb64(req.get("stdin_b64", "")), started)
+        if served is None:
+            return {"exec": True, "why": "a test crash hook runs in a process of its own"}
+        code, out, err = served
+        return {"code": code, "stdout_b64": b64(out), "stderr_b64": b64(err)}
+
+    def _mismatch(self, version: Any) -> str:
+        log_event("protocol_mismatch", "warning", v=version, served=[PROTOCOL, JSON_PROTOCOL])
+        return f"protocol version {version!r} is not served (this daemon speaks {PROTOCOL}, and {JSON_PROTOCOL} in JSON)"
+
+    def _call(self, plugin: str, env: Any, stdin: bytes, started: float) -> Optional[tuple[int, bytes, bytes]]:
+        """Serve one CNI call; None when it must run in a process of its own."""
+        srv = self.server
+        if plugin not in srv.plugins or not isinstance(env, dict):
+            raise BadRequest(f"unknown plugin {plugin!r}")
+        env = call_env(env, os.environ)
+        if any(hook in env for hook in CRASH_HOOKS):
+            return None
+        with srv.count():
+            served = serve_call(srv.plugins, plugin, env, stdin)
+        log_event("call", plugin=plugin, command=env.get("CNI_COMMAND"), container=env.get("CNI_CONTAINERID"),
+                  ifname=env.get("CNI_IFNAME"), code=served[0], ms=round((time.monotonic() - started) * 1000, 1))
+        return served
 
 
 class DaemonServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):

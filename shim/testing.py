@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import pathlib
 import shutil
@@ -17,7 +16,7 @@ import tempfile
 import time
 from typing import Iterator, Optional, Sequence
 
-from .launcher import PLUGINS, NoDaemon, DaemonLost, exchange, read_line, write_shim
+from .launcher import PLUGINS, NoDaemon, DaemonLost, exchange, write_shim
 
 
 def write_shims(bin_dir: os.PathLike | str, socket_path: str, python: str = sys.executable,
@@ -95,10 +94,11 @@ class Daemon:
 
 
 class ScriptedDaemon:
-    """A stand-in daemon on ``path``: reads each request, answers ``answer`` (None: closes without
-    answering, a daemon that went away); ``seen`` counts the requests."""
+    """A stand-in daemon on ``path`` for shims: reads each request whole (the binary framing),
+    answers the bytes ``answer`` (None: closes without answering, a daemon that went away);
+    ``seen`` counts the requests."""
 
-    def __init__(self, path: str, answer: Optional[dict] = None) -> None:
+    def __init__(self, path: str, answer: Optional[bytes] = None) -> None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.bind(path)
@@ -114,15 +114,24 @@ class ScriptedDaemon:
             except OSError:
                 return
             with conn:
-                read_line(conn)
+                read_request(conn)
                 self.seen += 1
                 if self.answer is not None:
-                    conn.sendall(json.dumps(self.answer).encode() + b"\n")
+                    conn.sendall(self.answer)
 
     def close(self) -> None:
         self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
         os.unlink(self.path)
+
+
+def read_request(conn: socket.socket) -> bytes:
+    """A shim's whole request in the binary framing (header line and body), as a daemon reads it."""
+    with conn.makefile("rb") as rfile:
+        head = rfile.readline()
+        fields = head.split()
+        body = rfile.read(int(fields[3]) + int(fields[4])) if len(fields) == 5 else b""
+    return head + body
 
 
 @contextlib.contextmanager

@@ -12,14 +12,14 @@ import pytest
 
 from ipam.plugin import LeaseIPAM
 from shim import daemon as daemon_mod
-from shim.launcher import PROTOCOL, NoDaemon, exchange, read_line, unb64
+from shim.launcher import JSON_PROTOCOL, PROTOCOL, NoDaemon, call, exchange, read_line, unb64
 from shim.testing import Daemon, shim_env
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_api_server import KubeAPIServer, write_kubeconfig  # noqa: E402
 
 BARE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
-VERSION_REQUEST = {"v": PROTOCOL, "plugin": "lease-ipam", "env": {"CNI_COMMAND": "VERSION"}, "stdin_b64": ""}
+VERSION_REQUEST = {"v": JSON_PROTOCOL, "plugin": "lease-ipam", "env": {"CNI_COMMAND": "VERSION"}, "stdin_b64": ""}
 
 
 @pytest.fixture
@@ -31,10 +31,17 @@ def env_dir():
 def test_other_protocol_versions_are_declined(env_dir):
     d = Daemon(str(env_dir / "run" / "daemon.sock"), allow_uids=[os.getuid()])
     try:
-        answer = exchange(d.socket, {**VERSION_REQUEST, "v": PROTOCOL + 1}, timeout=10)
+        answer = exchange(d.socket, {**VERSION_REQUEST, "v": JSON_PROTOCOL + 1}, timeout=10)
         assert answer["exec"] is True and f"this daemon speaks {PROTOCOL}" in answer["why"]
         served = exchange(d.socket, VERSION_REQUEST, timeout=10)
         assert served["code"] == 0 and b"supportedVersions" in unb64(served["stdout_b64"])
+        # the binary framing: the same answer, and the same refusal of another version
+        code, out, err = call(d.socket, "lease-ipam", {b"CNI_COMMAND": b"VERSION"}, b"", timeout=10)
+        assert (code, out, err) == (0, unb64(served["stdout_b64"]), b"")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(d.socket)
+            sock.sendall(b"RDMANET 9 lease-ipam 19 0\nCNI_COMMAND=VERSION")
+            assert read_line(sock).startswith(b"exec protocol version 9 is not served")
         assert '"protocol_mismatch"' in d.log()
     finally:
         d.cleanup()

@@ -531,6 +531,15 @@ class _Fault:
 # --------------------------------------------------------------------------
 
 
+def _shutdown_all(socks: list) -> None:
+    """Cut connections under their handlers' feet (their reads see EOF at once)."""
+    for s in socks:
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -623,11 +632,7 @@ class KubeAPIServer:
         self._httpd.server_close()
         with self._stats_lock:
             conns = list(self._connections)
-        for s in conns:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        _shutdown_all(conns)
         if self._thread is not None:
             self._thread.join(timeout=5)
 
@@ -686,11 +691,7 @@ class KubeAPIServer:
         """Cut every open watch stream (no terminating chunk): a broken connection. Returns how many."""
         with self._stats_lock:
             socks = list(self._watch_sockets)
-        for s in socks:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        _shutdown_all(socks)
         with self._cond:
             self._cond.notify_all()
         return len(socks)

@@ -31,6 +31,8 @@ fi
 if [ $# -gt 0 ]; then
     exec .venv/bin/python -m pytest "$@"
 fi
+# The whole suite includes install.sh's host mode end to end (a venv of its own, ~30 s).
+export RDMANET_TEST_HOST_INSTALL=${RDMANET_TEST_HOST_INSTALL:-1}
 # The whole suite, with the plugins installed as shims that run in-process (no daemon) ...
 .venv/bin/python -m pytest
 # ... then the netns suite again through the same shims with `rdmanet daemon` answering them:

@@ -11,7 +11,7 @@ own, printing exactly what the in-process run would print (``skel.render``) with
   ``sys.stderr``). Network namespaces are entered per thread and always left (cni.linux.netns).
 - lease-ipam as ``ipam.type`` runs in-process (``ipam_exec.IN_PROCESS_PLUGINS``), not by exec.
 - Requests carrying a test crash hook (LEASE_IPAM_TEST_CRASH_AT, which os._exit()s) are declined
-  with ``{"exec": true}`` so the shim runs them in a process of their own.
+  ("exec") so the shim runs them in a process of their own.
 - Two framings (:mod:`shim.launcher`): the shims' binary one and one JSON line for tools
   (health) and the first shims. A request of another protocol version is declined ("exec"): a
   shim with a fallback runs it itself, a daemon-only shim answers 11 until both sides match.

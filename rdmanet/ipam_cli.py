@@ -219,31 +219,27 @@ def _local_reservations(data_dir: str, domain: str) -> tuple[list, str]:
 
 def read_local_unlocked(root: str) -> list:
     """The local store's reservations read from its address files alone (read-only, no lock)."""
-    from ipam.store.base import Reservation
     from ipam.store.files import read_json
-    from ipam.store.layout import address_name, owner_of
+    from ipam.store.layout import address_name, reservations_of
 
     try:
         names = os.listdir(root)
     except OSError as exc:
         raise CNIError(IO_FAILURE, f"cannot read {root}: {exc.strerror or exc}",
                        "run as a user that can read the store directory (root, or sudo)") from None
-    groups: dict = {}
-    for name in names:
-        ip = address_name(name)
-        if ip is None:
-            continue
-        try:
-            doc = read_json(os.path.join(root, name))
-        except OSError as exc:
-            raise CNIError(IO_FAILURE, f"cannot read {os.path.join(root, name)}: {exc.strerror or exc}",
-                           "run as a user that can read the store's files (root, or sudo)") from None
-        who = owner_of(doc)
-        if who is not None:
-            network, ips, when = groups.setdefault(who, (str(doc.get("network", "")), [], str(doc.get("time", ""))))
-            ips.append(ip)
-    return [Reservation(who, network, tuple(sorted(ips, key=lambda ip: (ip.version, ip))), when)
-            for who, (network, ips, when) in sorted(groups.items())]
+
+    def claims():
+        for name in names:
+            ip = address_name(name)
+            if ip is None:
+                continue
+            try:
+                yield ip, read_json(os.path.join(root, name))
+            except OSError as exc:
+                raise CNIError(IO_FAILURE, f"cannot read {os.path.join(root, name)}: {exc.strerror or exc}",
+                               "run as a user that can read the store's files (root, or sudo)") from None
+
+    return reservations_of(claims())
 
 
 def _filter(view: NetworkView, network: Optional[str]) -> Optional[NetworkView]:

@@ -17,6 +17,8 @@ import json
 import os
 from typing import Any, Callable, Optional
 
+from cni.linux.files import fsync_dir  # noqa: F401  (the store's modules import it from here)
+
 FILE_MODE = 0o600
 DIR_MODE = 0o700
 TMP_PREFIX = ".tmp."
@@ -46,14 +48,6 @@ def ensure_dir(path: str) -> None:
     os.chmod(path, DIR_MODE)  # umask may have removed bits; it cannot have added any
     if parent:
         fsync_dir(parent)
-
-
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def encode(document: dict) -> bytes:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 from ..ranges import IPAddress
-from .base import Attachment
+from .base import Attachment, Reservation
 
 LOCK_NAME = "lock"
 CURSOR_PREFIX = "last_reserved."
@@ -34,6 +34,19 @@ def owner_of(doc: Any) -> Optional[Attachment]:
     if isinstance(doc, dict) and isinstance(doc.get("containerID"), str) and isinstance(doc.get("ifname"), str):
         return Attachment(doc["containerID"], doc["ifname"])
     return None
+
+
+def reservations_of(claims: Iterable[tuple[IPAddress, Any]]) -> list[Reservation]:
+    """The reservations that address files (address, document) make up, grouped by attachment;
+    files naming no attachment are left out."""
+    groups: dict[Attachment, tuple[str, list[IPAddress], str]] = {}
+    for ip, doc in claims:
+        who = owner_of(doc)
+        if who is not None:
+            network, ips, when = groups.setdefault(who, (str(doc.get("network", "")), [], str(doc.get("time", ""))))
+            ips.append(ip)
+    return [Reservation(who, network, tuple(sorted(ips, key=lambda ip: (ip.version, ip))), when)
+            for who, (network, ips, when) in sorted(groups.items())]
 
 
 def listed_addresses(doc: Any) -> list[IPAddress]:

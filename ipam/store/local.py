@@ -73,6 +73,7 @@ from .layout import (
     index_name,
     listed_addresses,
     owner_of,
+    reservations_of,
 )
 
 log = logging.getLogger("rdmanet.ipam")
@@ -328,14 +329,7 @@ class LocalStore(Store):
         with self._locked(create=False) as present:
             if not present:
                 return []
-            groups: dict[Attachment, tuple[str, list[IPAddress], str]] = {}
-            for ip, doc in self._scan():
-                who = owner_of(doc)
-                if who is not None:
-                    network, ips, when = groups.setdefault(who, (str(doc.get("network", "")), [], str(doc.get("time", ""))))
-                    ips.append(ip)
-            return [Reservation(who, network, tuple(sorted(ips, key=lambda ip: (ip.version, ip))), when)
-                    for who, (network, ips, when) in sorted(groups.items())]
+            return reservations_of(self._scan())
 
     # -- gc / status ----------------------------------------------------------------------------
 

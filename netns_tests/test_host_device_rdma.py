@@ -570,7 +570,7 @@ def test_110_result_reports_mtu_which_is_applied_and_restored(cni, netns, master
 @pytest.mark.parametrize("how", ["top-level", "capability"])
 def test_multus_device_id_through_cnitool(cni, netns, master, how):
     """What Multus hands a delegate for a NAD with a resourceName: top-level ``deviceID`` and
-    ``pciBusID`` (the README SR-IOV recipe), or the ``deviceID`` capability via CAP_ARGS. The VF's
+    ``pciBusID`` (the SR-IOV recipe in docs/host-device-rdma.md), or the ``deviceID`` capability via CAP_ARGS. The VF's
     netdev (the veth, per the fake sysfs) goes into the pod; no VF knobs (the fake PF is not real)."""
     ns = netns()
     m, before = prepared(master)

@@ -131,9 +131,29 @@ def test_del_with_empty_netns_releases_ipam(cni, netns, master, version, ipam):
     nt.ok(cni.exec("DEL", stdin, ns="", container_id=cid))
 
 
-def test_second_add_of_same_attachment_fails_and_keeps_first(cni, netns, master):
-    """A runtime must DEL before re-ADDing; a stray second ADD fails on the existing CNI_IFNAME
-    and neither the first attachment's link nor its reservation is touched."""
+def test_repeat_add_of_same_attachment_replaces_it(cni, netns, master):
+    """A runtime that lost an ADD's answer (its plugin was killed after the last step) retries
+    the same ADD: it succeeds and ends as one clean ADD (one net1, the same address, one
+    reservation), and CHECK and DEL work on the result."""
+    ns, m = netns(), master()
+    prefix, _ = nt.random_subnet()
+    net = f"{ns.name}-net"
+    stdin = nt.single(net, "1.0.0", nt.macvlan(m.name, ipam_block(cni, "lease-ipam", prefix)))
+    first = json.loads(nt.ok(cni.exec("ADD", stdin, ns=ns, container_id="rdt-cid")).stdout)
+    again = json.loads(nt.ok(cni.exec("ADD", stdin, ns=ns, container_id="rdt-cid")).stdout)
+    assert again["ips"] == first["ips"]
+    assert {name for _, name in nt.link_names(ns.name)} == {"lo", "net1"}
+    assert nt.link(ns.name, "net1")["address"] == again["interfaces"][0]["mac"]
+    assert nt.addresses(ns.name, "net1") == [again["ips"][0]["address"]]
+    assert list(nt.owners(cni.data_dir).values()) == ["rdt-cid"]
+    nt.ok(cni.exec("CHECK", {**stdin, "prevResult": again}, ns=ns, container_id="rdt-cid"))
+    nt.ok(cni.exec("DEL", stdin, ns=ns, container_id="rdt-cid"))
+    assert {name for _, name in nt.link_names(ns.name)} == {"lo"} and nt.owners(cni.data_dir) == {}
+
+
+def test_second_add_refused_by_ipam_keeps_first(cni, netns, master):
+    """When the IPAM refuses a second ADD of the same attachment (host-local: "duplicate
+    allocation is not allowed"), the first attachment's link and reservation are untouched."""
     ns, m = netns(), master()
     prefix, _ = nt.random_subnet()
     net = f"{ns.name}-net"
@@ -141,13 +161,26 @@ def test_second_add_of_same_attachment_fails_and_keeps_first(cni, netns, master)
     add_ok(cni, net, ns)
     link, owners = nt.link(ns.name, "net1"), nt.owners(cni.host_local_dir)
     proc = cni.tool("add", net, ns)
-    err = cc.error_of(proc)
-    assert err is not None and err["code"] == 4 and "net1" in err["msg"], proc.stdout
+    assert cc.error_of(proc) is not None, proc.stdout
     again = nt.link(ns.name, "net1")
     assert (again["ifindex"], again["address"]) == (link["ifindex"], link["address"])
+    assert {name for _, name in nt.link_names(ns.name)} == {"lo", "net1"}
     assert nt.owners(cni.host_local_dir) == owners
     nt.ok(cni.tool("check", net, ns))
     nt.ok(cni.tool("del", net, ns))
+
+
+def test_add_refuses_an_ifname_it_did_not_make(cni, netns, master):
+    """CNI_IFNAME taken by a link this attachment did not make: CNI error 4, nothing created,
+    nothing reserved, the link untouched."""
+    ns, m = netns(), master()
+    prefix, _ = nt.random_subnet()
+    stdin = nt.single(f"{ns.name}-net", "1.0.0", nt.macvlan(m.name, ipam_block(cni, "lease-ipam", prefix)))
+    ns.ip("link", "add", "net1", "type", "veth", "peer", "name", "net1peer")
+    err = nt.cni_error(cni.exec("ADD", stdin, ns=ns, container_id="rdt-cid"))
+    assert err["code"] == 4 and "net1" in err["msg"]
+    assert {name for _, name in nt.link_names(ns.name)} == {"lo", "net1", "net1peer"}
+    assert nt.owners(cni.data_dir) == {}
 
 
 def test_del_leaves_a_link_it_did_not_make(cni, netns, master):
@@ -161,6 +194,55 @@ def test_del_leaves_a_link_it_did_not_make(cni, netns, master):
     nt.ok(cni.exec("DEL", stdin, ns=ns, container_id="rdt-cid"))
     assert nt.link(ns.name, "net1")["linkinfo"]["info_kind"] == "veth"
     assert nt.owners(cni.host_local_dir) == {}
+
+
+def _leftover(ns, m, name: str, alias: str = "") -> None:
+    """A macvlan of ``m`` in ``ns`` under ``name``, as a killed ADD leaves it."""
+    nt.ip("link", "add", name, "link", m.name, "type", "macvlan", "mode", "bridge")
+    nt.ip("link", "set", name, "netns", ns.name)
+    if alias:
+        ns.ip("link", "set", name, "alias", alias)
+
+
+@pytest.mark.parametrize("state", ["temporary-name", "renamed-unfinished"])
+@pytest.mark.parametrize("then", ["DEL", "ADD"])
+def test_what_a_killed_add_left_is_removed_by_del_or_repeat_add(cni, netns, master, state, then):
+    """The two link states a kill between the macvlan's creation and the end of ADD can leave:
+    the link under the temporary name derived from the attachment, and the link already renamed
+    to CNI_IFNAME with the attachment's in-progress marker. DEL removes it (nothing but lo is
+    left, the reservation is free); a repeat ADD replaces it and ends as one clean ADD."""
+    from cni.linux import attachment_link as al
+
+    ns, m = netns(), master()
+    prefix, _ = nt.random_subnet()
+    cid = "rdt-killed-add"
+    stdin = nt.single(f"{ns.name}-net", "1.0.0", nt.macvlan(m.name, ipam_block(cni, "lease-ipam", prefix)))
+    if state == "temporary-name":
+        _leftover(ns, m, al.temporary_name("mvr", cid, "net1"))
+    else:
+        _leftover(ns, m, "net1", al.marker(cid, "net1"))
+    if then == "DEL":
+        nt.ok(cni.exec("DEL", stdin, ns=ns, container_id=cid))
+        assert {name for _, name in nt.link_names(ns.name)} == {"lo"}
+    else:
+        result = json.loads(nt.ok(cni.exec("ADD", stdin, ns=ns, container_id=cid)).stdout)
+        assert {name for _, name in nt.link_names(ns.name)} == {"lo", "net1"}
+        assert nt.addresses(ns.name, "net1") == [result["ips"][0]["address"]]
+        assert list(nt.owners(cni.data_dir).values()) == [cid]
+        nt.ok(cni.exec("DEL", stdin, ns=ns, container_id=cid))
+    assert nt.owners(cni.data_dir) == {}
+
+
+def test_del_leaves_a_macvlan_another_attachment_marked(cni, netns, master):
+    """A macvlan under CNI_IFNAME that carries another attachment's marker is not this DEL's."""
+    from cni.linux import attachment_link as al
+
+    ns, m = netns(), master()
+    prefix, _ = nt.random_subnet()
+    stdin = nt.single(f"{ns.name}-net", "1.0.0", nt.macvlan(m.name, ipam_block(cni, "lease-ipam", prefix)))
+    _leftover(ns, m, "net1", al.marker("some-other-container", "net1", done=True))
+    nt.ok(cni.exec("DEL", stdin, ns=ns, container_id="rdt-cid"))
+    assert nt.link(ns.name, "net1")["linkinfo"]["info_kind"] == "macvlan"
 
 
 @pytest.mark.parametrize("ipam", IPAMS)

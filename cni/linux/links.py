@@ -153,13 +153,6 @@ def create_macvlan(ipr: IPRoute, name: str, master_index: int, mode: str, netns_
         raise kernel_error(f"create macvlan on master {master} (mode {mode})", exc, hint) from exc
 
 
-def rename(ipr: IPRoute, index: int, name: str) -> None:
-    try:
-        ipr.link("set", index=index, ifname=name)
-    except NetlinkError as exc:
-        raise kernel_error(f"rename link #{index} to {name}", exc) from exc
-
-
 def set_up(ipr: IPRoute, index: int, name: Optional[str] = None) -> None:
     try:
         ipr.link("set", index=index, state="up")

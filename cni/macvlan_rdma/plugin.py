@@ -1,16 +1,19 @@
 """macvlan-rdma verbs, as short steps over cni.core and cni.linux (cni-contract section 6).
 
-ADD: check RDMA policy, resolve the master, create the macvlan inside the pod netns under a
-temporary name, rename it, let IPAM allocate, configure addresses and routes, write the
-device-info file. Every step is undone if a later one fails. DEL releases IPAM first and then
-deletes the link; a netns or link that is already gone is success.
+ADD: check RDMA policy, resolve the master, remove what a killed ADD of the same attachment
+left, create the macvlan inside the pod netns under a temporary name derived from the
+attachment, let IPAM allocate, replace a finished link of the same attachment (a repeat ADD),
+mark and rename the new one in one request, configure addresses and routes, write the
+device-info file, mark the link done. Every step is undone if a later one fails. DEL releases IPAM
+first and then deletes the link under CNI_IFNAME and the temporary name; a netns or link that is
+already gone is success. A kill at any instant therefore leaves only states a later DEL or
+repeat ADD recognises (cni.linux.attachment_link).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import secrets
 import time
 from contextlib import ExitStack, contextmanager
 from typing import Optional
@@ -26,7 +29,7 @@ from cni.core.invocation import Invocation
 from cni.core.ipam_exec import IPAM
 from cni.core.rdma_policy import SharedDecision, decide_shared
 from cni.core.result import DNS, Interface, Result
-from cni.linux import links, netns, sysfs
+from cni.linux import attachment_link, links, netns, sysfs
 from cni.linux.links import Link
 
 from .config import MacvlanConf, effective_mac, load_conf
@@ -44,15 +47,19 @@ class MacvlanRdma:
             pod = stack.enter_context(_pod_rtnl(inv.netns))
             master = _master(conf, host, pod)
             rdma = _rdma_decision(conf, master.name)
-            if pod_link := links.find_link(pod, inv.ifname):
-                raise CNIError(INVALID_ENVIRONMENT, f"CNI_IFNAME {inv.ifname} already exists in {inv.netns} (a {pod_link.kind or 'link'})",
-                               "choose another interface name, or DEL the attachment that owns it first")
+            _remove_leftovers(pod, inv)
+            previous = _previous_attachment(pod, inv)
             undo = stack.enter_context(ExitStack())
             link = _create(conf, inv, host if not conf.linkInContainer else pod, pod, master, mac)
             undo.callback(links.delete, pod, link.index)
             result = Result(interfaces=[Interface(name=inv.ifname, mac=link.mac, sandbox=inv.netns, mtu=link.mtu)])
             if conf.ipam:
                 IPAM(conf.ipam.type, inv).add_into(result, undo)
+            if previous is not None:
+                links.delete(pod, previous.index)
+            links.set_attrs(pod, link.index, f"rename {link.name} to {inv.ifname}", ifname=inv.ifname,
+                            ifalias=attachment_link.marker(inv.container_id, inv.ifname))
+            if conf.ipam:
                 pod_fd = stack.enter_context(_fd(netns.open_netns(inv.netns)))
                 links.configure_in_pod(pod, pod_fd, link.index, inv.ifname, result.ips, result.routes)
             else:
@@ -62,6 +69,8 @@ class MacvlanRdma:
             _report_rdma(rdma, conf, inv, master.name)
             if rdma.device is not None and result.ips:
                 _report_gid_indexes(rdma.device, inv, result)
+            links.set_attrs(pod, link.index, f"mark {inv.ifname} done",
+                            ifalias=attachment_link.marker(inv.container_id, inv.ifname, done=True))
             undo.pop_all()
             return result
 
@@ -74,11 +83,15 @@ class MacvlanRdma:
         netns.refuse_own(inv.netns, inv.env)
         try:
             with links.rtnl_in(inv.netns) as pod:
+                _remove_leftovers(pod, inv)
                 link = links.find_link(pod, inv.ifname)
                 if link is None:
                     return
-                if link.kind != "macvlan":
-                    log.warning("DEL: %s in %s is a %s, not a macvlan; leaving it", inv.ifname, inv.netns, link.kind or "link")
+                ours = attachment_link.is_ours(link.alias, inv.container_id, inv.ifname)
+                # A macvlan without any alias was made by an rdmanet before links were marked.
+                if link.kind != "macvlan" or not (ours or not link.alias):
+                    what = f"a {link.kind or 'link'}" if link.kind != "macvlan" else f"a macvlan with alias {link.alias!r}"
+                    log.warning("DEL: %s in %s is %s, not this attachment's macvlan; leaving it", inv.ifname, inv.netns, what)
                     return
                 links.delete(pod, link.index)
         except netns.NetnsGone:
@@ -157,22 +170,41 @@ def _master(conf: MacvlanConf, host, pod) -> Link:
     return link
 
 
+TEMP_PREFIX = "mvr"
+
+
+def _remove_leftovers(pod, inv: Invocation) -> None:
+    """Delete the macvlans an unfinished (killed) ADD of this attachment left: under the derived
+    temporary name, or under CNI_IFNAME with this attachment's in-progress marker."""
+    for stale in attachment_link.leftovers(pod, TEMP_PREFIX, "macvlan", inv.container_id, inv.ifname):
+        log.info("%s/%s: removing %s left by an earlier ADD", inv.container_id[:12], inv.ifname, stale.name)
+        links.delete(pod, stale.index)
+
+
+def _previous_attachment(pod, inv: Invocation) -> Optional[Link]:
+    """The finished macvlan of this same attachment (a repeat ADD, e.g. the runtime's retry after
+    it lost the first ADD's answer), which the new one replaces once IPAM has answered; any other
+    link under CNI_IFNAME is a CNI error 4."""
+    link = links.find_link(pod, inv.ifname)
+    if link is None:
+        return None
+    if link.kind == "macvlan" and link.alias == attachment_link.marker(inv.container_id, inv.ifname, done=True):
+        return link
+    raise CNIError(INVALID_ENVIRONMENT, f"CNI_IFNAME {inv.ifname} already exists in {inv.netns} (a {link.kind or 'link'})",
+                   "choose another interface name, or DEL the attachment that owns it first")
+
+
 def _create(conf: MacvlanConf, inv: Invocation, creator, pod, master: Link, mac: Optional[str]) -> Link:
-    """Create under a temporary name inside the pod netns, then rename to CNI_IFNAME."""
-    tmp = f"mvr{secrets.token_hex(4)}"
+    """Create under the attachment's temporary name inside the pod netns (the name is what a
+    later DEL or repeat ADD finds it by until the rename marks it)."""
+    tmp = attachment_link.temporary_name(TEMP_PREFIX, inv.container_id, inv.ifname)
     pod_fd = None if conf.linkInContainer else netns.open_netns(inv.netns)
     try:
         links.create_macvlan(creator, tmp, master.index, conf.mode, pod_fd, mac, conf.mtu or None, master_name=master.name)
     finally:
         if pod_fd is not None:
             os.close(pod_fd)
-    link = links.find_link(pod, tmp)
-    try:
-        links.rename(pod, link.index, inv.ifname)
-    except CNIError:
-        links.delete(pod, link.index)
-        raise
-    return links.link_by_index(pod, link.index)
+    return links.find_link(pod, tmp)
 
 
 def _rdma_decision(conf: MacvlanConf, master: str) -> SharedDecision:
@@ -242,6 +274,8 @@ def _check_link(conf: MacvlanConf, link: Optional[Link], expected: Interface, ma
         raise check_failed(f"interface {inv.ifname} is missing from {inv.netns}")
     if link.kind != "macvlan":
         raise check_failed(f"{inv.ifname} is a {link.kind or 'plain link'}, not a macvlan")
+    if link.alias and not attachment_link.is_ours(link.alias, inv.container_id, inv.ifname):
+        raise check_failed(f"{inv.ifname} is not the macvlan this attachment made (its alias is {link.alias!r})")
     if link.macvlan_mode != conf.mode:
         raise check_failed(f"{inv.ifname} is in macvlan mode {link.macvlan_mode}, expected {conf.mode}")
     if expected.mac and link.mac != expected.mac.lower():

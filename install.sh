@@ -6,7 +6,7 @@
 #     node, a kubeconfig from the pod's service account (kept fresh), then `rdmanet daemon`.
 set -euo pipefail
 
-PLUGINS="macvlan-rdma host-device-rdma lease-ipam"
+PLUGINS="macvlan-rdma host-device-rdma ipoib-rdma lease-ipam"
 SHIM_MARK="# rdmanet CNI shim for "  # line 2 of every shim shim/launcher.py renders
 
 usage() {
@@ -15,7 +15,7 @@ Usage: install.sh [--prefix DIR] [--bin-dir DIR] [--socket PATH] [--link-dir DIR
        install.sh --daemonset [--prefix DIR] [--bin-dir DIR] [--conf-dir DIR] [--socket PATH]
                   [--host-python PATH] [--host-root DIR] [--serviceaccount-dir DIR] [--uninstall]
 
-Installs the rdmanet CNI plugins macvlan-rdma, host-device-rdma and lease-ipam. Run as root.
+Installs the rdmanet CNI plugins macvlan-rdma, host-device-rdma, ipoib-rdma and lease-ipam. Run as root.
 Idempotent: run it again to upgrade or repair. --uninstall removes exactly what the mode installs.
 
 Host mode (default): from this checkout, on Debian 12.

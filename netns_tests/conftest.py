@@ -156,7 +156,7 @@ def cni_bin() -> Iterator[pathlib.Path]:
     daemon = None
     try:
         if mode == "scripts":
-            for script in (nt.PLUGIN, "host-device-rdma", "lease-ipam"):
+            for script in (nt.PLUGIN, "host-device-rdma", "ipoib-rdma", "lease-ipam"):
                 shutil.copy2(venv_bin / script, path / script)
         else:
             from shim.testing import Daemon, write_shims

@@ -1,4 +1,4 @@
-"""The launcher that is the file ``macvlan-rdma`` / ``host-device-rdma`` / ``lease-ipam`` in a CNI
+"""The launcher that is the file ``macvlan-rdma`` / ``host-device-rdma`` / ``ipoib-rdma`` / ``lease-ipam`` in a CNI
 bin dir. STANDARD LIBRARY ONLY: a pod start must not pay for pydantic/pyroute2 imports. It also
 runs on a node's own ``python3`` (DaemonSet mode, below), so it keeps to Python 3.6 syntax and
 library (a test parses it with ``feature_version=(3, 6)``).
@@ -63,6 +63,7 @@ MAX_LINE = 64 << 20
 PLUGINS = {
     "macvlan-rdma": ("cni.macvlan_rdma.plugin", "MacvlanRdma"),
     "host-device-rdma": ("cni.host_device_rdma.plugin", "HostDeviceRdma"),
+    "ipoib-rdma": ("cni.ipoib_rdma.plugin", "IpoibRdma"),
     "lease-ipam": ("ipam.plugin", "LeaseIPAM"),
 }
 # Copies of cni.core (checked equal by the tests): this file may import nothing of ours.

@@ -276,7 +276,7 @@ def test_daemonset_mode_end_to_end(node):
     assert add.returncode == 0, add.stdout + add.stderr
     assert json.loads(add.stdout)["ips"][0]["address"] == "10.79.0.2/24"
     assert (node.base / "ipam-data" / "dsnet").is_dir()
-    assert health(str(node.socket))["requests"] == before + 4
+    assert health(str(node.socket))["requests"] == before + len(PLUGINS) + 1  # one VERSION each, one ADD
 
     # a rotated token (same length) is in the kubeconfig within seconds; the CA file is untouched
     loops = [p for p in node.loop_pids if alive(p)]

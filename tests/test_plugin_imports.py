@@ -22,7 +22,7 @@ def _run(code: str) -> str:
 
 def test_plugins_import_only_the_pyroute2_parts_they_use():
     out = _run(
-        "import cni.macvlan_rdma.plugin, cni.host_device_rdma.plugin, ipam.plugin\n"
+        "import cni.macvlan_rdma.plugin, cni.host_device_rdma.plugin, cni.ipoib_rdma.plugin, ipam.plugin\n"
         "heavy = ('ndb', 'ipdb', 'conntrack', 'nftables', 'ipset', 'ipvs', 'nslink', 'plan9')\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pyroute2' and m.split('.')[1:2] and m.split('.')[1] in heavy))\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'kubernetes'))\n"

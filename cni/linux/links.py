@@ -74,6 +74,9 @@ class Link:
     macvlan_mode: str = ""
     parent_index: int = 0  # IFLA_LINK
     parent_netnsid: Optional[int] = None  # IFLA_LINK_NETNSID when the parent is in another netns
+    link_type: int = 0  # ifi_type, the ARPHRD type (32 for IPoIB)
+    ipoib_pkey: Optional[int] = None  # IFLA_IPOIB_PKEY of an ipoib link (full-member bit set)
+    ipoib_mode: str = ""  # IFLA_IPOIB_MODE of an ipoib link: datagram / connected
 
     @classmethod
     def from_msg(cls, msg) -> "Link":
@@ -81,7 +84,7 @@ class Link:
             index=msg["index"],
             name=msg.get("IFLA_IFNAME"),
             kind=msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_KIND") or "",
-            mac=(msg.get("IFLA_ADDRESS") or "").lower(),
+            mac=hardware_address(msg),
             mtu=msg.get("IFLA_MTU") or 0,
             up=bool(msg["flags"] & 1),
             alias=msg.get("IFLA_IFALIAS") or "",
@@ -89,7 +92,24 @@ class Link:
             macvlan_mode=msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_DATA", "IFLA_MACVLAN_MODE") or "",
             parent_index=msg.get("IFLA_LINK") or 0,
             parent_netnsid=msg.get("IFLA_LINK_NETNSID"),
+            link_type=msg.get("ifi_type") or 0,
+            ipoib_pkey=msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_DATA", "IFLA_IPOIB_PKEY"),
+            ipoib_mode=msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_DATA", "IFLA_IPOIB_MODE") or "",
         )
+
+
+def hardware_address(msg) -> str:
+    """IFLA_ADDRESS as colon hex, whatever its length. pyroute2 decodes it as 6 bytes (an
+    Ethernet MAC), which cuts a 20-byte IPoIB address short: the raw payload is read instead."""
+    for slot in msg["attrs"]:
+        if slot[0] != "IFLA_ADDRESS":
+            continue
+        cell = getattr(slot, "cell", (None, None))[1]
+        if cell is None or getattr(cell, "data", None) is None or cell.length is None:
+            return (slot[1] or "").lower()
+        raw = bytes(cell.data[cell.offset + 4: cell.offset + cell.length])
+        return ":".join(f"{b:02x}" for b in raw)
+    return ""
 
 
 def _altnames(msg) -> tuple:

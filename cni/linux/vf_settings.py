@@ -42,11 +42,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST, nla, nlmsg
+from pyroute2.netlink import nla, nlmsg
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl import RTM_NEWLINK
 
 from cni.core.errors import INVALID_CONFIG, LINK_FAILURE, CNIError
+
+from .netlink_request import send
 
 RTEXT_FILTER_VF = 1
 LINK_STATES = {"auto": 0, "enable": 1, "disable": 2}  # IFLA_VF_LINK_STATE_*
@@ -430,18 +432,6 @@ def read_vf(ipr: Any, pf_index: int, vf: int) -> VfSettings:
     return _read(ipr, pf_index, vf)[0]
 
 
-def _request(ipr: Any, msg: Any) -> None:
-    """Send a hand-built RTM_NEWLINK and wait for its ACK (NetlinkError when the kernel refuses).
-    put + get: IPRoute.nlm_request of pyroute2 0.9.7 fails with KeyError 'nlm_generator'."""
-    request = ipr.put(msg, RTM_NEWLINK, NLM_F_REQUEST | NLM_F_ACK)
-    try:
-        ipr.get(msg_seq=request.msg_seq)
-    finally:
-        cleanup = getattr(request, "cleanup", None)
-        if cleanup is not None:
-            cleanup()
-
-
 def _action(group: str, values: VfSettings) -> str:
     """What a request does, for messages: "enable trust", "set vlan 100 qos 3 proto 802.1q"."""
     if group in ("spoofchk", "trust"):
@@ -453,7 +443,7 @@ def _set(ipr: Any, pf_index: int, pf: str, vf: int, group: str, values: VfSettin
     """Send one group's request; _Refused when the kernel says no."""
     try:
         if group == "vlan" and uses_vlan_list(values):
-            _request(ipr, vlan_list_msg(pf_index, vf, values))
+            send(ipr, vlan_list_msg(pf_index, vf, values), RTM_NEWLINK)
         else:
             ipr.link("set", index=pf_index, vf=vf_request(vf, group, values))
     except NetlinkError as exc:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from typing import Optional
 
 from cni.core.errors import (
@@ -25,12 +25,14 @@ from cni.core.errors import (
     CNIError,
     check_failed,
 )
+from cni.core.check import previous
 from cni.core.invocation import Invocation
 from cni.core.ipam_exec import IPAM
-from cni.core.rdma_policy import SharedDecision, decide_shared
 from cni.core.result import DNS, Interface, Result
-from cni.linux import attachment_link, links, netns, sysfs
+from cni.linux import attachment_link, links, netns, shared_rdma, sysfs
+from cni.linux import pod as pod_ns
 from cni.linux.links import Link
+from cni.linux.pod import check_addresses, check_routes
 
 from .config import MacvlanConf, effective_mac, load_conf
 
@@ -44,9 +46,9 @@ class MacvlanRdma:
         netns.refuse_own(inv.netns, inv.env)
         with ExitStack() as stack:
             host = stack.enter_context(links.rtnl_in())
-            pod = stack.enter_context(_pod_rtnl(inv.netns))
+            pod = stack.enter_context(pod_ns.rtnl(inv.netns))
             master = _master(conf, host, pod)
-            rdma = _rdma_decision(conf, master.name)
+            rdma = shared_rdma.decide(conf.rdma, master.name)
             _remove_leftovers(pod, inv)
             previous = _previous_attachment(pod, inv)
             undo = stack.enter_context(ExitStack())
@@ -60,13 +62,13 @@ class MacvlanRdma:
             links.set_attrs(pod, link.index, f"rename {link.name} to {inv.ifname}", ifname=inv.ifname,
                             ifalias=attachment_link.marker(inv.container_id, inv.ifname))
             if conf.ipam:
-                pod_fd = stack.enter_context(_fd(netns.open_netns(inv.netns)))
+                pod_fd = stack.enter_context(pod_ns.fd(inv.netns))
                 links.configure_in_pod(pod, pod_fd, link.index, inv.ifname, result.ips, result.routes)
             else:
                 links.set_up(pod, link.index, inv.ifname)
             if conf.dns:
                 result.dns = DNS.from_json(conf.dns)
-            _report_rdma(rdma, conf, inv, master.name)
+            shared_rdma.report(rdma, conf.runtimeConfig.CNIDeviceInfoFile, inv, master.name)
             if rdma.device is not None and result.ips:
                 _report_gid_indexes(rdma.device, inv, result)
             links.set_attrs(pod, link.index, f"mark {inv.ifname} done",
@@ -99,21 +101,16 @@ class MacvlanRdma:
 
     def check(self, inv: Invocation) -> None:
         conf = load_conf(inv)
-        if conf.prevResult is None:
-            raise CNIError(INVALID_CONFIG, "CHECK: required prevResult missing", "the runtime passes the ADD result as prevResult")
-        prev = Result.from_json(conf.prevResult, "prevResult")
+        prev, expected, index = previous(conf.prevResult, inv)
         if conf.ipam:
             IPAM(conf.ipam.type, inv).check()
-        expected = next((i for i in prev.interfaces if i.name == inv.ifname and i.sandbox == inv.netns), None)
-        if expected is None:
-            raise check_failed(f"prevResult has no interface {inv.ifname} in sandbox {inv.netns}")
         try:
             with links.rtnl_in() as host, links.rtnl_in(inv.netns) as pod:
                 master = _master(conf, host, pod)
                 link = links.find_link(pod, inv.ifname)
                 _check_link(conf, link, expected, master, inv)
-                _check_addresses(pod, link, prev, expected_index=prev.interfaces.index(expected))
-                _check_routes(pod, prev)
+                check_addresses(pod, link, prev, expected_index=index)
+                check_routes(pod, prev)
         except netns.NetnsGone:
             raise check_failed(f"netns {inv.netns} does not exist") from None
 
@@ -132,25 +129,6 @@ class MacvlanRdma:
         if conf.ipam:
             IPAM(conf.ipam.type, inv).status()
 
-
-
-@contextmanager
-def _fd(fd: int):
-    try:
-        yield fd
-    finally:
-        os.close(fd)
-
-
-
-@contextmanager
-def _pod_rtnl(path: str):
-    try:
-        with links.rtnl_in(path) as pod:
-            yield pod
-    except netns.NetnsGone:
-        raise CNIError(INVALID_ENVIRONMENT, f"CNI_NETNS {path} does not exist or is not a network namespace",
-                       "pass an existing network namespace path such as /run/netns/<name> or /proc/<pid>/ns/net") from None
 
 
 def _master(conf: MacvlanConf, host, pod) -> Link:
@@ -207,31 +185,6 @@ def _create(conf: MacvlanConf, inv: Invocation, creator, pod, master: Link, mac:
     return links.find_link(pod, tmp)
 
 
-def _rdma_decision(conf: MacvlanConf, master: str) -> SharedDecision:
-    if conf.rdma == "off":
-        return SharedDecision(None)
-    from cni.linux import rdma_netlink
-
-    devices = sysfs.rdma_devices_for_netdev(master, root=sysfs.default_root())
-    mode = rdma_netlink.netns_mode() if devices or conf.rdma == "required" else None
-    return decide_shared(conf.rdma, master, devices, mode)
-
-
-def _report_rdma(decision: SharedDecision, conf: MacvlanConf, inv: Invocation, master: str) -> None:
-    if decision.warning:
-        log.warning("%s", decision.warning)
-    if decision.device is None:
-        return
-    log.info("%s/%s: shared RDMA device %s of master %s", inv.container_id[:12], inv.ifname, decision.device, master)
-    path = conf.runtimeConfig.CNIDeviceInfoFile
-    if path:
-        from cni.linux import device_info
-
-        device_info.write_rdma_device_info(
-            path, pci_address=sysfs.pci_address_of_netdev(master, root=sysfs.default_root()), rdma_device=decision.device
-        )
-
-
 GID_WAIT = 0.3  # seconds: the kernel adds RoCE GIDs from a workqueue after the address appears
 GID_POLL = 0.03
 
@@ -284,26 +237,3 @@ def _check_link(conf: MacvlanConf, link: Optional[Link], expected: Interface, ma
         raise check_failed(f"{inv.ifname} is not on master {master.name}")
     if conf.mtu and link.mtu != conf.mtu:
         raise check_failed(f"{inv.ifname} has MTU {link.mtu}, expected {conf.mtu}")
-
-
-def _check_addresses(pod, link: Link, prev: Result, expected_index: int) -> None:
-    present = set(links.addresses(pod, link.index))
-    for ip in prev.ips:
-        if ip.interface is not None and ip.interface != expected_index:
-            continue
-        if ip.address not in present:
-            raise check_failed(f"address {ip.address} is missing from {link.name}")
-
-
-def _check_routes(pod, prev: Result) -> None:
-    if not prev.routes:
-        return
-    gateways = {ip.family: ip.gateway for ip in prev.ips if ip.gateway is not None}
-    present = set()
-    for link_msg in pod.get_links():
-        for route in links.routes(pod, link_msg["index"]):
-            present.add((route.dst, route.gw))
-    for route in prev.routes:
-        gw = route.gw if route.gw is not None else gateways.get(route.dst.version)
-        if (route.dst, gw) not in present:
-            raise check_failed(f"route {route.dst} via {gw} is missing")

@@ -51,13 +51,15 @@ def ipoib(master=None, ipam=None, **extra) -> dict:
     return conf
 
 
-def marker(net: str, cid: str, ifname: str = "net1") -> str:
-    return f"rdmanet:ipoib-rdma:{net}/{cid}/{ifname}"
+def marker(cid: str, ifname: str = "net1", done: bool = True) -> str:
+    """The attachment's IFLA_IFALIAS (cni.linux.attachment_link): ``rdmanet:`` + 32 hex digits of
+    SHA-256 of ``<containerID>/<ifname>``, + `` done`` once ADD finished."""
+    return "rdmanet:" + hashlib.sha256(f"{cid}/{ifname}".encode()).hexdigest()[:32] + (" done" if done else "")
 
 
-def temporary_name(net: str, cid: str, ifname: str = "net1") -> str:
-    """The documented derived name: ``ipr`` + 12 hex digits of SHA-256 of the marker."""
-    return "ipr" + hashlib.sha256(marker(net, cid, ifname).encode()).hexdigest()[:12]
+def temporary_name(cid: str, ifname: str = "net1") -> str:
+    """The documented derived name: ``ipr`` + 12 hex digits of SHA-256 of ``<containerID>/<ifname>``."""
+    return "ipr" + hashlib.sha256(f"{cid}/{ifname}".encode()).hexdigest()[:12]
 
 
 def ib_env(cni, netdev: str, **port) -> dict:
@@ -82,14 +84,14 @@ def host_links_with(prefix: str) -> list[str]:
 
 
 def host_aliases() -> dict[str, str]:
-    return {e["ifname"]: e.get("ifalias", "") for e in nt.links(None) if e.get("ifalias", "").startswith("rdmanet:ipoib-rdma:")}
+    return {e["ifname"]: e.get("ifalias", "") for e in nt.links(None) if e.get("ifalias", "").startswith("rdmanet:")}
 
 
 def nothing_left(cni, ns, net: str) -> None:
     cid = cc.container_id(ns.path)
     assert pod_links(ns) == [], "a link was left in the pod"
-    assert nt.link(None, temporary_name(net, cid)) is None, "the temporary child was left in the host"
-    assert marker(net, cid) not in host_aliases().values(), "a marked link was left in the host"
+    assert nt.link(None, temporary_name(cid)) is None, "the temporary child was left in the host"
+    assert not {marker(cid), marker(cid, done=False)} & set(host_aliases().values()), "a marked link was left in the host"
     assert nt.owners(cni.host_local_dir) == {}, "an address reservation was left"
 
 
@@ -239,9 +241,9 @@ def test_del_finds_the_child_refunded_to_the_host(cni, netns, master):
     net = f"{ns.name}-net"
     cid = cc.container_id(ns.path)
     base = nt.PREFIX + "r"
-    marked_veth(base + "1a", marker(net, cid))  # this attachment's child, refunded
-    marked_veth(base + "2a", marker(net, "someone-else"))  # another pod's
-    marked_veth(base + "3a", marker("othernet", cid))  # another network's
+    marked_veth(base + "1a", marker(cid))  # this attachment's child, refunded
+    marked_veth(base + "2a", marker("someone-else"))  # another pod's
+    marked_veth(base + "3a", marker(cid, "net2"))  # another attachment of the same pod
     cni.write(nt.conflist(net, "1.0.0", ipoib(m.name, nt.host_local(cni.host_local_dir, "198.19.69.0/24"))))
     nt.ip("netns", "del", ns.name)
     try:
@@ -258,7 +260,7 @@ def test_del_with_empty_netns_still_looks_in_the_host(cni, netns, master):
     net = f"{ns.name}-net"
     cid = cc.container_id(ns.path)
     name = nt.PREFIX + "e1a"
-    marked_veth(name, marker(net, cid))
+    marked_veth(name, marker(cid))
     stdin = nt.single(net, "1.1.0", ipoib(m.name))
     nt.ok(cni.exec("DEL", stdin, ns="", plugin=PLUGIN, container_id=cid))
     assert nt.link(None, name) is None
@@ -270,9 +272,9 @@ def test_del_removes_what_a_killed_add_left(cni, netns, master):
     ns, m = netns(), master()
     net = f"{ns.name}-net"
     cid = cc.container_id(ns.path)
-    tmp = temporary_name(net, cid)
+    tmp = temporary_name(cid)
     nt.ip("link", "add", tmp, "type", "veth", "peer", "name", nt.PREFIX + "k1z")
-    marked_veth(nt.PREFIX + "k2a", marker(net, cid), ns=ns)
+    marked_veth(nt.PREFIX + "k2a", marker(cid, done=False), ns=ns)
     ns.ip("link", "set", nt.PREFIX + "k2a", "name", tmp)
     cni.write(nt.conflist(net, "1.0.0", ipoib(m.name, nt.host_local(cni.host_local_dir, "198.19.70.0/24"))))
     assert nt.ok(cni.tool("del", net, ns)).stdout == ""
@@ -283,7 +285,7 @@ def test_del_removes_what_a_killed_add_left(cni, netns, master):
 def test_repeat_add_clears_what_a_killed_add_left(cni, netns, master):
     ns, m = netns(), master(mtu=4092)
     net = f"{ns.name}-net"
-    tmp = temporary_name(net, cc.container_id(ns.path))
+    tmp = temporary_name(cc.container_id(ns.path))
     nt.ip("link", "add", tmp, "type", "veth", "peer", "name", nt.PREFIX + "k3z")
     cni.write(nt.conflist(net, "1.0.0", ipoib(m.name, nt.host_local(cni.host_local_dir, "198.19.71.0/24"))))
     err = tool_err(cni.tool("add", net, ns, extra_env=ib_env(cni, m.name)))
@@ -309,7 +311,7 @@ def test_del_leaves_an_unmarked_cni_ifname_alone(cni, netns, master):
 def test_check_reports_a_link_that_is_not_an_ipoib_child(cni, netns, master):
     ns, m = netns(), master(mtu=4092)
     net = f"{ns.name}-net"
-    marked_veth(nt.PREFIX + "c1a", marker(net, cc.container_id(ns.path)), ns=ns)
+    marked_veth(nt.PREFIX + "c1a", marker(cc.container_id(ns.path)), ns=ns)
     ns.ip("link", "set", nt.PREFIX + "c1a", "name", "net1")
     prev = {"cniVersion": "1.0.0", "interfaces": [{"name": "net1", "sandbox": ns.path}], "ips": []}
     stdin = nt.single(net, "1.0.0", ipoib(m.name, prevResult=prev))
@@ -332,9 +334,9 @@ def test_gc_removes_refunded_children_of_attachments_no_longer_valid(cni, netns,
     ns, m = netns(), master()
     net = f"{ns.name}-net"
     base = nt.PREFIX + "g"
-    marked_veth(base + "1a", marker(net, "cid-keep"))
-    marked_veth(base + "2a", marker(net, "cid-gone"))
-    marked_veth(base + "3a", marker("othernet", "cid-gone"))
+    marked_veth(base + "1a", marker("cid-keep"))
+    marked_veth(base + "2a", marker("cid-gone"))
+    marked_veth(base + "3a", marker("cid-gone", done=False))  # a running ADD's, not GC's business
     cni.write(nt.conflist(net, "1.1.0", ipoib(m.name)))
     try:
         nt.ok(cni.tool("gc", net, ns, valid_attachments=[{"containerID": "cid-keep", "ifname": "net1"}]))
@@ -355,3 +357,40 @@ def test_status(cni, netns, master):
     cni.write(nt.conflist(net, "1.1.0", ipoib("rdt-noib0")))
     err = tool_err(cni.tool("status", net, ns, extra_env=env))
     assert err["code"] == 50 and "does not exist" in err["msg"]
+
+
+def test_del_removes_the_finished_child_in_the_pod(cni, netns, master):
+    ns, m = netns(), master()
+    net = f"{ns.name}-net"
+    marked_veth(nt.PREFIX + "f1a", marker(cc.container_id(ns.path)), ns=ns)
+    ns.ip("link", "set", nt.PREFIX + "f1a", "name", "net1")
+    cni.write(nt.conflist(net, "1.0.0", ipoib(m.name)))
+    assert nt.ok(cni.tool("del", net, ns)).stdout == ""
+    assert pod_links(ns) == [] and nt.link(None, nt.PREFIX + "f1z") is None
+
+
+def test_add_over_a_foreign_cni_ifname_is_refused(cni, netns, master):
+    ns, m = netns(), master(mtu=4092)
+    net = f"{ns.name}-net"
+    nt.ip("link", "add", nt.PREFIX + "o1a", "type", "veth", "peer", "name", nt.PREFIX + "o1z")
+    nt.ip("link", "set", nt.PREFIX + "o1a", "netns", ns.name)
+    ns.ip("link", "set", nt.PREFIX + "o1a", "name", "net1")
+    cni.write(nt.conflist(net, "1.0.0", ipoib(m.name, nt.host_local(cni.host_local_dir, "198.19.72.0/24"))))
+    err = tool_err(cni.tool("add", net, ns, extra_env=ib_env(cni, m.name)))
+    assert err["code"] == 4 and err["msg"] == f"CNI_IFNAME net1 already exists in {ns.path} (a veth)"
+    assert pod_links(ns) == ["net1"]
+    assert nt.owners(cni.host_local_dir) == {}
+
+
+def test_failed_repeat_add_keeps_the_finished_child(cni, netns, master):
+    """A repeat ADD (the runtime lost the first answer) replaces the finished child only once the
+    new one exists and IPAM answered; here the kernel refuses the new one, so the old one stays."""
+    ns, m = netns(), master(mtu=4092)
+    net = f"{ns.name}-net"
+    marked_veth(nt.PREFIX + "p1a", marker(cc.container_id(ns.path)), ns=ns)
+    ns.ip("link", "set", nt.PREFIX + "p1a", "name", "net1")
+    cni.write(nt.conflist(net, "1.0.0", ipoib(m.name, nt.host_local(cni.host_local_dir, "198.19.73.0/24"))))
+    err = tool_err(cni.tool("add", net, ns, extra_env=ib_env(cni, m.name)))
+    assert err["code"] == 100
+    assert pod_links(ns) == ["net1"]
+    assert nt.owners(cni.host_local_dir) == {}

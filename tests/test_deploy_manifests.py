@@ -251,6 +251,9 @@ def plugin_model(plugin_type: str):
     if plugin_type == "host-device-rdma":
         from cni.host_device_rdma.config import HostDeviceConf, load_conf
         return HostDeviceConf, load_conf
+    if plugin_type == "ipoib-rdma":
+        from cni.ipoib_rdma.config import IpoibConf, load_conf
+        return IpoibConf, load_conf
     raise AssertionError(f"unexpected plugin type {plugin_type!r}")
 
 
@@ -261,8 +264,8 @@ KUBERNETES_KEYS = {"kubeconfig", "k8s_api_root", "namespace", "timeout_seconds",
 
 def test_the_three_deployments_are_there():
     by_type = sorted(nad_config(nad)["type"] for _, nad in example_nads())
-    assert by_type == ["host-device-rdma", "host-device-rdma", "macvlan-rdma"]
-    assert len(objects("Pod", DEPLOY / "examples")) == 3
+    assert by_type == ["host-device-rdma", "host-device-rdma", "ipoib-rdma", "macvlan-rdma"]
+    assert len(objects("Pod", DEPLOY / "examples")) == 4
 
 
 @pytest.mark.parametrize("path, nad", example_nads(), ids=lambda x: rel(x) if isinstance(x, Path) else "")
@@ -308,6 +311,8 @@ def test_example_nads_and_pods_belong_together():
         resource_of[nad["metadata"]["name"]] = resource
         if config["type"] == "macvlan-rdma":
             assert resource == "rdma/rdma_shared_device_a" and config["master"]
+        elif config["type"] == "ipoib-rdma":  # the Network Operator's IB recipe
+            assert resource == "rdma/shared_ib" and config["master"]
         elif "device" in config or "pciBusID" in config:  # the dedicated PF: the NAD names it
             assert resource is None
         else:  # the SR-IOV VF: Multus hands over the allocated VF

@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_api_server import KubeAPIServer, write_kubeconfig  # noqa: E402
 
 SITE = sysconfig.get_path("purelib")
-PLUGINS = ("macvlan-rdma", "host-device-rdma", "lease-ipam")
+PLUGINS = ("macvlan-rdma", "host-device-rdma", "ipoib-rdma", "lease-ipam")
 
 BRIDGE = "sys/devices/pci0000:3a/0000:3a:00.0"
 PF0 = f"{BRIDGE}/0000:3b:00.0"

@@ -128,9 +128,8 @@ def test_bad_config_names_the_field(extra, field):
     assert err.value.code == 7 and f"{field}:" in err.value.msg and err.value.details
 
 
-def test_marker_and_temporary_name():
+def test_temporary_name():
     inv = invocation({"cniVersion": "1.0.0", "name": "ibnet", "type": "ipoib-rdma", "master": "ib0"})
-    assert ipoib_plugin.marker(inv) == "rdmanet:ipoib-rdma:ibnet/c1/net1"
     name = ipoib_plugin.temporary_name(inv)
     assert len(name) == 15 and name.startswith("ipr")
 

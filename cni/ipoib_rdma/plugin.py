@@ -2,24 +2,28 @@
 
 ADD: resolve the master (an IPoIB netdev: ``/sys/class/net/<if>/type`` 32) and its pkey/mode
 defaults, check the pkey against the port's pkey table and the MTU against the mode, decide the
-shared RDMA device, then create the child in the host netns under a name derived from the
-attachment (ipoib-cni creates it in the host too), mark it with IFLA_IFALIAS = the attachment's
-marker, move it into the pod, rename it to CNI_IFNAME, let IPAM allocate, configure addresses and
-routes, write the device-info file. Every step is undone if a later one fails.
+shared RDMA device, remove what a killed ADD of the same attachment left, then create the child in
+the host netns under the temporary name derived from the attachment (ipoib-cni creates it in the
+host too), mark it with the attachment's in-progress marker (IFLA_IFALIAS), move it into the pod,
+let IPAM allocate, replace a finished child of the same attachment (a repeat ADD), rename it to
+CNI_IFNAME, configure addresses and routes, write the device-info file, mark it done. Every step
+is undone if a later one fails.
 
-Crash safety: between creation and the alias the child carries the derived name; from then on it
-carries the marker wherever it is (the alias survives netns moves), so a DEL or a repeat ADD
-after a SIGKILL at any instant finds it.
+Crash safety (cni.linux.attachment_link): between creation and the marker the child carries the
+derived name; from then on it carries the marker wherever it is (an alias survives netns moves),
+so a DEL or a repeat ADD after a SIGKILL at any instant finds it.
 
-DEL: IPAM first; then every link that carries the marker (or the derived name) in the pod netns
-and in the host netns. The host matters because the kernel does not destroy an IPoIB child whose
-netns dies: it returns it to the host (``netns_refund``), where ipoib-cni would leave it to pile up.
+DEL: IPAM first; then every link that carries the attachment's marker (or the temporary name) in
+the pod netns and in the host netns. The host matters because the kernel does not destroy an
+IPoIB child whose netns dies: it returns it to the host (``netns_refund``), where ipoib-cni would
+leave it to pile up. The marker is the proof of ownership, whatever the link's kind: only root
+marks host links, and the only links a dying pod netns returns to the host are IPoIB children
+and physical devices, which cannot be deleted (they are left alone).
 """
 
 from __future__ import annotations
 
 import errno
-import hashlib
 import logging
 from contextlib import ExitStack
 from typing import Iterator, Optional
@@ -33,7 +37,7 @@ from cni.core.infiniband import MIN_MTU, PKEY_MASK, connected_capable, mtu_limit
 from cni.core.invocation import Invocation
 from cni.core.ipam_exec import IPAM
 from cni.core.result import DNS, Interface, Result
-from cni.linux import infiniband, ipoib, links, netns, shared_rdma, sysctl, sysfs
+from cni.linux import attachment_link, infiniband, ipoib, links, netns, shared_rdma, sysctl, sysfs
 from cni.linux import pod as pod_ns
 from cni.linux.links import Link
 from cni.linux.pod import check_addresses, check_routes
@@ -41,8 +45,6 @@ from cni.linux.pod import check_addresses, check_routes
 from .config import IpoibConf, load_conf
 
 log = logging.getLogger("rdmanet.ipoib-rdma")
-MARKER_PREFIX = "rdmanet:ipoib-rdma:"
-TEMP_PREFIX = "ipr"
 
 
 class IpoibRdma:
@@ -55,25 +57,30 @@ class IpoibRdma:
             master = _master(conf, host)
             pkey, mode = _pkey_and_mode(conf, master)
             rdma = shared_rdma.decide(conf.rdma, master.name)
-            if pod_link := links.find_link(pod, inv.ifname):
-                raise CNIError(INVALID_ENVIRONMENT, f"CNI_IFNAME {inv.ifname} already exists in {inv.netns} (a {pod_link.kind or 'link'})",
-                               "choose another interface name, or DEL the attachment that owns it first")
-            _remove_owned(host, inv, "host")  # what a killed ADD of this attachment left behind
-            _remove_owned(pod, inv, "pod")
+            _remove_owned(host, inv, "host", leftovers_only=True)  # what a killed ADD of this attachment left
+            _remove_owned(pod, inv, "pod", leftovers_only=True)
+            finished = _previous_attachment(pod, inv)
             pod_fd = stack.enter_context(pod_ns.fd(inv.netns))
             undo = stack.enter_context(ExitStack())
-            undo.callback(_remove_owned, host, inv, "host")
-            undo.callback(_remove_owned, pod, inv, "pod")
-            link = _create(conf, inv, host, pod, pod_fd, master, pkey, mode)
-            result = Result(interfaces=[Interface(name=inv.ifname, mac=link.mac, sandbox=inv.netns, mtu=link.mtu)])
+            undo.callback(_remove_owned, host, inv, "host", leftovers_only=True)
+            undo.callback(_remove_owned, pod, inv, "pod", leftovers_only=True)
+            link = _create(inv, host, pod, pod_fd, master, pkey, mode)
+            result = Result(interfaces=[Interface(name=inv.ifname, mac=link.mac, sandbox=inv.netns)])
             if conf.ipam:
                 IPAM(conf.ipam.type, inv).add_into(result, undo)
+            if finished is not None:
+                links.delete(pod, finished.index)
+            link = _rename(conf, inv, pod, pod_fd, link)
+            result.interfaces[0].mtu = link.mtu
+            if conf.ipam:
                 links.configure_in_pod(pod, pod_fd, link.index, inv.ifname, result.ips, result.routes)
             else:
                 links.set_up(pod, link.index, inv.ifname)
             if conf.dns:
                 result.dns = DNS.from_json(conf.dns)
             shared_rdma.report(rdma, conf.runtimeConfig.CNIDeviceInfoFile, inv, master.name)
+            links.set_attrs(pod, link.index, f"mark {inv.ifname} done",
+                            ifalias=attachment_link.marker(inv.container_id, inv.ifname, done=True))
             undo.pop_all()
             log.info("ADD %s/%s: IPoIB child of %s (pkey %s, %s) in %s", inv.container_id[:12], inv.ifname,
                      master.name, pkey_text(pkey), mode, inv.netns)
@@ -110,20 +117,18 @@ class IpoibRdma:
             raise check_failed(f"netns {inv.netns} does not exist") from None
 
     def gc(self, inv: Invocation) -> None:
-        """IPAM's GC, and IPoIB children of this network that the kernel returned to the host when
-        their pod's netns died, for attachments no longer valid."""
+        """IPAM's GC, and the finished IPoIB children the kernel returned to the host when their
+        pod's netns died, for attachments no longer valid. Children still being made (in-progress
+        marker) belong to a running ADD of some network and are left to it."""
         conf = load_conf(inv)
         valid = valid_attachments(inv.config)
         if valid is not None:
-            prefix = f"{MARKER_PREFIX}{inv.network_name}/"
+            keep = {attachment_link.marker(cid, ifname, done=True) for cid, ifname in valid}
             with links.rtnl_in() as host:
                 for msg in host.get_links():
                     link = Link.from_msg(msg)
-                    if not link.alias.startswith(prefix):
-                        continue
-                    container_id, _, ifname = link.alias[len(prefix):].rpartition("/")
-                    if (container_id, ifname) not in valid:
-                        log.info("GC: removing %s (%s), left in the host by a dead pod", link.name, link.alias)
+                    if attachment_link.is_done(link.alias) and link.alias not in keep:
+                        log.info("GC: removing %s (%s), returned to the host by a dead pod netns", link.name, link.alias)
                         _delete(host, link, "host")
         if conf.ipam:
             IPAM(conf.ipam.type, inv).gc()
@@ -139,16 +144,11 @@ class IpoibRdma:
             IPAM(conf.ipam.type, inv).status()
 
 
-def marker(inv: Invocation) -> str:
-    """The IFLA_IFALIAS every child of this attachment carries: unique per (network, containerID,
-    ifname), and readable by an operator (``ip -d link`` shows it)."""
-    return f"{MARKER_PREFIX}{inv.network_name}/{inv.container_id}/{inv.ifname}"
+TEMP_PREFIX = "ipr"
 
 
 def temporary_name(inv: Invocation) -> str:
-    """The child's name until it is in the pod: ``ipr`` + 12 hex digits of the marker's SHA-256,
-    so a DEL after a crash right after creation still knows which host link is this attachment's."""
-    return TEMP_PREFIX + hashlib.sha256(marker(inv).encode()).hexdigest()[:12]
+    return attachment_link.temporary_name(TEMP_PREFIX, inv.container_id, inv.ifname)
 
 
 def _master(conf: IpoibConf, host) -> Link:
@@ -211,34 +211,52 @@ def _has_hwaddr(link: Link) -> bool:
         return False
 
 
-def _create(conf: IpoibConf, inv: Invocation, host, pod, pod_fd: int, master: Link, pkey: int, mode: str) -> Link:
-    """In the host under the temporary name, marked, moved into the pod, renamed, MTU set."""
+def _create(inv: Invocation, host, pod, pod_fd: int, master: Link, pkey: int, mode: str) -> Link:
+    """In the host under the temporary name, marked in progress, moved into the pod."""
     tmp = temporary_name(inv)
     ipoib.create_child(host, tmp, master.index, master.name, pkey, mode)
     child = links.find_link(host, tmp)
-    links.set_attrs(host, child.index, f"mark {tmp}", ifalias=marker(inv))
+    links.set_attrs(host, child.index, f"mark {tmp}", ifalias=attachment_link.marker(inv.container_id, inv.ifname))
     links.set_attrs(host, child.index, f"move {tmp} into the pod netns", net_ns_fd=pod_fd)
-    moved = links.find_link(pod, tmp)
-    links.rename(pod, moved.index, inv.ifname)
+    return links.find_link(pod, tmp)
+
+
+def _rename(conf: IpoibConf, inv: Invocation, pod, pod_fd: int, link: Link) -> Link:
+    links.rename(pod, link.index, inv.ifname)
     with netns.entered_fd(pod_fd):  # as ipoib-cni does
         sysctl.set_interface_sysctl("ipv4", inv.ifname, "proxy_arp", "1")
     if conf.mtu:
-        links.set_attrs(pod, moved.index, f"set MTU {conf.mtu} on {inv.ifname}", mtu=conf.mtu)
-    return links.link_by_index(pod, moved.index)
+        links.set_attrs(pod, link.index, f"set MTU {conf.mtu} on {inv.ifname}", mtu=conf.mtu)
+    return links.link_by_index(pod, link.index)
 
 
-def owned(ipr, inv: Invocation) -> Iterator[Link]:
-    """The links in ``ipr``'s netns that are this attachment's child: its marker, or its
-    temporary name (a crash between creation and marking)."""
-    mark, tmp = marker(inv), temporary_name(inv)
+def _previous_attachment(pod, inv: Invocation) -> Optional[Link]:
+    """The finished child of this same attachment (a repeat ADD after the runtime lost the first
+    answer), replaced once IPAM has answered; any other link under CNI_IFNAME is error 4."""
+    link = links.find_link(pod, inv.ifname)
+    if link is None:
+        return None
+    if link.alias == attachment_link.marker(inv.container_id, inv.ifname, done=True):
+        return link
+    raise CNIError(INVALID_ENVIRONMENT, f"CNI_IFNAME {inv.ifname} already exists in {inv.netns} (a {link.kind or 'link'})",
+                   "choose another interface name, or DEL the attachment that owns it first")
+
+
+def owned(ipr, inv: Invocation, leftovers_only: bool = False) -> Iterator[Link]:
+    """The links in ``ipr``'s netns that are this attachment's child: its marker (in progress, or
+    done unless ``leftovers_only``), or its temporary name (a kill between creation and marking)."""
+    marks = {attachment_link.marker(inv.container_id, inv.ifname)}
+    if not leftovers_only:
+        marks.add(attachment_link.marker(inv.container_id, inv.ifname, done=True))
+    tmp = temporary_name(inv)
     for msg in ipr.get_links():
         link = Link.from_msg(msg)
-        if link.alias == mark or link.name == tmp:
+        if link.alias in marks or link.name == tmp:
             yield link
 
 
-def _remove_owned(ipr, inv: Invocation, where: str) -> None:
-    for link in list(owned(ipr, inv)):
+def _remove_owned(ipr, inv: Invocation, where: str, leftovers_only: bool = False) -> None:
+    for link in list(owned(ipr, inv, leftovers_only)):
         _delete(ipr, link, where)
 
 

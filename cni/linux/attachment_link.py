@@ -63,3 +63,8 @@ def leftovers(ipr, prefix: str, kind: str, container_id: str, ifname: str) -> li
     if named is not None and named.kind == kind and named.alias == marker(container_id, ifname):
         found.append(named)
     return found
+
+
+def is_done(alias: str) -> bool:
+    """True for a finished attachment's marker (of any attachment)."""
+    return alias.startswith(MARKER_PREFIX) and alias.endswith(DONE_SUFFIX)

@@ -41,7 +41,7 @@ from cni.core.rdma_policy import (
 from .findings import Finding, error, info, ok, warn
 from .host_facts import HostFacts
 
-OUR_PLUGINS = ("macvlan-rdma", "host-device-rdma", "lease-ipam")
+OUR_PLUGINS = ("macvlan-rdma", "host-device-rdma", "ipoib-rdma", "lease-ipam")
 MULTUS = ("multus", "multus-shim")
 REFERENCE = ("macvlan", "host-device", "host-local", "static", "dhcp", "bridge", "loopback", "portmap", "tuning",
              "sriov", "rdma", "ib-sriov", "ipoib", "whereabouts", "nv-ipam")
@@ -174,7 +174,7 @@ def check_bin_dir(facts: BinFacts, daemon_socket: str) -> list[Finding]:
     for shim in facts.shims.values():
         if not shim.exists:
             out.append(error("cni-bin", shim.name, f"{shim.path} is missing: networks of type {shim.name} fail",
-                             "run install.sh (it writes macvlan-rdma, host-device-rdma and lease-ipam)"))
+                             "run install.sh (it writes macvlan-rdma, host-device-rdma, ipoib-rdma and lease-ipam)"))
             continue
         if not shim.executable:
             out.append(error("cni-bin", shim.name, f"{shim.path} is not executable", f"chmod 0755 {shim.path}"))

@@ -4,10 +4,13 @@ Facts relied on (research/ipam-anchors.md §1.1, §4):
 - whereabouts: ``range`` is a CIDR (host bits ignored) or ``first-last/prefix``, which sets
   range_start/range_end; ``range_start``/``range_end``/``exclude`` belong to the top-level range;
   ``ipRanges`` entries are {range, range_start, range_end, exclude}, the top-level range goes
-  first, and each entry yields one address (dual-stack). ``network_name`` is a separate
-  allocation domain. ``kubernetes`` selects the Lease store (read by kube_config.py, not here);
-  ``enable_overlapping_ranges``, ``configuration_path`` and ``leader_*`` configure whereabouts'
-  datastore and are accepted and ignored (overlapping ranges of different domains always coexist).
+  first, and each entry yields one address (dual-stack). ``network_name``,
+  ``enable_overlapping_ranges``, ``datastore``, ``kubernetes`` and ``configuration_path`` (the
+  flat file, merged underneath) choose the store and the allocation domain (location.py,
+  kube_config.py); ``leader_*`` tune whereabouts' leader election, which lease-ipam does not
+  have (accepted, not used). ``addresses`` (static, as the static plugin's) are appended to the
+  result after the allocated ones and never reserved, as whereabouts does. ``node_slice_size``
+  (whereabouts' node slices) is refused: ignoring it would change allocation silently.
 - host-local: ``ranges`` is a list of range sets, each a list of {subnet, rangeStart, rangeEnd,
   gateway}; a set yields one address; a missing gateway defaults to network+1; ``dataDir`` moves
   the store.
@@ -26,7 +29,7 @@ from typing import Any, Optional
 from pydantic import Field
 
 from cni.core.netconf import Model, load
-from cni.core.result import DNS, Route
+from cni.core.result import DNS, IPConfig, Route
 
 from . import intervals
 from .location import bad, ipam_block, store_location
@@ -49,6 +52,11 @@ class HostLocalRange(Model):
     rangeStart: Optional[str] = Field(None, description=f"rangeStart is {_IP} inside the subnet")
     rangeEnd: Optional[str] = Field(None, description=f"rangeEnd is {_IP} inside the subnet")
     gateway: Optional[str] = Field(None, description=f"gateway is {_IP} inside the subnet")
+
+
+class StaticAddress(Model):
+    address: str = Field(description='addresses[].address is an address with its prefix, e.g. "10.1.2.5/24"')
+    gateway: Optional[str] = Field(None, description=f"addresses[].gateway is {_IP}")
 
 
 class RouteConf(Model):
@@ -81,9 +89,14 @@ class IPAMConf(Model):
     # The Lease store (validated in kube_config.py, which DEL and GC use without pydantic).
     kubernetes: Optional[dict[str, Any]] = Field(None, description='kubernetes is an object such as {"kubeconfig": "/etc/cni/net.d/whereabouts.d/whereabouts.kubeconfig"}')
     gc_grace_seconds: Optional[float] = Field(None, description="gc_grace_seconds is a number of seconds (Lease store: GC spares younger claims)")
-    # whereabouts datastore keys: accepted, not used.
-    enable_overlapping_ranges: Any = None
-    configuration_path: Any = None
+    # whereabouts' static addresses: added to every ADD's result, after the allocated ones; never reserved.
+    addresses: Optional[list[StaticAddress]] = Field(None, description='addresses is a list of {"address": "10.1.2.5/24", "gateway": IP}')
+    # The store and the domain (read by location.py, which DEL and GC use without pydantic).
+    datastore: Optional[str] = Field(None, description='datastore is "kubernetes" or "local"')
+    enable_overlapping_ranges: Optional[bool] = Field(None, description="enable_overlapping_ranges is true or false")
+    configuration_path: Optional[str] = Field(None, description="configuration_path is the absolute path of whereabouts' flat file")
+    node_slice_size: Any = None  # refused below: lease-ipam has no node slices
+    # whereabouts' leader election: lease-ipam has none (a create is the claim); accepted, not used.
     leader_lease_duration: Any = None
     leader_renew_deadline: Any = None
     leader_retry_period: Any = None
@@ -96,6 +109,7 @@ class LeaseIPAMConfig:
     data_dir: str
     routes: tuple[Route, ...] = ()
     dns: DNS = field(default_factory=DNS)
+    static: tuple[IPConfig, ...] = ()  # whereabouts' ``addresses``
     log_file: str = ""
     log_level: str = ""
 
@@ -263,9 +277,31 @@ def _routes(conf: IPAMConf) -> tuple[Route, ...]:
     return tuple(out)
 
 
+def _static(conf: IPAMConf) -> tuple[IPConfig, ...]:
+    out = []
+    for i, entry in enumerate(conf.addresses or []):
+        where = f"ipam.addresses[{i}]"
+        try:
+            iface = ipaddress.ip_interface(entry.address.strip())
+            if "/" not in entry.address:
+                raise ValueError
+        except ValueError:
+            raise bad(where + ".address", f"{entry.address!r} is not an address with a prefix", 'use e.g. "10.1.2.5/24"') from None
+        gw = parse_ip(entry.gateway, where + ".gateway") if entry.gateway is not None else None
+        if gw is not None and gw.version != iface.version:
+            raise bad(where + ".gateway", f"{gw} is not of the family of {iface}", "use a gateway of the address's family")
+        out.append(IPConfig(address=iface, gateway=gw))
+    return tuple(out)
+
+
 def parse_ipam_config(config: dict) -> LeaseIPAMConfig:
     """Validate the whole network config's ``ipam`` block; raises CNIError code 7."""
     conf = load(IPAMConf, ipam_block(config), prefix="ipam.")
+    if conf.node_slice_size not in (None, ""):
+        raise bad("ipam.node_slice_size", f"{conf.node_slice_size!r}: lease-ipam has no node slices (whereabouts' Fast IPAM)",
+                  "remove node_slice_size: every node claims single addresses from the whole range (one Lease "
+                  "each, no leader election), so there is no slice to size; while whereabouts' node slices still "
+                  "hold addresses, see the migration steps in docs/lease-ipam.md")
     sets: list[tuple[str, list[Range]]] = [(where, [r]) for where, r in _attach_gateway(conf, _whereabouts_ranges(conf))]
     sets += _host_local_sets(conf)
     if not sets:
@@ -280,6 +316,7 @@ def parse_ipam_config(config: dict) -> LeaseIPAMConfig:
         data_dir=data_dir,
         routes=_routes(conf),
         dns=dns,
+        static=_static(conf),
         log_file=conf.log_file or "",
         log_level=conf.log_level or "",
     )

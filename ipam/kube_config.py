@@ -3,7 +3,8 @@
 Read without pydantic and without importing the ``kubernetes`` client (about 300-400 ms), so a
 local-store network never pays for it and DEL/GC stay cheap.
 
-Keys (all optional; the presence of the ``kubernetes`` object selects the Lease store)::
+Keys (all optional; the ``kubernetes`` object, from the NAD or whereabouts' flat file, selects
+the Lease store, as ``"datastore": "kubernetes"`` does)::
 
     "kubernetes": {
       "kubeconfig": "/etc/cni/net.d/whereabouts.d/whereabouts.kubeconfig",  # whereabouts' key, as is
@@ -32,7 +33,7 @@ from typing import Any, Optional
 
 from cni.core.errors import INVALID_CONFIG, CNIError
 
-from .location import bad, ipam_block
+from .location import KUBERNETES, bad, config_path, ipam_block, store_kind
 
 DEFAULT_NAMESPACE = "kube-system"
 DEFAULT_TIMEOUT = 20.0
@@ -62,18 +63,21 @@ def _seconds(raw: dict, key: str, where: str, default: float, allow_zero: bool =
 
 
 def kube_settings(config: dict) -> Optional[KubeSettings]:
-    """The Lease store's settings, or None when the ipam block has no ``kubernetes`` key (local store)."""
+    """The Lease store's settings, or None when the ipam block (whereabouts' flat file merged
+    underneath) does not select it (see :mod:`ipam.location`)."""
     ipam = ipam_block(config)
+    if store_kind(ipam) != KUBERNETES:
+        return None
     raw = ipam.get("kubernetes")
     if raw is None:
-        return None
+        raw = {}  # "datastore": "kubernetes" alone: the in-cluster config
     if not isinstance(raw, dict):
         raise bad("ipam.kubernetes", "is not an object",
                   '"kubernetes": {"kubeconfig": "/etc/cni/net.d/lease-ipam.kubeconfig"}, or {} in a pod')
     kubeconfig = raw.get("kubeconfig")
-    if kubeconfig is not None and (not isinstance(kubeconfig, str) or not os.path.isabs(kubeconfig)):
-        raise bad("ipam.kubernetes.kubeconfig", f"{kubeconfig!r} is not an absolute path",
-                  'e.g. "/etc/cni/net.d/whereabouts.d/whereabouts.kubeconfig"; omit it to use the in-cluster config')
+    if kubeconfig not in (None, ""):  # "" is whereabouts' "unset" (its flat file fills it)
+        kubeconfig = config_path(kubeconfig, "ipam.kubernetes.kubeconfig",
+                                 "/etc/cni/net.d/whereabouts.d/whereabouts.kubeconfig")
     api_root = raw.get("k8s_api_root")
     if api_root is not None and (not isinstance(api_root, str) or not re.match(r"^https?://", api_root)):
         raise bad("ipam.kubernetes.k8s_api_root", f"{api_root!r} is not an http(s) URL", 'e.g. "https://10.0.0.1:6443"')

@@ -24,7 +24,7 @@ from cni.core.gc import valid_attachments as core_valid_attachments
 from cni.core.invocation import Invocation
 from cni.core.result import IPConfig, Result
 
-from .location import store_location, uses_kubernetes
+from .location import KUBERNETES, config_path, from_kubernetes, ipam_block, no_cluster_store, store_kind, store_location
 from .requested import assign, requested_addresses
 from .store.base import Attachment, Store
 from .store.local import CRASH_ENV, LocalStore
@@ -54,9 +54,16 @@ def kube_store(data_dir: str, domain: str, inv: Invocation) -> Store:
 
 
 def default_store(data_dir: str, domain: str, inv: Invocation) -> Store:
-    """The Lease store when the ipam block has a ``kubernetes`` key, else the local store."""
-    if uses_kubernetes(inv.config):
+    """The store the ipam block (whereabouts' flat file merged) selects (:mod:`ipam.location`).
+
+    Neither chosen: the local store, except for a call from Kubernetes, where a per-node store
+    would hand the same address to pods on two nodes: ADD, CHECK and STATUS are refused (code 7)
+    and DEL and GC only clean this node's local store (a DEL never fails for a missing store)."""
+    kind = store_kind(ipam_block(inv.config))
+    if kind == KUBERNETES:
         return kube_store(data_dir, domain, inv)
+    if kind is None and from_kubernetes(inv.args) and inv.command not in ("DEL", "GC"):
+        raise no_cluster_store(inv.network_name)
     return local_store(data_dir, domain, inv)
 
 
@@ -64,11 +71,19 @@ def configure_logging(config: dict) -> None:
     """Honour ``ipam.log_file``/``ipam.log_level`` for this call only (read leniently: logging
     must never fail a verb). The node daemon serves many networks at once, so the settings live
     in a context variable that filters records, never in the process-wide logger state."""
-    raw = config.get("ipam")
-    raw = raw if isinstance(raw, dict) else {}
+    try:
+        raw = ipam_block(config)
+    except CNIError:
+        raw = config.get("ipam") if isinstance(config.get("ipam"), dict) else {}
     level = raw.get("log_level")
     level = _LEVELS.get(level.lower()) if isinstance(level, str) else None
     path = raw.get("log_file") if isinstance(raw.get("log_file"), str) and raw.get("log_file") else None
+    if path is not None:
+        try:
+            path = config_path(path, "ipam.log_file", "/var/log/lease-ipam.log")
+        except CNIError as err:
+            log.warning("%s", err.msg)
+            path = None
     _call_logging.set((level, path))
     if path is not None and path not in _file_handlers:
         try:
@@ -101,7 +116,7 @@ def render(config: "LeaseIPAMConfig", addresses: list) -> Result:
     for rs, ip in zip(config.range_sets, addresses):
         r = rs.range_of(ip)
         ips.append(IPConfig(address=r.interface(ip), gateway=r.gateway))
-    return Result(ips=ips, routes=list(config.routes), dns=config.dns)
+    return Result(ips=ips + list(config.static), routes=list(config.routes), dns=config.dns)
 
 
 def valid_attachments(config: dict) -> Optional[set[Attachment]]:

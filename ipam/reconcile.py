@@ -13,7 +13,9 @@ Rules (research/ipam-anchors.md §1.5, §2, §8.6; the anchors' bugs each rule a
 - A claim is judged by its pod's **UID**: GET the pod by namespace/name and compare UIDs. A pod
   that is missing (404) or has another UID is a miss; never a decision by name alone
   [whereabouts #176/#182: StatefulSet name reuse freed the new pod's IP] and never from the
-  network-status annotation [whereabouts #162/#207].
+  network-status annotation [whereabouts #162/#207]. A static pod's claim carries the kubelet's
+  UID, which the API shows in its mirror pod's ``kubernetes.io/config.mirror`` annotation (the
+  mirror pod's own UID differs): such a pod is present (Multus documents the same).
 - Claims without a pod identity (no UID, namespace or name) are left alone and reported: only a
   claim that can be attributed to a real pod is ever freed [dranet #103].
 - Claims younger than the grace period are skipped entirely (neither counted nor reset).
@@ -58,6 +60,7 @@ from .store.kube import (
 )
 
 MISSES_ANNOTATION = f"{GROUP}/reconcile-misses"
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 PODS = "/api/v1/namespaces/{namespace}/pods/{name}"
 A_POD_NAMESPACE = f"{GROUP}/pod-namespace"
 A_POD_NAME = f"{GROUP}/pod-name"
@@ -320,6 +323,15 @@ class Outcome:
                 "claims": [a.to_json() for a in self.actions]}
 
 
+def mirror_of(pod: Optional[dict]) -> Optional[str]:
+    """The kubelet's UID of the static pod ``pod`` mirrors (its ``kubernetes.io/config.mirror``
+    annotation), or None. The kubelet gives CNI the static pod's own UID (K8S_POD_UID), which is
+    not the API's mirror pod UID: a claim of a static pod is live while its mirror pod says so."""
+    notes = ((pod or {}).get("metadata") or {}).get("annotations") or {}
+    value = notes.get(MIRROR_ANNOTATION)
+    return value if isinstance(value, str) and value else None
+
+
 def _judge(target: KubeTarget, claim: LeaseClaim, now: datetime, grace: float, limit: int, dry_run: bool) -> Action:
     if not claim.has_pod_identity:
         missing = [what for what, v in (("pod UID", claim.pod_uid), ("pod namespace", claim.pod_namespace),
@@ -331,7 +343,7 @@ def _judge(target: KubeTarget, claim: LeaseClaim, now: datetime, grace: float, l
                       "no creation time" if age is None else f"{int(age)} s old, grace {int(grace)} s")
     pod = target.get_pod(claim.pod_namespace, claim.pod_name)
     live_uid = ((pod or {}).get("metadata") or {}).get("uid")
-    if live_uid == claim.pod_uid:
+    if live_uid == claim.pod_uid or mirror_of(pod) == claim.pod_uid:
         if claim.misses == 0:
             return Action(claim, KEPT, 0, "pod present")
         if not dry_run:

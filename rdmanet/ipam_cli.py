@@ -118,10 +118,6 @@ def network_config_of(doc: Any, where: str) -> dict:
     return doc
 
 
-def uses_kubernetes(config: dict) -> bool:
-    return config.get("ipam", {}).get("kubernetes") is not None
-
-
 # -- listing --------------------------------------------------------------------------------------
 
 @dataclass
@@ -256,6 +252,8 @@ def list_claims(network_config: Optional[str] = None, data_dir: Optional[str] = 
     if network_config is not None:
         config = load_network_config(network_config)
         from ipam.config import parse_ipam_config
+
+        from ipam.location import uses_kubernetes
 
         parsed = parse_ipam_config(config)
         if uses_kubernetes(config):

@@ -775,7 +775,8 @@ class KubeAPIServer:
 
     def add_pod(self, namespace: str, name: str, uid: str | None = None,
                 node: str | None = None, labels: dict | None = None,
-                phase: str = "Running", pod_ip: str | None = None) -> dict:
+                phase: str = "Running", pod_ip: str | None = None,
+                annotations: dict | None = None) -> dict:
         """Create (or replace) a pod directly; emits a watch event.  Returns it."""
         spec: dict[str, Any] = {"containers": [{"name": "main", "image": "pause"}]}
         if node:
@@ -787,6 +788,8 @@ class KubeAPIServer:
                                 "uid": uid or str(uuid.uuid4())}
         if labels:
             meta["labels"] = dict(labels)
+        if annotations:
+            meta["annotations"] = dict(annotations)
         obj = {"metadata": meta, "spec": spec, "status": status}
         with self._cond:
             prev = self._store["pods"].get((namespace, name))

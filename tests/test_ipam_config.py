@@ -91,16 +91,15 @@ def test_host_local_ranges_form_with_default_gateway():
     assert c.data_dir == "/tmp/x"
 
 
-def test_network_name_routes_dns_and_ignored_whereabouts_keys():
+def test_network_name_routes_dns_and_whereabouts_keys():
     c = parse_ipam_config(conf({
         "range": "10.1.1.0/24", "network_name": "dom1", "routes": [{"dst": "0.0.0.0/0", "gw": "10.1.1.1"}, {"dst": "10.9.0.0/16"}],
         "dns": {"nameservers": ["10.1.1.53"], "search": ["example"]},
         "kubernetes": {"kubeconfig": "/etc/cni/net.d/whereabouts.d/whereabouts.kubeconfig"},
         "enable_overlapping_ranges": False, "configuration_path": "/x", "leader_lease_duration": 1500,
         "leader_renew_deadline": 1000, "leader_retry_period": 500, "log_file": "/tmp/l", "log_level": "debug",
-        "node_slice_size": "/28",
     }))
-    assert c.domain == "dom1"
+    assert c.domain == "dom1@ranges:10.1.1.0/24"  # overlapping ranges off: the named domain, per range
     assert [str(r.dst) for r in c.routes] == ["0.0.0.0/0", "10.9.0.0/16"] and str(c.routes[0].gw) == "10.1.1.1"
     assert c.dns.nameservers == ["10.1.1.53"] and c.dns.search == ["example"]
 

@@ -99,6 +99,23 @@ def test_deleted_pod_freed_after_n_misses_only(server, conf, capsys):
     cni("DEL", conf, "ctr1", ("default", "job-1", "uid-1"))
 
 
+def test_a_static_pod_is_present_through_its_mirror_pod(server, conf, capsys):
+    """The kubelet gives CNI a static pod's own UID; the API holds its mirror pod, whose UID
+    differs and whose kubernetes.io/config.mirror annotation carries the kubelet's UID."""
+    server.add_pod("kube-system", "ptp-agent-node-a", uid="mirror-uid", node="node-a",
+                   annotations={"kubernetes.io/config.mirror": "static-uid", "kubernetes.io/config.source": "file"})
+    cni("ADD", conf, "ctr-static", ("kube-system", "ptp-agent-node-a", "static-uid"))
+    for _ in range(3):
+        code, doc = run_once(conf, capsys, misses="1")
+        assert code == 0 and actions(doc) == {"ctr-static": "kept"}, doc
+    assert lease_of(server, "ctr-static") is not None
+    # the static pod re-created from another manifest: a new kubelet UID, the old claim is a miss
+    server.add_pod("kube-system", "ptp-agent-node-a", uid="mirror-uid-2", node="node-a",
+                   annotations={"kubernetes.io/config.mirror": "static-uid-2"})
+    code, doc = run_once(conf, capsys, misses="1")
+    assert actions(doc) == {"ctr-static": "freed"}
+
+
 def test_grace_period_skips_young_claims(server, conf, capsys):
     cni("ADD", conf, "ctr1", ("default", "gone", "uid-gone"))  # the pod never existed
     for _ in range(5):
@@ -276,7 +293,7 @@ def test_ls_kube_store_shows_pod_node_and_counts(server, conf, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert code == 0
     [net] = doc["networks"]
-    assert net["domain"] == "rdma-net" and net["store"] == "kubernetes"
+    assert net["domain"] == "@cluster" and net["store"] == "kubernetes"  # no network_name: the cluster-wide domain
     by_cid = {c["containerID"]: c for c in net["claims"]}
     assert by_cid["c" * 64] == {"address": by_cid["c" * 64]["address"], "network": "rdma-net", "containerID": "c" * 64,
                                 "ifname": "net1", "pod": "default/train-0", "node": "gpu-1",

@@ -24,6 +24,7 @@ from cni.core import skel
 from cni.core.errors import POOL_EXHAUSTED
 from ipam.config import parse_ipam_config
 from ipam.kube_config import connect, kube_settings
+from ipam.location import CLUSTER_DOMAIN
 from ipam.plugin import LeaseIPAM
 from ipam.store import lease_cache
 from ipam.store.base import Attachment
@@ -129,7 +130,7 @@ def in_sync(server, inf):
     return have == want
 
 
-def other_store(kubeconfig, domain="net-a", node="node-b"):
+def other_store(kubeconfig, domain=CLUSTER_DOMAIN, node="node-b"):
     """Another process's view: a KubeStore without a cache (as the in-process plugin runs)."""
     conn = connect(kube_settings(netconf(kubeconfig)))
     return KubeStore(ApiClientTransport(conn.api_client, conn.host), NS, domain, node=node)
@@ -231,9 +232,8 @@ def test_repeat_add_after_a_claim_by_another_process_that_the_cache_has_not_seen
     assert add_ip(conf, "y") == str(theirs[0])  # ours was created, then given up for theirs
     assert held(server) == {str(theirs[0]): "y/net1"}
     c = counts(server)
-    # the first candidate (hashed from node and container) was theirs: 409, then ours on the next
-    assert c == {"create leases": 2, "list leases": 1, "delete leases": 1}, c
-    assert [e["status"] for e in server.request_log() if e["verb"] == "create"] == [409, 201]
+    # ours was made after the cursor (the cache had not seen theirs); theirs read back, ours freed
+    assert c == {"create leases": 1, "list leases": 1, "get leases": 1, "delete leases": 1}, c
 
 
 def test_repeat_add_adopts_the_other_claim_once_the_watch_delivers(server, kubeconfig, cache):
@@ -250,7 +250,8 @@ def test_repeat_add_adopts_the_other_claim_once_the_watch_delivers(server, kubec
         assert add_ip(conf, "z") == str(theirs[0])
     finally:
         resumer.finish()
-    assert counts(server) == {"create leases": 2, "delete leases": 1}  # 409 on theirs, ours, ours freed
+    # ours, then theirs confirmed by a GET before it is returned, then ours freed
+    assert counts(server) == {"create leases": 1, "get leases": 1, "delete leases": 1}
     assert held(server) == {str(theirs[0]): "z/net1"}
 
 
@@ -397,7 +398,7 @@ def test_del_with_a_stale_cache_never_deletes_a_remade_lease(server, kubeconfig,
     ip = add_ip(conf, "a")
     wait_for(lambda: in_sync(server, inf), "sync")
     server.pause_watches()  # the cache keeps a's claim, uid and resourceVersion
-    name = lease_name(domain_hash("net-a"), ipaddress.ip_address(ip))
+    name = lease_name(domain_hash(CLUSTER_DOMAIN), ipaddress.ip_address(ip))
     _remake(kubeconfig, name, "b/net1")
     server.reset_counts()
     assert call("DEL", conf, "a") == (0, None)
@@ -416,7 +417,7 @@ def test_del_with_a_stale_resource_version_of_its_own_lease_deletes_it(server, k
     ip = add_ip(conf, "a")
     wait_for(lambda: in_sync(server, inf), "sync")
     server.pause_watches()
-    name = lease_name(domain_hash("net-a"), ipaddress.ip_address(ip))
+    name = lease_name(domain_hash(CLUSTER_DOMAIN), ipaddress.ip_address(ip))
     lease = raw(kubeconfig, "GET", name).doc  # someone (the reconciler) annotates it: a new resourceVersion
     lease["metadata"]["annotations"]["rdmanet.io/reconcile-misses"] = "1"
     assert raw(kubeconfig, "PUT", name, body=lease).status == 200
@@ -450,7 +451,7 @@ def test_del_also_frees_a_claim_the_cache_had_not_seen(server, kubeconfig, cache
     assert held(server) == {}
     assert counts(server) == {"delete leases": 2}
     assert [e["name"] for e in server.request_log()] == [
-        lease_name(domain_hash("net-a"), ipaddress.ip_address(ip)) for ip in (mine, other_ip)]
+        lease_name(domain_hash(CLUSTER_DOMAIN), ipaddress.ip_address(ip)) for ip in (mine, other_ip)]
 
 
 class resume_after:
@@ -554,7 +555,7 @@ def test_the_cap_stops_the_least_recently_used_informer(server, kubeconfig, cach
     cache(max_informers=2)
     started = []
     for x in "abc":
-        add_ip(netconf(kubeconfig, name=f"net-{x}"), "c")
+        add_ip(netconf(kubeconfig, name=f"net-{x}", network_name=f"dom-{x}"), "c")
         started += [inf for inf in lease_cache.informers() if inf not in started]
     assert [inf.name for inf in lease_cache.informers()] == [inf.name for inf in started[1:]]
     assert started[0].join(5.0), "the evicted informer's thread is still running"
@@ -674,3 +675,84 @@ def _events_until_error(stream):
             yield ev["type"], ev["object"]["metadata"].get("name")
     except Exception:  # noqa: BLE001 - the dropped connection
         yield "broken", None
+
+
+# -- issue 10, finding 5: a claim is read back before it is returned; a 404 forgets only its UID --
+
+def _patched_requests(hook):
+    """ApiClientTransport.request with ``hook(original, self, method, path, query, body, timeout)``."""
+    original = ApiClientTransport.request
+
+    def request(self, method, path, query, body, timeout):
+        return hook(original, self, method, path, query, body, timeout)
+
+    ApiClientTransport.request = request
+    return original
+
+
+def test_add_never_returns_a_claim_the_cache_shows_but_that_is_gone(server, kubeconfig, cache):
+    """Another process made a claim of attachment "x" (the in-process fallback during a daemon
+    restart) that the cache has not seen when the daemon's repeat ADD starts; once our own claim
+    is confirmed the cache shows theirs, which was deleted meanwhile (a DEL of "x" elsewhere,
+    whose event is still on its way). The ADD must return an address "x" really holds."""
+    conf = netconf(kubeconfig)
+    inf = synced_domain(server, conf)
+    server.pause_watches()
+    theirs = other_store(kubeconfig, node="node-a").allocate(Attachment("x", "net1"), "net-a", range_sets(conf), {})
+    their_name = lease_name(domain_hash(CLUSTER_DOMAIN), theirs[0])
+
+    def hook(original, self, method, path, query, body, timeout):
+        resp = original(self, method, path, query, body, timeout)
+        if method == "POST" and resp.status == 201 and not hook.done:
+            hook.done = True  # our claim is made: let the watch deliver theirs and ours, then lag again
+            server.resume_watches()
+            wait_for(lambda: in_sync(server, inf), "the watch to deliver both claims")
+            server.pause_watches()
+            gone = original(self, "DELETE", f"{LEASES_PATH.format(namespace=NS)}/{their_name}", [], None, timeout)
+            assert gone.status == 200
+        return resp
+
+    hook.done = False
+    original = _patched_requests(hook)
+    try:
+        got = add_ip(conf, "x")
+    finally:
+        ApiClientTransport.request = original
+        server.resume_watches()
+    assert held(server).get(got) == "x/net1", (got, held(server))
+
+
+def test_a_404_about_an_old_claim_never_hides_the_new_claim_of_its_name(server, kubeconfig, cache):
+    """A repeat ADD of "a" reads back the claim the cache shows (uid 1); the answer is 404, but
+    while it was on its way the address was claimed again, by "b" (uid 2), and the watch
+    delivered that. The 404 is about uid 1 only: "b"'s claim stays visible, so "b"'s repeat ADD
+    returns it and its DEL frees it (nothing is leaked)."""
+    conf = netconf(kubeconfig, range="10.0.0.0/29")
+    inf = synced_domain(server, conf)
+    first = add_ip(conf, "a")
+    wait_for(lambda: in_sync(server, inf), "sync")
+    name = lease_name(domain_hash(CLUSTER_DOMAIN), ipaddress.ip_address(first))
+    rs = range_sets(conf)
+
+    def hook(original, self, method, path, query, body, timeout):
+        if method == "GET" and path.endswith("/" + name) and not hook.done:
+            hook.done = True
+            original(self, "DELETE", path, [], None, timeout)
+            resp = original(self, method, path, query, body, timeout)  # 404: uid 1 is gone
+            remade = other_store(kubeconfig)._body(ipaddress.ip_address(first), Attachment("b", "net1"), "net-a", rs[0])
+            assert original(self, "POST", LEASES_PATH.format(namespace=NS), [], remade, timeout).status == 201
+            wait_for(lambda: in_sync(server, inf), "the watch to deliver b's claim")
+            return resp
+        return original(self, method, path, query, body, timeout)
+
+    hook.done = False
+    original = _patched_requests(hook)
+    try:
+        again = add_ip(conf, "a")  # "a" lost its claim: it gets another address
+    finally:
+        ApiClientTransport.request = original
+    assert again != first
+    assert add_ip(conf, "b") == first  # b's claim is seen: the same address, no second one
+    assert sorted(h for h in held(server).values() if h == "b/net1") == ["b/net1"]
+    assert call("DEL", conf, "b") == (0, None)
+    assert "b/net1" not in held(server).values()

@@ -20,6 +20,7 @@ from cni.core import skel
 from cni.core.errors import (ADDRESS_UNAVAILABLE, CHECK_FAILED, INVALID_CONFIG, NOT_AVAILABLE, POOL_EXHAUSTED,
                              TRY_AGAIN_LATER)
 from ipam.kube_config import DEFAULT_NAMESPACE, kube_settings
+from ipam.location import CLUSTER_DOMAIN
 from ipam.plugin import LeaseIPAM
 from ipam.store.kube import ApiClientTransport, domain_hash, lease_name
 
@@ -88,8 +89,8 @@ def test_add_is_one_list_one_create_and_repeat_add_creates_nothing(server, kubec
     assert counts(server) == {"list leases": 1, "create leases": 1}
     [lease] = leases(server)
     md = lease["metadata"]
-    assert md["name"] == f"lip-{domain_hash('net-a')}-{ips(first)[0].split('/')[0]}"
-    assert md["labels"] == {"rdmanet.io/ipam-domain": domain_hash("net-a"), "rdmanet.io/network": "net-a",
+    assert md["name"] == f"lip-{domain_hash(CLUSTER_DOMAIN)}-{ips(first)[0].split('/')[0]}"
+    assert md["labels"] == {"rdmanet.io/ipam-domain": domain_hash(CLUSTER_DOMAIN), "rdmanet.io/network": "net-a",
                             "rdmanet.io/node": "node-a", "rdmanet.io/attachment": md["labels"]["rdmanet.io/attachment"],
                             "rdmanet.io/pod-uid": "uid-1"}
     assert lease["spec"]["holderIdentity"] == "ctr1/net1" and "leaseDurationSeconds" not in lease["spec"]
@@ -254,20 +255,29 @@ def test_requested_address_held_by_other_is_103_and_free_one_is_claimed(server, 
     assert call("ADD", conf, cid="a")[0] == 0  # repeat ADD asking for what it holds
 
 
-def test_overlapping_ranges_in_two_networks_coexist(server, kubeconfig):
+def test_two_networks_on_one_range_share_its_addresses(server, kubeconfig):
+    """whereabouts keys its pool by the range and reserves each address across overlapping ranges
+    (enable_overlapping_ranges, on by default): two NADs of other names on one range never hand
+    out one address twice. A network_name is a domain of its own; overlapping ranges off keys by range."""
     a = netconf(kubeconfig, name="net-a", range="10.0.0.0/30")
-    b = netconf(kubeconfig, name="net-b", range="10.0.0.0/30")
-    got = {net: sorted(_ip(call("ADD", conf, cid=f"c{i}")[1]) for i in range(2)) for net, conf in (("a", a), ("b", b))}
-    assert got["a"] == got["b"] == ["10.0.0.1", "10.0.0.2"]
-    assert len(leases(server)) == 4
+    b = netconf(kubeconfig, name="net-b", range="10.0.0.0/29", range_end="10.0.0.2")  # overlaps a
+    got = [_ip(call("ADD", a, cid="c0")[1]), _ip(call("ADD", b, cid="c1", node="node-b")[1])]
+    assert sorted(got) == ["10.0.0.1", "10.0.0.2"]
     for conf in (a, b):
         code, err = call("ADD", conf, cid="c9")
         assert err["code"] == POOL_EXHAUSTED
-    # a shared network_name is one domain
-    c = netconf(kubeconfig, name="net-c", range="10.0.0.0/30", network_name="net-a")
-    assert call("ADD", c, cid="c7")[1]["code"] == POOL_EXHAUSTED
-    assert call("DEL", b, cid="c0") == (0, None)
-    assert len(leases(server)) == 3
+    named = netconf(kubeconfig, name="net-c", range="10.0.0.0/30", network_name="team-c")
+    assert _ip(call("ADD", named, cid="c7")[1]) == "10.0.0.1"  # a domain of its own
+    # overlapping ranges off: the same range still shares, another (overlapping) range does not
+    same = netconf(kubeconfig, name="net-d", range="10.0.0.0/30", enable_overlapping_ranges=False)
+    other = netconf(kubeconfig, name="net-e", range="10.0.0.0/29", enable_overlapping_ranges=False)
+    assert _ip(call("ADD", same, cid="d1")[1]) == "10.0.0.1"
+    assert call("ADD", same, cid="d2")[1]["ips"][0]["address"] == "10.0.0.2/30"
+    assert call("ADD", netconf(kubeconfig, name="net-f", range="10.0.0.0/30", enable_overlapping_ranges=False),
+                cid="d3")[1]["code"] == POOL_EXHAUSTED
+    assert _ip(call("ADD", other, cid="e1")[1]) == "10.0.0.1"
+    assert call("DEL", b, cid="c1", node="node-b") == (0, None)
+    assert _ip(call("ADD", a, cid="c5")[1]) == got[1]
 
 
 # -- faults --------------------------------------------------------------------------------------
@@ -463,7 +473,7 @@ def _ip(result):
     return result["ips"][0]["address"].split("/")[0]
 
 
-def _name(result, domain="net-a"):
+def _name(result, domain=CLUSTER_DOMAIN):
     return lease_name(domain_hash(domain), ipaddress.ip_address(_ip(result)))
 
 

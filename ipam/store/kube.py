@@ -52,9 +52,12 @@ cache is a hint, never the answer, so nothing depends on its freshness:
 - ADD/DEL of one attachment are serialised in the daemon; an informer not in sync within
   ``sync_budget`` (or failing, e.g. no RBAC for watch) leaves the verb to the List path.
 
-Candidates: a start offset hashed from (node, containerID, range set) so concurrent nodes rarely
-pick the same address, then :meth:`RangeSet.next_free` over the used set from the List; a 409
-adds the address to the used set and takes the next. A range is never enumerated.
+Candidates: round-robin over the domain, cluster-wide: :meth:`RangeSet.next_free` after the cursor,
+the address of the domain's most recently made claim in the range set (its ``acquireTime``, from
+the List or the cache), over the used set; a 409 adds the address to the used set and takes the
+next. So a freed address is handed out again only after the range has gone round (whereabouts
+#288, Calico #6968). Nodes adding at the same instant aim at the same next address and the
+losers walk on by 409s (a per-node block design is issue 17's). A range is never enumerated.
 
 Faults: every request has a timeout (``request_timeout_seconds``); 429 (Retry-After honoured),
 5xx and transport errors are retried with jittered exponential backoff within the verb's budget
@@ -78,7 +81,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import partial
-from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Optional, Sequence
 
 from cni.core.errors import (
     ADDRESS_UNAVAILABLE,
@@ -347,6 +350,7 @@ class Claim:
     resource_version: str
     network: str
     time: Optional[datetime]
+    range: str = ""  # the subnet annotation: the range the claim was made in (the round-robin cursor)
 
 
 def parse_claim(item: Any, dhash: str) -> Optional[Claim]:
@@ -362,7 +366,20 @@ def parse_claim(item: Any, dhash: str) -> Optional[Claim]:
     notes = md.get("annotations") or {}
     when = _parse_time(spec.get("acquireTime")) or _parse_time(md.get("creationTimestamp"))
     return Claim(name, ip, parse_holder(spec.get("holderIdentity")), str(md.get("uid") or ""),
-                 str(md.get("resourceVersion") or ""), str(notes.get(f"{GROUP}/network") or ""), when)
+                 str(md.get("resourceVersion") or ""), str(notes.get(f"{GROUP}/network") or ""), when,
+                 str(notes.get(f"{GROUP}/range") or ""))
+
+
+def latest_by_range(claims: Iterable[Claim]) -> dict[str, Claim]:
+    """The most recently made claim per range (its ``range`` annotation): the round-robin cursor."""
+    out: dict[str, Claim] = {}
+    for c in claims:
+        if c.time is None or not c.range:
+            continue
+        best = out.get(c.range)
+        if best is None or (c.time, int(c.ip)) > (best.time, int(best.ip)):
+            out[c.range] = c
+    return out
 
 
 CacheSource = Callable[[bool], Optional[LeaseCache]]
@@ -480,11 +497,13 @@ class KubeStore(Store):
     def _parse(self, item: Any) -> Optional[Claim]:
         return parse_claim(item, self.dhash)
 
-    def _get(self, name: str, deadline: float) -> Optional[Claim]:
+    def _get(self, name: str, deadline: float, expected_uid: str = "") -> Optional[Claim]:
+        """The Lease as it is now (None: there is none). ``expected_uid``: the UID the caller
+        knew the name by, which a 404 proves gone (the cache forgets only that one)."""
         resp, _ = self._call("GET", f"{self.path}/{name}", f"get lease {name}", deadline)
         if resp.status == 404:
             if self.cache is not None:
-                self.cache.absent(name)
+                self.cache.absent(name, expected_uid)
             return None
         if resp.status != 200:
             raise self._refused(resp, f"get lease {name}")
@@ -565,12 +584,12 @@ class KubeStore(Store):
                     if retried:
                         self.cache.deleted(current)
                     else:
-                        self.cache.absent(current.name)
+                        self.cache.absent(current.name, current.uid)
                 return current if retried else None  # gone: by our own earlier attempt when we retried, else by someone else
             if resp.status != 409:
                 raise self._refused(resp, f"delete lease {current.name}")
             # Precondition failed: re-read. Delete again only while it still names the same attachment.
-            fresh = self._get(current.name, deadline)
+            fresh = self._get(current.name, deadline, current.uid)
             if fresh is None or fresh.attachment != claim.attachment:
                 log.info("lease %s was re-made for %s: left alone", current.name, fresh.attachment if fresh else "nobody")
                 return None
@@ -579,17 +598,15 @@ class KubeStore(Store):
 
     # -- allocate -------------------------------------------------------------------------------
 
-    def _start(self, rs: RangeSet, attachment: Attachment) -> IPAddress:
-        """A cursor hashed from (node, containerID, range set), spread over the set's ranges."""
-        total = sum(r.end - r.start + 1 for r in rs.ranges)
-        seed = hashlib.sha256(f"{self.node}\0{attachment.container_id}\0{rs.index}".encode()).digest()
-        offset = int.from_bytes(seed[:16], "big") % total
-        for r in rs.ranges:
-            size = r.end - r.start + 1
-            if offset < size:
-                return r.address(r.start + offset)
-            offset -= size
-        return rs.ranges[0].address(rs.ranges[0].start)  # not reached
+    def _start(self, rs: RangeSet, latest: Mapping[str, Claim]) -> Optional[IPAddress]:
+        """The round-robin cursor of a range set: the address of the domain's most recently made
+        claim in one of its ranges (None: no claim yet, start at the lowest). The next candidate
+        is the first free address after it, so a just-freed address is not handed out again
+        until the range has been gone round, whichever node freed it."""
+        found = [latest[str(r.subnet)] for r in rs.ranges if str(r.subnet) in latest]
+        if not found:
+            return None
+        return max(found, key=lambda c: (c.time, int(c.ip))).ip
 
     def allocate(self, attachment: Attachment, network: str, range_sets: Sequence[RangeSet],
                  requested: Mapping[int, IPAddress]) -> list[IPAddress]:
@@ -606,7 +623,7 @@ class KubeStore(Store):
             values.sort()
         mine = [c for c in claims if c.attachment == attachment]
         return self._allocate(attachment, network, range_sets, requested, deadline, mine, used,
-                              {c.ip: c for c in claims}, None)
+                              {c.ip: c for c in claims}, None, latest_by_range(claims))
 
     def _allocate_cached(self, cache: LeaseCache, attachment: Attachment, network: str,
                          range_sets: Sequence[RangeSet], requested: Mapping[int, IPAddress],
@@ -618,16 +635,17 @@ class KubeStore(Store):
         attachment that another process made meanwhile shows up then (:meth:`_settle`)."""
         mine = []
         for c in cache.claims_of(attachment):
-            fresh = self._get(c.name, deadline)
+            fresh = self._get(c.name, deadline, c.uid)
             if fresh is not None and fresh.attachment == attachment:
                 mine.append(fresh)
         used = {4: cache.used(4), 6: cache.used(6)}
-        return self._allocate(attachment, network, range_sets, requested, deadline, mine, used, {}, cache)
+        return self._allocate(attachment, network, range_sets, requested, deadline, mine, used, {}, cache,
+                              cache.latest())
 
     def _allocate(self, attachment: Attachment, network: str, range_sets: Sequence[RangeSet],
                   requested: Mapping[int, IPAddress], deadline: float, mine: list[Claim],
                   used: dict[int, list[int]], by_ip: Mapping[IPAddress, Claim],
-                  cache: Optional[LeaseCache]) -> list[IPAddress]:
+                  cache: Optional[LeaseCache], latest: Mapping[str, Claim]) -> list[IPAddress]:
         mine = sorted(mine, key=lambda c: (c.ip.version, c.ip))
         placed, spare = place_held(mine, range_sets, lambda c: c.ip)  # spare: ours, in no range set now
         plan: dict[int, IPAddress] = {i: c.ip for i, c in placed.items()}
@@ -644,7 +662,8 @@ class KubeStore(Store):
                     if new:
                         created.append(claim)
                 else:
-                    claim = self._pick(rs, attachment, network, used[rs.family], deadline, cache is not None)
+                    claim = self._pick(rs, attachment, network, used[rs.family], deadline, self._start(rs, latest),
+                                       cache is not None)
                     created.append(claim)
                 plan[rs.index] = claim.ip
             if cache is not None:
@@ -710,9 +729,14 @@ class KubeStore(Store):
             taken = set(plan.values())
             others = sorted((h for h in held if h.attachment == attachment and h.name not in new and h.ip not in taken
                              and rs.range_of(h.ip) is not None), key=lambda h: (h.ip.version, h.ip))
-            if not others:
+            keep = None
+            for other in others:  # the cache's word is a hint: only a claim read back just now is returned
+                fresh = self._get(other.name, deadline, other.uid)
+                if fresh is not None and fresh.attachment == attachment:
+                    keep = fresh
+                    break
+            if keep is None:
                 continue
-            keep = others[0]
             log.info("%s already holds %s in %s (claimed by another process): returning it, freeing %s",
                      attachment, keep.ip, rs.describe(), c.ip)
             self._delete(c, deadline)
@@ -720,8 +744,7 @@ class KubeStore(Store):
             plan[rs.index] = keep.ip
 
     def _pick(self, rs: RangeSet, attachment: Attachment, network: str, used: list[int], deadline: float,
-              from_cache: bool = False) -> Claim:
-        cursor = self._start(rs, attachment)
+              cursor: Optional[IPAddress], from_cache: bool = False) -> Claim:
         taken = 0
         while True:
             candidate = rs.next_free(used, cursor)

@@ -120,6 +120,7 @@ class LeaseCache:
         self._entries: dict[str, Entry] = {}
         self._by_attachment: dict[Hashable, set[str]] = {}
         self._used: dict[int, list[int]] = {4: [], 6: []}
+        self._latest: dict[str, Any] = {}  # range -> the most recently made claim seen (the round-robin cursor)
         self._dead: OrderedDict[str, bool] = OrderedDict()  # uid -> the List/Watch confirmed it
         self.resource_version = ""
         self.synced = False  # a List applied and a watch stream open (or about to re-open)
@@ -196,6 +197,11 @@ class LeaseCache:
         """The sorted addresses (as ints) of ``version`` that some Lease (or a 409) holds."""
         with self._cond:
             return list(self._used[version])
+
+    def latest(self) -> dict[str, Any]:
+        """Per range, the most recently made claim seen (it may be gone since: it is a position)."""
+        with self._cond:
+            return dict(self._latest)
 
     def claims_of(self, attachment: Hashable) -> list[Any]:
         with self._cond:
@@ -275,14 +281,20 @@ class LeaseCache:
                 e = None
             self._put(Entry(claim.name, claim.ip, claim, claim.uid, e is not None and e.confirmed))
 
-    def absent(self, name: str) -> None:
-        """A GET or delete answered 404 just now."""
+    def absent(self, name: str, uid: str = "") -> None:
+        """A GET or delete of ``name`` answered 404 just now; ``uid``: the incarnation the request
+        was about ("" when it named none). Only that UID is known dead: the name may hold a newer
+        claim by now (written through, or delivered by the watch, while the request was in
+        flight), and marking that one dead would hide it for good (its events are ignored)."""
         with self._cond:
             e = self._entries.get(name)
-            if e is not None:
-                if e.uid:
-                    self._kill(e.uid, False)
+            if e is None:
+                return
+            if uid and e.uid == uid:
+                self._kill(uid, False)
                 self._drop(name)
+            elif not e.uid:
+                self._drop(name)  # a placeholder (a 409 told us it was taken): it is not, now
 
     def deleted(self, claim: Any) -> None:
         """Our delete (with preconditions on this UID) succeeded."""
@@ -322,7 +334,16 @@ class LeaseCache:
         who = getattr(entry.claim, "attachment", None)
         if who is not None:
             self._by_attachment.setdefault(who, set()).add(entry.name)
+        self._note_latest(entry.claim)
         self._cond.notify_all()
+
+    def _note_latest(self, claim: Any) -> None:
+        when, where = getattr(claim, "time", None), getattr(claim, "range", "")
+        if when is None or not where:
+            return
+        best = self._latest.get(where)
+        if best is None or (when, int(claim.ip)) > (best.time, int(best.ip)):
+            self._latest[where] = claim
 
     def _unindex(self, entry: Entry) -> None:
         who = getattr(entry.claim, "attachment", None)
@@ -388,6 +409,7 @@ class LeaseCache:
                 if c.attachment is not None:
                     self._by_attachment.setdefault(c.attachment, set()).add(c.name)
                 self._used.setdefault(c.ip.version, []).append(int(c.ip))
+                self._note_latest(c)
             for values in self._used.values():
                 values.sort()
             self.resource_version = rv

@@ -1,0 +1,192 @@
+"""lease-ipam in the setups whereabouts users run (issue 10): the NAD they already have, several
+nodes, one API server (the fake one, over real HTTP). Each "node" is a call with its own node
+name and, for the local store, its own data directory, as on separate machines.
+
+- whereabouts' flat file (``configuration_path``, then its default locations) is merged under
+  the NAD, so a NAD without a ``kubernetes`` key uses the cluster store like whereabouts does;
+- a call from Kubernetes with no cluster store configured is refused (code 7), never served from
+  a per-node store; ``"datastore": "local"`` chooses that store explicitly;
+- static ``addresses`` are returned, ``node_slice_size`` is refused, and the next address is
+  round-robin over the domain, whichever node asks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from cni.core import skel
+from cni.core.errors import INVALID_CONFIG
+from ipam import location
+from ipam.plugin import LeaseIPAM
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kube_api_server import KubeAPIServer, write_kubeconfig  # noqa: E402
+
+NS = "kube-system"  # whereabouts' default namespace: the kubeconfig context names none
+
+
+@pytest.fixture
+def server():
+    srv = KubeAPIServer()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def kubeconfig(server, tmp_path):
+    return write_kubeconfig(tmp_path / "whereabouts.kubeconfig", server.url)
+
+
+@pytest.fixture
+def nodes(tmp_path, monkeypatch):
+    """whereabouts' flat-file locations and the local store's default directory, moved under
+    tmp_path; ``nodes.on(name)`` makes the next calls run "on" that node (its own data dir)."""
+    flat = [tmp_path / "etc-kubernetes" / "whereabouts.conf", tmp_path / "etc-cni" / "whereabouts.conf",
+            tmp_path / "host-etc-cni" / "whereabouts.conf"]
+    monkeypatch.setattr(location, "FLAT_FILES", tuple(str(p) for p in flat), raising=False)
+
+    class Nodes:
+        files = flat
+        current = "node-a"
+
+        def on(self, name):
+            self.current = name
+            monkeypatch.setattr(location, "DEFAULT_DATA_DIR", str(tmp_path / "var-lib" / name))
+
+    n = Nodes()
+    n.on("node-a")
+    return n
+
+
+def write_flat(path, doc):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc))
+
+
+def whereabouts_nad(name="rdma-a", **ipam):
+    """A NAD's config as whereabouts' docs write it: no kubernetes key (the flat file has it)."""
+    block = {"type": "lease-ipam", "range": "10.20.0.0/24"}
+    block.update(ipam)
+    return {"cniVersion": "0.3.1", "name": name, "type": "macvlan", "master": "eth1", "ipam": block}
+
+
+def call(command, conf, nodes, cid, pod=True, ifname="net1"):
+    env = {"CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": "/var/run/netns/x", "CNI_IFNAME": ifname,
+           "CNI_PATH": "/opt/cni/bin", "RDMANET_NODE_NAME": nodes.current}
+    if pod:
+        env["CNI_ARGS"] = f"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=pod-{cid};K8S_POD_UID=uid-{cid}"
+    return skel.handle(LeaseIPAM(), env, json.dumps(conf).encode())
+
+
+def add_ip(conf, nodes, cid, **kw):
+    code, out = call("ADD", conf, nodes, cid, **kw)
+    assert code == 0, out
+    return out["ips"][0]["address"].split("/")[0]
+
+
+def holders(server):
+    return {o["metadata"]["annotations"]["rdmanet.io/ip"]: o["spec"]["holderIdentity"] for o in server.objects("leases", NS)}
+
+
+# -- finding 1: the flat file, and no silent per-node store in a cluster --------------------------
+
+@pytest.mark.parametrize("where", [0, 1, 2])
+def test_flat_file_at_any_default_location_makes_two_nodes_share_the_cluster_store(server, kubeconfig, nodes, where):
+    write_flat(nodes.files[where], {"datastore": "kubernetes", "kubernetes": {"kubeconfig": str(kubeconfig)},
+                                    "reconciler_cron_expression": "30 4 * * *"})
+    conf = whereabouts_nad()
+    got = {}
+    for node in ("node-a", "node-b"):
+        nodes.on(node)
+        got[node] = add_ip(conf, nodes, f"ctr-{node}")
+    assert got["node-a"] != got["node-b"], "two nodes handed out the same address"
+    assert holders(server) == {got["node-a"]: "ctr-node-a/net1", got["node-b"]: "ctr-node-b/net1"}
+    nodes.on("node-a")
+    assert call("DEL", conf, nodes, "ctr-node-a") == (0, None)
+    assert list(holders(server).values()) == ["ctr-node-b/net1"]
+
+
+def test_configuration_path_comes_first_and_the_nad_wins_over_the_file(server, kubeconfig, nodes, tmp_path):
+    write_flat(nodes.files[1], {"kubernetes": {"kubeconfig": "/nonexistent/default.kubeconfig"}})
+    named = tmp_path / "custom" / "whereabouts.conf"
+    write_flat(named, {"kubernetes": {"kubeconfig": str(kubeconfig)}, "range": "10.99.0.0/24",
+                       "exclude": ["10.20.0.0/28"]})
+    conf = whereabouts_nad(configuration_path=str(named), range_start="10.20.0.100")
+    assert add_ip(conf, nodes, "c1") == "10.20.0.100"  # the NAD's range; the file's exclude filled in
+    assert holders(server) == {"10.20.0.100": "c1/net1"}
+    # keys the NAD leaves zero are filled from the file (mergo's rule): "" kubeconfig here
+    conf2 = whereabouts_nad(configuration_path=str(named), kubernetes={"kubeconfig": ""})
+    assert add_ip(conf2, nodes, "c2").startswith("10.20.0.")
+    assert int(add_ip(conf2, nodes, "c3").rsplit(".", 1)[1]) >= 16  # the file's exclude applies
+    # a configuration_path that does not exist: whereabouts goes on to its default locations
+    conf3 = whereabouts_nad(configuration_path=str(tmp_path / "missing.conf"))
+    code, err = call("ADD", conf3, nodes, "c4")
+    assert code == 1 and "/nonexistent/default.kubeconfig" in err["msg"], err
+
+
+def test_a_kubernetes_call_without_a_cluster_store_is_refused(nodes):
+    conf = whereabouts_nad()
+    code, err = call("ADD", conf, nodes, "c1")
+    assert code == 1 and err["code"] == INVALID_CONFIG, err
+    assert "no cluster store" in err["msg"] and "kubeconfig" in err["details"] and "datastore" in err["details"]
+    assert not os.path.exists(location.DEFAULT_DATA_DIR), "nothing may be reserved in a per-node store"
+    for command in ("CHECK", "STATUS"):
+        assert call(command, dict(conf, cniVersion="1.1.0"), nodes, "c1")[1]["code"] == INVALID_CONFIG
+    assert call("DEL", conf, nodes, "c1") == (0, None)  # DEL never fails on it
+
+
+def test_the_local_store_stays_for_non_kubernetes_runtimes_and_when_chosen(nodes):
+    conf = whereabouts_nad()
+    assert add_ip(conf, nodes, "podman-1", pod=False) == "10.20.0.1"  # no K8S_POD_*: podman, cnitool
+    local = whereabouts_nad(datastore="local")
+    assert add_ip(local, nodes, "k8s-1") == "10.20.0.2"  # explicitly chosen: served on this node
+    assert call("DEL", local, nodes, "k8s-1") == (0, None)
+    code, err = call("ADD", whereabouts_nad(datastore="etcd"), nodes, "c9")
+    assert err["code"] == INVALID_CONFIG and "ipam.datastore" in err["msg"]
+
+
+def test_a_broken_flat_file_is_a_config_error_naming_it(nodes):
+    nodes.files[1].parent.mkdir(parents=True)
+    nodes.files[1].write_text("{not json")
+    code, err = call("ADD", whereabouts_nad(), nodes, "c1")
+    assert code == 1 and err["code"] == INVALID_CONFIG and str(nodes.files[1]) in err["msg"], err
+
+
+# -- finding 6: static addresses, node slices, round-robin -----------------------------------------
+
+def test_static_addresses_are_returned_after_the_allocated_one(server, kubeconfig, nodes):
+    conf = whereabouts_nad(kubernetes={"kubeconfig": str(kubeconfig)},
+                           addresses=[{"address": "10.30.0.5/24", "gateway": "10.30.0.1"}, {"address": "fd30::5/64"}])
+    code, out = call("ADD", conf, nodes, "c1")
+    assert code == 0, out
+    assert [(ip["address"], ip.get("gateway")) for ip in out["ips"]] == [
+        ("10.20.0.1/24", None), ("10.30.0.5/24", "10.30.0.1"), ("fd30::5/64", None)]
+    assert list(holders(server)) == ["10.20.0.1"]  # static addresses are not reserved (as whereabouts)
+    code, err = call("ADD", whereabouts_nad(addresses=[{"address": "10.30.0.5"}]), nodes, "c2", pod=False)
+    assert err["code"] == INVALID_CONFIG and "ipam.addresses[0].address" in err["msg"]
+
+
+def test_node_slice_size_is_refused_not_ignored(server, kubeconfig, nodes):
+    conf = whereabouts_nad(kubernetes={"kubeconfig": str(kubeconfig)}, node_slice_size="/28")
+    code, err = call("ADD", conf, nodes, "c1")
+    assert code == 1 and err["code"] == INVALID_CONFIG and "ipam.node_slice_size" in err["msg"], err
+    assert holders(server) == {}
+
+
+def test_round_robin_across_nodes_never_reuses_a_just_freed_address(server, kubeconfig, nodes):
+    conf = whereabouts_nad(kubernetes={"kubeconfig": str(kubeconfig)}, range="10.20.0.0/29")  # .1-.6
+    order = []
+    for i, node in enumerate(["node-a", "node-b", "node-c"]):
+        nodes.on(node)
+        order.append(add_ip(conf, nodes, f"c{i}"))
+    assert order == ["10.20.0.1", "10.20.0.2", "10.20.0.3"]
+    nodes.on("node-a")
+    assert call("DEL", conf, nodes, "c1") == (0, None)  # .2 freed
+    nodes.on("node-b")
+    assert add_ip(conf, nodes, "c3") == "10.20.0.4"  # not .2: round-robin goes on
+    assert [add_ip(conf, nodes, f"c{i}") for i in (4, 5)] == ["10.20.0.5", "10.20.0.6"]
+    assert add_ip(conf, nodes, "c6") == "10.20.0.2"  # wrapped: the freed one, last

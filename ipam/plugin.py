@@ -48,9 +48,12 @@ def local_store(data_dir: str, domain: str, inv: Invocation) -> Store:
 
 def kube_store(data_dir: str, domain: str, inv: Invocation) -> Store:
     from .kube_config import kube_settings
+    from .node_gc import remember
     from .store.kube import KubeStore
 
-    return KubeStore.for_invocation(kube_settings(inv.config), domain, inv)
+    settings = kube_settings(inv.config)
+    remember(settings)  # the daemon's node GC reconciles this node's claims in every store it served
+    return KubeStore.for_invocation(settings, domain, inv)
 
 
 def default_store(data_dir: str, domain: str, inv: Invocation) -> Store:

@@ -56,6 +56,7 @@ from .store.kube import (
     Unreachable,
     domain_hash,
     ip_of_name,
+    label_value,
     parse_holder,
 )
 
@@ -112,6 +113,7 @@ class LeaseClaim:
     pod_uid: Optional[str]
     created: Optional[datetime]
     misses: int
+    acquired: Optional[datetime] = None  # spec.acquireTime (microseconds): orders a pod's claims
 
     @classmethod
     def from_lease(cls, raw: dict) -> "LeaseClaim":
@@ -143,6 +145,7 @@ class LeaseClaim:
             pod_uid=_text(ann, A_POD_UID) or (uid_label if uid_label and not uid_label.startswith("h-") else None),
             created=parse_time(meta.get("creationTimestamp")) or parse_time(spec.get("acquireTime")),
             misses=misses,
+            acquired=parse_time(spec.get("acquireTime")) or parse_time(meta.get("creationTimestamp")),
         )
 
     @property
@@ -196,11 +199,26 @@ class KubeAPI:
 
 @dataclass
 class KubeTarget:
-    """A domain's claims in the Lease store: which namespace, which selector, which client."""
+    """Claims in the Lease store: which namespace, which selector, which client. By default one
+    domain's; ``selector`` widens it (every domain, or every domain's claims of one node)."""
 
     api: KubeAPI
     namespace: str
     domain: str
+    selector: str = ""
+
+    @classmethod
+    def for_settings(cls, settings: Any, node: Optional[str] = None) -> "KubeTarget":
+        """Every lease-ipam claim the settings' credentials reach (the namespace they resolve
+        to), or only those made on ``node``."""
+        from .kube_config import connect
+
+        conn = connect(settings)
+        selector, what = L_DOMAIN, "every domain"
+        if node is not None:
+            selector, what = f"{L_DOMAIN},{L_NODE}={label_value(node)}", f"node {node}"
+        return cls(KubeAPI(ApiClientTransport(conn.api_client, conn.host), settings.request_timeout), conn.namespace,
+                   what, selector)
 
     @classmethod
     def from_config(cls, config: dict) -> "KubeTarget":
@@ -222,7 +240,7 @@ class KubeTarget:
     def list_leases(self) -> list[dict]:
         out, cont = [], None
         while True:
-            query = [("labelSelector", domain_selector(self.domain)), ("limit", "500")]
+            query = [("labelSelector", self.selector or domain_selector(self.domain)), ("limit", "500")]
             if cont:
                 query.append(("continue", cont))
             try:
@@ -236,10 +254,14 @@ class KubeTarget:
                 return out
 
     def list_claims(self) -> list[LeaseClaim]:
-        """The domain's claims (objects whose name is not one of the domain's claim names are ignored)."""
-        dhash = domain_hash(self.domain)
-        return [LeaseClaim.from_lease(raw) for raw in self.list_leases()
-                if ip_of_name(str((raw.get("metadata") or {}).get("name") or ""), dhash) is not None]
+        """The claims (objects whose name is not a claim name of their own domain label are ignored)."""
+        out = []
+        for raw in self.list_leases():
+            md = raw.get("metadata") or {}
+            dhash = (md.get("labels") or {}).get(L_DOMAIN) or ""
+            if ip_of_name(str(md.get("name") or ""), dhash) is not None:
+                out.append(LeaseClaim.from_lease(raw))
+        return out
 
     def get_pod(self, namespace: str, name: str) -> Optional[dict]:
         try:
@@ -360,13 +382,40 @@ def _judge(target: KubeTarget, claim: LeaseClaim, now: datetime, grace: float, l
     return Action(claim, MISS, count, f"{why}; miss {count}/{limit}")
 
 
+def superseded(claims: list[LeaseClaim]) -> dict[str, LeaseClaim]:
+    """Claim name -> the newer claim that replaces it: a pod has one sandbox at a time, so of the
+    claims of one pod UID, interface and network the latest (by ``acquireTime``) is the live one;
+    an older one of another container ID is a sandbox the kubelet replaced (a sandbox restart,
+    a reboot) whose DEL never arrived (Multus' thick plugin swallows a failed DEL)."""
+    groups: dict[tuple, list[LeaseClaim]] = {}
+    for c in claims:
+        if c.has_pod_identity and c.container_id:
+            groups.setdefault((c.pod_uid, c.ifname, c.network), []).append(c)
+    out = {}
+    for group in groups.values():
+        newest = max(group, key=lambda c: (c.acquired or datetime.min.replace(tzinfo=timezone.utc), c.name))
+        for c in group:
+            if c.container_id != newest.container_id:
+                out[c.name] = newest
+    return out
+
+
 def reconcile_target(target: KubeTarget, *, grace_seconds: float = 300.0, misses: int = 3, dry_run: bool = False,
                      now: Optional[datetime] = None) -> Outcome:
     outcome = Outcome(target.domain, target.namespace, dry_run, grace_seconds, misses)
-    for claim in sorted(target.list_claims(), key=lambda c: c.name):
+    claims = sorted(target.list_claims(), key=lambda c: c.name)
+    replaced = superseded(claims)
+    for claim in claims:
         when = now or datetime.now(timezone.utc)
         try:
-            action = _judge(target, claim, when, grace_seconds, misses, dry_run)
+            if claim.name in replaced and (claim.age(when) or 0) >= grace_seconds:
+                newer = replaced[claim.name]
+                if not dry_run:
+                    target.delete(claim)
+                action = Action(claim, FREED, claim.misses,
+                                f"superseded by {newer.container_id[:12]}/{newer.ifname}, a newer sandbox of the same pod")
+            else:
+                action = _judge(target, claim, when, grace_seconds, misses, dry_run)
         except ApiError as err:
             if err.status == 409:
                 action = Action(claim, CONFLICT, claim.misses, f"changed since listed, left for the next run ({err.message})")

@@ -42,6 +42,9 @@ from typing import Any, Iterable, Mapping, Optional
 
 from cni.core import skel
 from cni.core.ipam_exec import CRASH_HOOKS
+from ipam import node_gc
+
+from . import del_journal
 
 from .launcher import (DEFAULT_SOCKET, JSON_PROTOCOL, MAX_LINE, PLUGINS, PROTOCOL, DaemonLost, NoDaemon, b64, exchange,
                        unb64)
@@ -345,6 +348,8 @@ def run(socket_path: str = DEFAULT_SOCKET, allowed_uids: Iterable[int] = (0,)) -
     signal.signal(signal.SIGINT, on_signal)
     loop = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="accept", daemon=True)
     loop.start()
+    del_journal.start(socket_path, plugins, stop)  # DELs the shims could not get done (Multus swallows them)
+    node_gc.start(stop, log_event)  # this node's claims whose pod is gone
     log_event("started", socket=socket_path, pid=os.getpid(), import_ms=round((time.monotonic() - t0) * 1000, 1),
               allowed_uids=sorted(server.allowed_uids))
     try:

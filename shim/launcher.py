@@ -23,6 +23,12 @@ Tools (``rdmanet daemon --check``, doctor, tests) speak one JSON line each way:
               -> {"code": ..., "stdout_b64": "...", "stderr_b64": "..."} or {"exec": true, "why": ...}
               (the framing of the first shims; still served)
 
+A DEL that does not succeed (the daemon is down or restarting, the API server is out) is written
+to ``<socket dir>/del-journal/`` in the same binary framing, one file per (plugin, containerID,
+ifname); the daemon replays those DELs when it starts and periodically (:mod:`shim.del_journal`),
+because Multus' thick plugin logs a failed DEL and reports success: nobody else would retry it.
+A successful ADD of the attachment removes its entry.
+
 A connect that finds the daemon's accept queue full (EAGAIN: a burst of calls, many pods starting
 at once) is retried for up to ``BUSY_SECONDS``: a busy daemon is not an absent one.
 
@@ -72,6 +78,7 @@ LATEST = "1.1.0"
 TRY_AGAIN_LATER = 11
 NOT_AVAILABLE = 50  # STATUS: ADD cannot succeed now
 BUSY_SECONDS = 10.0  # how long a connect waits while the daemon's accept queue is full
+JOURNAL_DIR = "del-journal"  # beside the socket: DELs that failed, replayed by the daemon
 
 
 class NoDaemon(Exception):
@@ -152,12 +159,17 @@ def _send(socket_path, data, timeout):
         sock.close()
 
 
+def frame(plugin, environb, stdin):
+    """A CNI call in the binary framing (the request, and a journal entry)."""
+    env = b"\0".join(k + b"=" + v for k, v in environb.items())
+    head = ("RDMANET %d %s %d %d\n" % (PROTOCOL, plugin, len(env), len(stdin))).encode("ascii")
+    return head + env + stdin
+
+
 def call(socket_path, plugin, environb, stdin, timeout=None):
     """One CNI call in the binary framing: (exit code, stdout, stderr), or (None, why, b"") when
     the daemon declines it (NoDaemon / DaemonLost)."""
-    env = b"\0".join(k + b"=" + v for k, v in environb.items())
-    head = ("RDMANET %d %s %d %d\n" % (PROTOCOL, plugin, len(env), len(stdin))).encode("ascii")
-    line, newline, rest = _send(socket_path, head + env + stdin, timeout).partition(b"\n")
+    line, newline, rest = _send(socket_path, frame(plugin, environb, stdin), timeout).partition(b"\n")
     if not newline:
         raise DaemonLost("the daemon closed the connection before answering")
     if line.startswith(b"exec"):
@@ -242,12 +254,66 @@ def _print(text):
     sys.stdout.flush()
 
 
+def journal_path(socket_path, plugin, environb):
+    """The journal entry of one attachment's DEL: ``<socket dir>/del-journal/<hex key>.del``."""
+    key = b"\0".join((plugin.encode("ascii"), environb.get(b"CNI_CONTAINERID", b""), environb.get(b"CNI_IFNAME", b"")))
+    name = binascii.hexlify(key)
+    if len(name) > 200:
+        name = name[:184] + (b"%08x" % binascii.crc32(key))
+    return os.path.join(os.path.dirname(socket_path), JOURNAL_DIR, name.decode("ascii") + ".del")
+
+
+def journal_del(socket_path, plugin, environb, stdin):
+    """Keep a DEL that did not succeed for the daemon to replay: Multus' thick plugin logs a
+    failed DEL and reports success, so the runtime never retries it. Written by rename (the
+    daemon never reads half an entry); a later successful ADD of the attachment removes it."""
+    path = journal_path(socket_path, plugin, environb)
+    directory = os.path.dirname(path)
+    tmp = os.path.join(directory, ".%d.%d.tmp" % (os.getpid(), int(time.time() * 1e6)))
+    try:
+        os.makedirs(directory, 0o700, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            data = memoryview(frame(plugin, environb, stdin))
+            while data:
+                data = data[os.write(fd, data):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as exc:
+        sys.stderr.write("rdmanet shim: cannot journal the failed DEL in %s: %s\n" % (directory, exc))
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def forget_del(socket_path, plugin, environb):
+    """The attachment was added again: a journaled DEL of it must not be replayed."""
+    try:
+        os.unlink(journal_path(socket_path, plugin, environb))
+    except OSError:
+        pass
+
+
 def run(plugin, site_dir, socket_path=DEFAULT_SOCKET):
-    """One CNI call. ``site_dir`` None (or empty): daemon only, no in-process fallback."""
+    """One CNI call. ``site_dir`` None (or empty): daemon only, no in-process fallback.
+
+    A DEL that fails, by any path, is journaled for the daemon to replay (see :func:`journal_del`)."""
     environ = os.environ
     command = environ.get("CNI_COMMAND", "")
     stdin = b"" if command == "VERSION" else sys.stdin.buffer.read()  # VERSION: stdin may be a tty
     path = environ.get(SOCKET_ENV) or socket_path or DEFAULT_SOCKET
+    code = _run(plugin, site_dir, path, command, stdin)
+    if command == "DEL" and code != 0:
+        journal_del(path, plugin, os.environb, stdin)
+    elif command == "ADD" and code == 0:
+        forget_del(path, plugin, os.environb)
+    return code
+
+
+def _run(plugin, site_dir, path, command, stdin):
     try:
         code, out, err = call(path, plugin, os.environb, stdin)
     except NoDaemon as exc:

@@ -1,0 +1,128 @@
+"""The node-level GC of the Lease store, run by the node daemon: frees this node's claims whose
+pod is gone, and claims a newer sandbox of the same pod replaced.
+
+Why: Multus calls CNI GC only for the cluster network's delegate, and its thick plugin turns a
+failed DEL into success; the DEL journal (:mod:`shim.del_journal`) catches DELs that reached a
+shim, but not those that never did (a node that rebooted, a runtime that skipped the DEL, a
+journal lost with /run). So every node daemon reconciles its own claims.
+
+What it runs is the reconciler (:mod:`ipam.reconcile`: by pod UID, mirror pods for static pods,
+a grace period, N consecutive misses counted on the Lease itself, preconditioned deletes),
+scoped to the claims labelled with this node (``rdmanet.io/node``), across every domain of each
+cluster store the daemon knows of:
+- the stores it served a call for since it started (``remember``, from the Lease store factory);
+- the store whereabouts' flat file names at its default locations;
+- ``rdmanet.kubeconfig`` that install.sh writes in DaemonSet mode, when it exists.
+
+Settings (the daemon's environment): ``RDMANET_NODE_GC_SECONDS`` (interval, default 120; 0 turns
+it off), ``RDMANET_NODE_GC_GRACE_SECONDS`` (claims younger than this are never judged, default
+300), ``RDMANET_NODE_GC_MISSES`` (default 3). With the defaults a claim of a deleted pod goes
+about 4 to 6 minutes after its pod, well within a pool's life; a live pod's claim never goes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from typing import Any, Callable, Optional
+
+from cni.core.errors import CNIError
+
+log = logging.getLogger("rdmanet.ipam.gc")
+
+INTERVAL = 120.0
+GRACE = 300.0
+MISSES = 3
+DAEMONSET_KUBECONFIG = "/etc/cni/net.d/rdmanet.d/rdmanet.kubeconfig"
+
+_seen: dict[tuple, Any] = {}  # (kubeconfig, api_root, namespace) -> KubeSettings
+_lock = threading.Lock()
+
+
+def remember(settings: Any) -> None:
+    """A Lease store this process served a call for (cheap: a dict insert)."""
+    key = (settings.kubeconfig, settings.api_root, settings.namespace)
+    if key not in _seen:
+        with _lock:
+            _seen[key] = settings
+
+
+def known_settings() -> list[Any]:
+    """Every cluster store this node's GC reaches (see the module docstring), once each."""
+    from .kube_config import KubeSettings, kube_settings
+
+    found = {}
+    with _lock:
+        found.update(_seen)
+    candidates = [{"ipam": {"type": "lease-ipam"}}]  # whereabouts' flat file, at its default locations
+    if os.path.isfile(DAEMONSET_KUBECONFIG):
+        candidates.append({"ipam": {"type": "lease-ipam", "kubernetes": {"kubeconfig": DAEMONSET_KUBECONFIG}}})
+    for config in candidates:
+        try:
+            settings = kube_settings(config)
+        except CNIError as err:
+            log.warning("node GC: %s", err.msg)
+            continue
+        if isinstance(settings, KubeSettings):
+            found.setdefault((settings.kubeconfig, settings.api_root, settings.namespace), settings)
+    return list(found.values())
+
+
+def node_name() -> str:
+    return os.environ.get("RDMANET_NODE_NAME") or socket.gethostname()
+
+
+def run_once(node: str, grace: float = GRACE, misses: int = MISSES) -> list[Any]:
+    """One pass over this node's claims in every known store; returns the reconciler's outcomes."""
+    from .reconcile import KubeTarget, reconcile_target
+
+    outcomes = []
+    for settings in known_settings():
+        try:
+            target = KubeTarget.for_settings(settings, node=node)
+            outcome = reconcile_target(target, grace_seconds=grace, misses=misses)
+        except CNIError as err:
+            log.warning("node GC of %s in %s: %s", node, settings.kubeconfig or "in-cluster", err.msg)
+            continue
+        for action in outcome.actions:
+            if action.action in ("freed", "miss", "error", "conflict"):
+                log.warning("node GC %s %s (%s of %s/%s): %s", action.action, action.claim.address, action.claim.pod,
+                            action.claim.container_id[:12], action.claim.ifname, action.reason)
+        outcomes.append(outcome)
+    return outcomes
+
+
+def _setting(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        log.warning("%s=%r is not a number: using %g", name, os.environ.get(name), default)
+        return default
+
+
+def start(stop: threading.Event, report: Optional[Callable[..., None]] = None) -> Optional[threading.Thread]:
+    """In the daemon: run every ``RDMANET_NODE_GC_SECONDS`` until ``stop`` is set (None: turned off)."""
+    interval = _setting("RDMANET_NODE_GC_SECONDS", INTERVAL)
+    if interval <= 0:
+        return None
+    grace = _setting("RDMANET_NODE_GC_GRACE_SECONDS", GRACE)
+    misses = max(1, int(_setting("RDMANET_NODE_GC_MISSES", MISSES)))
+    node = node_name()
+
+    def loop() -> None:
+        while not stop.wait(interval):
+            try:
+                outcomes = run_once(node, grace, misses)
+            except Exception as exc:  # noqa: BLE001 - the daemon goes on serving; the next round retries
+                log.error("node GC failed: %s: %s", type(exc).__name__, exc)
+                continue
+            if report is not None:
+                freed = sum(o.count("freed") for o in outcomes)
+                if freed:
+                    report("node_gc", node=node, freed=freed, stores=len(outcomes))
+
+    thread = threading.Thread(target=loop, name="node-gc", daemon=True)
+    thread.start()
+    return thread

@@ -1,0 +1,194 @@
+"""No leaked claims under Multus (issue 10, finding 3): a DEL that fails is journaled by the shim
+and replayed by the daemon; the daemon's node GC frees this node's claims whose pod is gone or
+whose sandbox a newer one replaced.
+
+Multus' thick plugin logs a failed delegate DEL and reports success, so the runtime never
+retries it: :func:`multus_thick` plays that caller, running the real daemon-only shim (as the
+DaemonSet installs it) and ignoring its exit code. Two nodes share the fake API server: node-a
+runs the daemon (a real ``rdmanet daemon`` process), node-b calls in-process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cni.core import skel
+from ipam.plugin import LeaseIPAM
+from shim import del_journal
+from shim.daemon import parse_binary
+from shim.launcher import journal_del, journal_path, write_shim
+from shim.testing import Daemon, ScriptedDaemon
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kube_api_server import KubeAPIServer, write_kubeconfig  # noqa: E402
+
+NS = "rdmanet-system"
+BARE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@pytest.fixture
+def server():
+    with KubeAPIServer() as srv:
+        yield srv
+
+
+@pytest.fixture
+def node(tmp_path, server):
+    """node-a: a daemon-only lease-ipam shim in bin/, its socket in run/; ``node.daemon(**env)``
+    starts ``rdmanet daemon`` (stopped at the end)."""
+    kubeconfig = write_kubeconfig(tmp_path / "rdmanet.kubeconfig", server.url, namespace=NS)
+
+    class Node:
+        sock = str(tmp_path / "run" / "daemon.sock")
+        shim = str(tmp_path / "bin" / "lease-ipam")
+        conf = {"cniVersion": "1.0.0", "name": "rdma-a", "type": "lease-ipam",
+                "ipam": {"type": "lease-ipam", "range": "10.40.0.0/24",
+                         "kubernetes": {"kubeconfig": str(kubeconfig), "timeout_seconds": 1}}}
+        running = []
+
+        def daemon(self, **env):
+            d = Daemon(self.sock, allow_uids=[os.getuid()],
+                       env={"RDMANET_NODE_NAME": "node-a", "RDMANET_NODE_GC_SECONDS": "0", **env})
+            self.running.append(d)
+            return d
+
+    n = Node()
+    os.makedirs(os.path.dirname(n.shim))
+    write_shim(n.shim, "lease-ipam", sys.executable, None, n.sock)  # daemon only, as in a DaemonSet
+    yield n
+    for d in n.running:
+        d.cleanup()
+
+
+def pod_args(cid, uid=None, pod=None):
+    return f"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod or 'pod-' + cid};K8S_POD_UID={uid or 'uid-' + cid}"
+
+
+def multus_thick(node, command, cid, uid=None, pod=None):
+    """The runtime's call through Multus' thick plugin: the shim's exit code is logged, not acted on."""
+    env = {"PATH": BARE_PATH, "CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": "/proc/self/ns/net",
+           "CNI_IFNAME": "net1", "CNI_PATH": os.path.dirname(node.shim), "CNI_ARGS": pod_args(cid, uid, pod)}
+    proc = subprocess.run([node.shim], input=json.dumps(node.conf).encode(), env=env, capture_output=True, timeout=60)
+    return proc.returncode, proc.stdout
+
+
+def on_node_b(node, command, cid):
+    env = {"CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": "/x", "CNI_IFNAME": "net1",
+           "CNI_PATH": "/opt/cni/bin", "RDMANET_NODE_NAME": "node-b", "CNI_ARGS": pod_args(cid)}
+    code, out = skel.handle(LeaseIPAM(), env, json.dumps(node.conf).encode())
+    assert code == 0, out
+
+
+def holders(server):
+    return sorted(o["spec"]["holderIdentity"] for o in server.objects("leases", NS))
+
+
+def wait_for(predicate, what, timeout=20.0):
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_a_del_swallowed_while_the_daemon_restarted_is_replayed_when_it_starts(server, node):
+    d = node.daemon()
+    assert multus_thick(node, "ADD", "c1")[0] == 0
+    on_node_b(node, "ADD", "b1")
+    d.stop()  # a DaemonSet rollout: the pod is deleted meanwhile
+    code, out = multus_thick(node, "DEL", "c1")
+    assert code == 1 and json.loads(out)["code"] == 11  # Multus logs it and reports success
+    assert holders(server) == ["b1/net1", "c1/net1"]
+    node.daemon()
+    wait_for(lambda: holders(server) == ["b1/net1"], "the journaled DEL to free c1's address")
+    assert not os.listdir(del_journal.directory_of(node.sock))
+
+
+def test_a_del_that_failed_while_the_api_server_was_out_is_retried(server, node):
+    node.daemon(RDMANET_DEL_REPLAY_SECONDS="0.3")
+    assert multus_thick(node, "ADD", "c1")[0] == 0
+    server.fail_rate(1.0, 503)  # the API server is out
+    assert multus_thick(node, "DEL", "c1")[0] == 1
+    assert holders(server) == ["c1/net1"]
+    server.clear_faults()
+    wait_for(lambda: holders(server) == [], "the replayed DEL")
+
+
+def test_node_gc_frees_this_nodes_claims_of_gone_pods_and_replaced_sandboxes(server, node):
+    server.add_pod("default", "pod-live", uid="uid-live", node="node-a")
+    server.add_pod("default", "pod-old", uid="uid-restarted", node="node-a")
+    node.daemon(RDMANET_NODE_GC_SECONDS="0.3", RDMANET_NODE_GC_GRACE_SECONDS="0", RDMANET_NODE_GC_MISSES="2")
+    assert multus_thick(node, "ADD", "live", uid="uid-live")[0] == 0
+    assert multus_thick(node, "ADD", "gone")[0] == 0  # its pod is never in the API: deleted, DEL never came
+    assert multus_thick(node, "ADD", "old", uid="uid-restarted", pod="pod-old")[0] == 0
+    # a new sandbox of the same pod (the old one's DEL never came)
+    assert multus_thick(node, "ADD", "new", uid="uid-restarted", pod="pod-old")[0] == 0
+    on_node_b(node, "ADD", "b-gone")  # another node's claim: not this node's GC's business
+    wait_for(lambda: holders(server) == ["b-gone/net1", "live/net1", "new/net1"], "the node GC")
+    time.sleep(1.0)  # several more rounds: nothing else goes
+    assert holders(server) == ["b-gone/net1", "live/net1", "new/net1"]
+
+
+# -- the journal's edges ------------------------------------------------------------------------------
+
+def test_an_add_of_the_attachment_cancels_its_journaled_del(tmp_path):
+    sock = str(tmp_path / "run" / "daemon.sock")
+    shim = str(tmp_path / "bin" / "lease-ipam")
+    os.makedirs(os.path.dirname(shim))
+    write_shim(shim, "lease-ipam", sys.executable, None, sock)
+    env = {b"CNI_COMMAND": b"DEL", b"CNI_CONTAINERID": b"ctr", b"CNI_IFNAME": b"net1"}
+    journal_del(sock, "lease-ipam", env, b"{}")
+    entry = journal_path(sock, "lease-ipam", env)
+    assert os.path.exists(entry) and stat.S_IMODE(os.stat(os.path.dirname(entry)).st_mode) == 0o700
+    daemon = ScriptedDaemon(sock, b"0 2 0\n{}")  # a daemon answering success
+    try:
+        proc = subprocess.run([shim], input=b"{}", capture_output=True, timeout=60,
+                              env={"PATH": BARE_PATH, "CNI_COMMAND": "ADD", "CNI_CONTAINERID": "ctr", "CNI_IFNAME": "net1",
+                                   "CNI_NETNS": "/x", "CNI_PATH": "/x"})
+    finally:
+        daemon.close()
+    assert proc.returncode == 0 and not os.path.exists(entry)  # podman restart: same ID, DEL then ADD
+
+
+def test_replay_serves_only_dels_of_known_plugins_from_a_private_directory(tmp_path):
+    sock = str(tmp_path / "daemon.sock")
+    served, events = [], []
+
+    def serve(plugin, env, stdin):
+        served.append((plugin, env["CNI_COMMAND"], env["CNI_CONTAINERID"]))
+        return (0 if env["CNI_CONTAINERID"] != "fails" else 1), b'{"code": 11}', b""
+
+    def log(event, level="info", **fields):
+        events.append(event)
+
+    def entry(command, cid, plugin="lease-ipam"):
+        journal_del(sock, plugin, {b"CNI_COMMAND": command.encode(), b"CNI_CONTAINERID": cid.encode(),
+                                   b"CNI_IFNAME": b"net1"}, b"{}")
+
+    entry("DEL", "ok")
+    entry("DEL", "fails")
+    entry("ADD", "sneaky")  # never replayed: only DELs
+    entry("DEL", "x", plugin="macvlan-rdma")  # a plugin this (test) daemon does not serve
+    directory = del_journal.directory_of(sock)
+    plugins = {"lease-ipam": object()}
+    counts = del_journal.replay_once(directory, plugins, serve, parse_binary, log)
+    assert served == [("lease-ipam", "DEL", "fails"), ("lease-ipam", "DEL", "ok")] or \
+        sorted(served) == [("lease-ipam", "DEL", "fails"), ("lease-ipam", "DEL", "ok")]
+    assert counts == {"freed": 1, "failed": 1, "dropped": 0}
+    assert len(os.listdir(directory)) == 1  # the failed one stays for the next round
+    # too old: dropped (the node GC and the reconciler free what is left)
+    counts = del_journal.replay_once(directory, plugins, serve, parse_binary, log, now=time.time() + 2 * del_journal.MAX_AGE)
+    assert counts["dropped"] == 1 and os.listdir(directory) == []
+    # a directory others may write to is not trusted
+    entry("DEL", "ok")
+    os.chmod(directory, 0o777)
+    served.clear()
+    assert del_journal.replay_once(directory, plugins, serve, parse_binary, log) == {"freed": 0, "failed": 0, "dropped": 0}
+    assert served == [] and "del_journal_refused" in events

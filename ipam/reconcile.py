@@ -434,6 +434,15 @@ def reconcile(config: dict, *, grace_seconds: float = 300.0, misses: int = 3, dr
     return reconcile_target(KubeTarget.from_config(config), grace_seconds=grace_seconds, misses=misses, dry_run=dry_run)
 
 
+def reconcile_all(config: dict, *, grace_seconds: float = 300.0, misses: int = 3, dry_run: bool = False) -> Outcome:
+    """One reconciler pass over every lease-ipam claim, of every domain, in the namespace the
+    config's ``kubernetes`` settings reach (the default install's CronJob)."""
+    from .kube_config import kube_settings
+
+    return reconcile_target(KubeTarget.for_settings(kube_settings(config)), grace_seconds=grace_seconds, misses=misses,
+                            dry_run=dry_run)
+
+
 def render_table(outcome: Outcome) -> str:
     from rdmanet.ipam_cli import table
 

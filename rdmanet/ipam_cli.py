@@ -52,8 +52,15 @@ def register(sub: "argparse._SubParsersAction") -> None:
     ls.add_argument("-o", "--output", choices=("table", "json"), default="table", help="output format (default: %(default)s)")
 
     rec = verbs.add_parser("reconcile", help="free Kubernetes-store claims whose pod (by UID) is gone; runs once")
-    rec.add_argument("--network-config", metavar="FILE", required=True,
-                     help="network config JSON whose ipam block has \"kubernetes\" (the Lease store)")
+    what = rec.add_mutually_exclusive_group(required=True)
+    what.add_argument("--network-config", metavar="FILE",
+                      help="one network: config JSON whose ipam block selects the Lease store")
+    what.add_argument("--all", action="store_true",
+                      help="every lease-ipam claim in the namespace (the default install's CronJob); "
+                           "in-cluster credentials unless --kubeconfig")
+    rec.add_argument("--kubeconfig", metavar="FILE", help="with --all: a kubeconfig instead of the pod's service account")
+    rec.add_argument("--namespace", metavar="NS",
+                     help="with --all: where the Leases live (default: the kubeconfig context's or the service account's)")
     rec.add_argument("--grace-seconds", type=float, default=300.0,
                      help="skip claims younger than this (default: %(default)s)")
     rec.add_argument("--misses", type=int, default=3,
@@ -75,8 +82,15 @@ def run(args: argparse.Namespace, out=None) -> int:
             raise CNIError(INVALID_CONFIG, "--misses must be at least 1", "give the number of consecutive misses, e.g. --misses 3")
         if args.grace_seconds < 0:
             raise CNIError(INVALID_CONFIG, "--grace-seconds must not be negative", "e.g. --grace-seconds 300")
-        config = load_network_config(args.network_config)
-        outcome = reconcile.reconcile(config, grace_seconds=args.grace_seconds, misses=args.misses, dry_run=args.dry_run)
+        if args.all:
+            kube: dict = {"kubeconfig": args.kubeconfig} if args.kubeconfig else {}
+            if args.namespace:
+                kube["namespace"] = args.namespace
+            outcome = reconcile.reconcile_all({"ipam": {"type": "lease-ipam", "kubernetes": kube}},
+                                              grace_seconds=args.grace_seconds, misses=args.misses, dry_run=args.dry_run)
+        else:
+            config = load_network_config(args.network_config)
+            outcome = reconcile.reconcile(config, grace_seconds=args.grace_seconds, misses=args.misses, dry_run=args.dry_run)
         out.write(json.dumps(outcome.to_json(), indent=2) + "\n" if args.output == "json" else reconcile.render_table(outcome))
         return 1 if outcome.errors else 0
     except CNIError as err:

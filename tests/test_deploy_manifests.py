@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ import yaml
 from cni.core.invocation import parse_invocation
 from ipam.config import IPAMConf, parse_ipam_config
 from ipam.kube_config import kube_settings
-from ipam.location import store_location, uses_kubernetes
+from ipam.location import CLUSTER_DOMAIN, uses_kubernetes
 from ipam.store.kube import NODE_ENV
 from rdmanet import cli, ipam_cli
 
@@ -148,8 +149,7 @@ def validate_any(doc: dict) -> None:
 def test_deploy_has_the_expected_files():
     names = {rel(p) for p in yaml_files()}
     assert {"kustomization.yaml", "namespace.yaml", "serviceaccount.yaml", "rbac.yaml", "daemonset.yaml",
-            "optional/reconciler/kustomization.yaml", "optional/reconciler/cronjob.yaml",
-            "optional/reconciler/networks.yaml", "examples/shared-rdma-macvlan.yaml", "examples/sriov-vf.yaml",
+            "reconciler.yaml", "examples/shared-rdma-macvlan.yaml", "examples/sriov-vf.yaml",
             "examples/dedicated-pf.yaml"} <= names
     assert (DEPLOY / "Containerfile").is_file()
 
@@ -286,7 +286,7 @@ def test_example_nad_config_loads_in_the_plugin_models(path, nad):
     assert ipam["kubernetes"] == {"kubeconfig": KUBECONFIG, "namespace": NAMESPACE}
     assert not set(ipam["kubernetes"]) - KUBERNETES_KEYS
     parsed = parse_ipam_config(inv.config)
-    assert parsed.range_sets and parsed.domain == config["name"]
+    assert parsed.range_sets and parsed.domain == config["ipam"].get("network_name", CLUSTER_DOMAIN)
     settings = kube_settings(inv.config)
     assert settings is not None and (settings.kubeconfig, settings.namespace) == (KUBECONFIG, NAMESPACE)
 
@@ -336,7 +336,7 @@ def kustomization(directory: Path) -> dict:
     return docs_of(directory / "kustomization.yaml")[0]
 
 
-@pytest.mark.parametrize("directory", [DEPLOY, DEPLOY / "optional" / "reconciler"], ids=rel)
+@pytest.mark.parametrize("directory", [DEPLOY], ids=rel)
 def test_kustomization_lists_every_file_beside_it(directory):
     doc = kustomization(directory)
     files = {p.name for p in directory.iterdir() if p.suffix in (".yaml", ".yml")} - {"kustomization.yaml"}
@@ -344,16 +344,16 @@ def test_kustomization_lists_every_file_beside_it(directory):
     assert doc["images"] == [{"name": "rdmanet", "newTag": "latest"}]
 
 
-def test_examples_and_optional_parts_are_not_in_the_base():
+def test_examples_are_not_in_the_base_and_the_reconciler_is():
     for resource in kustomization(DEPLOY)["resources"]:
         assert "/" not in resource
     base_kinds = {d["kind"] for r in kustomization(DEPLOY)["resources"] for d in docs_of(DEPLOY / r)}
     assert base_kinds == {"Namespace", "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding",
-                          "DaemonSet"}
+                          "DaemonSet", "CronJob"}
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (with its built-in kustomize) is not installed")
-@pytest.mark.parametrize("directory", [DEPLOY, DEPLOY / "optional" / "reconciler"], ids=rel)
+@pytest.mark.parametrize("directory", [DEPLOY], ids=rel)
 def test_kustomize_renders_and_the_output_validates(directory):
     out = subprocess.run(["kubectl", "kustomize", str(directory)], capture_output=True, text=True, timeout=120,
                          check=False)
@@ -513,7 +513,7 @@ def test_bindings_bind_our_service_account_to_our_roles():
 # --------------------------------------------------------------------------- (c) the reconciler
 
 
-RECONCILER = DEPLOY / "optional" / "reconciler"
+RECONCILER = DEPLOY
 
 
 def cronjob() -> dict:
@@ -545,46 +545,37 @@ def test_cronjob_command_parses_with_rdmanet_cli(monkeypatch):
     assert cli.main(command[1:]) == 0
     (args,) = seen
     assert (args.command, args.ipam_command) == ("ipam", "reconcile")
-    assert args.network_config.startswith("/")
+    # every network, with the pod's ServiceAccount in its own namespace: no per-network config to keep
+    assert args.all and args.network_config is None and args.kubeconfig is None and args.namespace is None
 
 
-def network_configs() -> dict[str, str]:
-    """mountPath/key -> conflist text, for every ConfigMap volume of the CronJob pod."""
-    pod = cronjob()["spec"]["jobTemplate"]["spec"]["template"]["spec"]
-    (c,) = pod["containers"]
-    maps = {d["metadata"]["name"]: d for _, d in objects("ConfigMap", RECONCILER)}
-    out = {}
-    for mount in c["volumeMounts"]:
-        volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
-        cm = maps[volume["configMap"]["name"]]
-        assert cm["metadata"]["namespace"] == NAMESPACE
-        for key, text in cm["data"].items():
-            out[os.path.join(mount["mountPath"], key)] = text
-    return out
+def test_cronjob_reconciles_every_network_of_its_namespace(tmp_path, monkeypatch):
+    """What --all reaches: the claims of every domain in the namespace the ServiceAccount is in
+    (the namespace install.sh's node kubeconfig names), here over the fake API server."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from kube_api_server import KubeAPIServer, write_kubeconfig
+    from cni.core import skel
+    from ipam.plugin import LeaseIPAM
 
-
-def test_cronjob_network_config_is_mounted_and_serves_an_example_network(tmp_path, monkeypatch):
-    seen = []
-    monkeypatch.setattr(ipam_cli, "run", lambda args: seen.append(args) or 0)
-    cli.main(reconciler_command()[1:])
-    configs = network_configs()
-    path = seen[0].network_config
-    assert path in configs, f"--network-config {path} is not a key of the mounted ConfigMap"
-    nads = {store_location(nad_config(n))[1]: nad_config(n) for _, n in example_nads()}
-    for i, (where, text) in enumerate(sorted(configs.items())):
-        file = tmp_path / f"{i}.conflist"
-        file.write_text(text)
-        config = ipam_cli.load_network_config(str(file))  # the reconciler's own loading path
-        assert uses_kubernetes(config)
-        settings = kube_settings(config)
-        assert settings.kubeconfig is None, f"{where}: the CronJob pod uses its ServiceAccount, not a node file"
-        assert settings.namespace == NAMESPACE
-        _, domain = store_location(config)
-        assert domain in nads, f"{where}: domain {domain} is no example NAD's; the claims would never match"
-        nad_ipam = dict(nads[domain]["ipam"])
-        nad_ipam["kubernetes"] = {k: v for k, v in nad_ipam["kubernetes"].items() if k != "kubeconfig"}
-        assert config["ipam"] == nad_ipam
-        parse_ipam_config(config)
+    with KubeAPIServer() as server:
+        kubeconfig = write_kubeconfig(tmp_path / "kc", server.url, namespace=NAMESPACE)
+        for path, nad in example_nads():
+            name = nad["metadata"]["name"]
+            config = dict(nad_config(nad))
+            if not uses_kubernetes(config):
+                continue
+            config["ipam"] = dict(config["ipam"], kubernetes={"kubeconfig": str(kubeconfig)})
+            env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": f"c-{name}", "CNI_NETNS": "/x", "CNI_IFNAME": "net1",
+                   "CNI_PATH": "/x", "RDMANET_NODE_NAME": "n1",
+                   "CNI_ARGS": f"K8S_POD_NAMESPACE=default;K8S_POD_NAME=p-{name};K8S_POD_UID=u-{name}"}
+            code, out = skel.handle(LeaseIPAM(), env, json.dumps(config).encode())
+            assert code == 0, out
+        claims = len(server.objects("leases", NAMESPACE))
+        assert claims >= 2
+        code = cli.main(["ipam", "reconcile", "--all", "--kubeconfig", str(kubeconfig), "--grace-seconds", "0",
+                         "--misses", "1", "-o", "json"])
+        assert code == 0
+        assert server.objects("leases", NAMESPACE) == []  # no pod exists: every network's claim went
 
 
 # --------------------------------------------------------------------------- the image

@@ -96,6 +96,8 @@ class IPAMConf(Model):
     enable_overlapping_ranges: Optional[bool] = Field(None, description="enable_overlapping_ranges is true or false")
     configuration_path: Optional[str] = Field(None, description="configuration_path is the absolute path of whereabouts' flat file")
     node_slice_size: Any = None  # refused below: lease-ipam has no node slices
+    whereabouts_check: Optional[bool] = Field(None, description="whereabouts_check is true or false (default: while whereabouts' flat file exists)")
+    whereabouts_namespace: Optional[str] = Field(None, description="whereabouts_namespace is the namespace of whereabouts' IPPools (default: the Leases')")
     # whereabouts' leader election: lease-ipam has none (a create is the claim); accepted, not used.
     leader_lease_duration: Any = None
     leader_renew_deadline: Any = None

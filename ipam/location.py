@@ -172,6 +172,19 @@ def no_cluster_store(network: str) -> CNIError:
                'set "datastore": "local" only if every pod of this network runs on one node')
 
 
+def whereabouts_check(nad_ipam: Mapping[str, Any]) -> bool:
+    """Whether ADD checks whereabouts' live allocations before claiming (ipam/store/whereabouts.py):
+    ``whereabouts_check`` when the block sets it, else while whereabouts' flat file exists on this
+    node (whereabouts is installed, so pods may still hold its addresses)."""
+    explicit = nad_ipam.get("whereabouts_check")
+    if explicit is not None:
+        if not isinstance(explicit, bool):
+            raise bad("ipam.whereabouts_check", f"{explicit!r} is not a boolean",
+                      "true (check whereabouts' IPPools and reservations before claiming) or false")
+        return explicit
+    return flat_file(nad_ipam)[0] is not None
+
+
 def lease_domain(raw: Mapping[str, Any], config: Mapping[str, Any]) -> str:
     """The Lease store's allocation domain (see the module docstring)."""
     name = raw.get("network_name")

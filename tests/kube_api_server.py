@@ -8,6 +8,8 @@ It speaks enough of the real apiserver's HTTP/JSON API that the official
   ``/apis/coordination.k8s.io/v1/leases``)
 * core ``v1`` pods (``/api/v1/namespaces/{ns}/pods[/{name}]`` and
   ``/api/v1/pods``)
+* whereabouts' ``whereabouts.cni.cncf.io/v1alpha1`` ippools and overlappingrangeipreservations
+  (namespaced), as if its CRDs were installed
 
 Verbs: create (POST), get, list, watch (``?watch=true``, chunked stream),
 update (PUT, optimistic concurrency on ``metadata.resourceVersion``), patch
@@ -152,6 +154,12 @@ RESOURCES: dict[str, ResourceType] = {
          "status.podIP": _path_field("status", "podIP"),
          "status.nominatedNodeName": _path_field("status", "nominatedNodeName")}),
 }
+
+# whereabouts' CRDs (issue 10: lease-ipam reads them while a cluster migrates from whereabouts)
+for _plural, _kind in (("ippools", "IPPool"), ("overlappingrangeipreservations", "OverlappingRangeIPReservation")):
+    RESOURCES[_plural] = ResourceType(_plural, _kind, "whereabouts.cni.cncf.io", "v1alpha1",
+                                      {"metadata.name": _meta_field("name"),
+                                       "metadata.namespace": _meta_field("namespace")})
 
 _REASONS = {
     400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound",
@@ -1099,6 +1107,9 @@ _ROUTES = [
     (re.compile(r"^/apis/coordination\.k8s\.io/v1/leases/?$"), "leases", False),
     (re.compile(r"^/api/v1/namespaces/([^/]+)/pods(?:/([^/]+))?/?$"), "pods", True),
     (re.compile(r"^/api/v1/pods/?$"), "pods", False),
+    (re.compile(r"^/apis/whereabouts\.cni\.cncf\.io/v1alpha1/namespaces/([^/]+)/ippools(?:/([^/]+))?/?$"), "ippools", True),
+    (re.compile(r"^/apis/whereabouts\.cni\.cncf\.io/v1alpha1/namespaces/([^/]+)/overlappingrangeipreservations(?:/([^/]+))?/?$"),
+     "overlappingrangeipreservations", True),
 ]
 
 _VERSION = {"major": "1", "minor": "30", "gitVersion": "v1.30.0-rdmanet-fake",

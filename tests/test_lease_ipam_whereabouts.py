@@ -190,3 +190,53 @@ def test_round_robin_across_nodes_never_reuses_a_just_freed_address(server, kube
     assert add_ip(conf, nodes, "c3") == "10.20.0.4"  # not .2: round-robin goes on
     assert [add_ip(conf, nodes, f"c{i}") for i in (4, 5)] == ["10.20.0.5", "10.20.0.6"]
     assert add_ip(conf, nodes, "c6") == "10.20.0.2"  # wrapped: the freed one, last
+
+
+# -- finding 2: while a cluster migrates NAD by NAD, whereabouts' live allocations are respected ----
+
+def whereabouts_object(server, plural, name, spec):
+    from kube_api_server import RESOURCES
+
+    code, _ = server.api_create(RESOURCES[plural], NS, {"metadata": {"name": name}, "spec": spec}, False)
+    assert code == 201
+
+
+def test_addresses_whereabouts_still_holds_are_never_claimed(server, kubeconfig, nodes):
+    """Pods started under whereabouts keep their addresses (its IPPool of the range, and the
+    per-address reservations it makes for overlapping ranges) while the NADs move to lease-ipam;
+    whereabouts is still installed on the nodes (its flat file is there)."""
+    write_flat(nodes.files[1], {"datastore": "kubernetes", "kubernetes": {"kubeconfig": str(kubeconfig)}})
+    whereabouts_object(server, "ippools", "10.20.0.0-29", {"range": "10.20.0.0/29", "allocations": {
+        "1": {"id": "wb-ctr-1", "podref": "default/old-1", "ifname": "net1"},
+        "2": {"id": "wb-ctr-2", "podref": "default/old-2", "ifname": "net1"}}})
+    # another NAD (range 10.20.0.0/28) under whereabouts gave out .4: only its reservation says so
+    whereabouts_object(server, "overlappingrangeipreservations", "10.20.0.4",
+                       {"containerid": "wb-ctr-3", "podref": "default/old-3", "ifname": "net1"})
+    conf = whereabouts_nad(range="10.20.0.0/29")  # .1-.6
+    got = []
+    for i, node in enumerate(["node-a", "node-b", "node-a"]):
+        nodes.on(node)
+        got.append(add_ip(conf, nodes, f"c{i}"))
+    assert got == ["10.20.0.3", "10.20.0.5", "10.20.0.6"]
+    code, err = call("ADD", conf, nodes, "c9")
+    assert err["code"] == 102, err  # nothing left that whereabouts does not hold
+    with_ip = dict(conf, runtimeConfig={"ips": ["10.20.0.1/29"]}, capabilities={"ips": True})
+    code, err = call("ADD", with_ip, nodes, "c8")
+    assert err["code"] == 103 and "whereabouts IPPool 10.20.0.0-29" in err["msg"], err
+    # the old pod goes (whereabouts' DEL drops its allocation): the address is lease-ipam's to give
+    pool = server.get_object("ippools", NS, "10.20.0.0-29")
+    del pool["spec"]["allocations"]["1"]
+    from kube_api_server import RESOURCES
+    assert server.api_update(RESOURCES["ippools"], NS, "10.20.0.0-29", pool, False)[0] == 200
+    assert add_ip(conf, nodes, "c7") == "10.20.0.1"
+    # network_name: whereabouts' objects are named with it as a prefix
+    named = whereabouts_nad(range="10.20.0.0/29", network_name="team-b")
+    whereabouts_object(server, "ippools", "team-b-10.20.0.0-29", {"range": "10.20.0.0/29", "allocations": {
+        "1": {"id": "wb-ctr-9", "podref": "team-b/old-9", "ifname": "net1"}}})
+    assert add_ip(named, nodes, "n1") == "10.20.0.2"
+    # once whereabouts is gone from the nodes (no flat file), nothing is checked: no extra request
+    nodes.files[1].unlink()
+    conf_k = whereabouts_nad(range="10.20.0.0/29", network_name="team-c", kubernetes={"kubeconfig": str(kubeconfig)})
+    server.reset_counts()
+    add_ip(conf_k, nodes, "k1")
+    assert server.counts() == {("list", "leases"): 1, ("create", "leases"): 1}

@@ -92,10 +92,12 @@ from cni.core.errors import (
     CNIError,
 )
 
+from ..location import whereabouts_check
 from ..ranges import IPAddress, RangeSet
 from . import lease_cache
 from .base import Attachment, Reservation, Store, place_held, refuse_other_request
 from .lease_cache import LeaseCache
+from .whereabouts import WhereaboutsView
 
 log = logging.getLogger("rdmanet.ipam")
 
@@ -403,7 +405,8 @@ class KubeStore(Store):
     def __init__(self, transport: Transport, namespace: str, domain: str, *, node: str,
                  pod: PodInfo = PodInfo(), timeout: float = 20.0, request_timeout: float = 5.0,
                  gc_grace: float = 60.0, sleep: Callable[[float], None] = time.sleep,
-                 cache: Optional[CacheSource] = None) -> None:
+                 cache: Optional[CacheSource] = None, whereabouts: Optional[str] = None,
+                 whereabouts_namespace: Optional[str] = None) -> None:
         self.transport = transport
         self.namespace = namespace
         self.domain = domain
@@ -419,6 +422,9 @@ class KubeStore(Store):
         self._uncertain: list[str] = []  # creates whose outcome is unknown (no answer within the budget)
         self._cache_source = cache
         self.cache: Optional[LeaseCache] = None  # the informer this verb writes its answers through to
+        self.whereabouts = whereabouts  # None: no check; else whereabouts' network_name ("" for none)
+        self.whereabouts_namespace = whereabouts_namespace or namespace
+        self._wb: Optional[WhereaboutsView] = None
 
     @classmethod
     def for_invocation(cls, settings: Any, domain: str, inv: Any) -> "KubeStore":
@@ -429,9 +435,13 @@ class KubeStore(Store):
         pod = PodInfo(inv.args.get("K8S_POD_NAMESPACE", ""), inv.args.get("K8S_POD_NAME", ""),
                       inv.args.get("K8S_POD_UID", ""))
         source = cache_source(settings, conn, domain) if lease_cache.enabled() else None
+        nad = inv.config.get("ipam") if isinstance(inv.config.get("ipam"), dict) else {}
+        wb_name = nad.get("network_name") if isinstance(nad.get("network_name"), str) else ""
+        wb_namespace = nad.get("whereabouts_namespace") if isinstance(nad.get("whereabouts_namespace"), str) else None
         return cls(ApiClientTransport(conn.api_client, conn.host), conn.namespace, domain, node=node, pod=pod,
                    timeout=settings.timeout, request_timeout=settings.request_timeout, gc_grace=settings.gc_grace,
-                   cache=source)
+                   cache=source, whereabouts=wb_name if whereabouts_check(nad) else None,
+                   whereabouts_namespace=wb_namespace)
 
     # -- requests with retries ------------------------------------------------------------------
 
@@ -687,6 +697,10 @@ class KubeStore(Store):
         attachment (a claim made by another process) is adopted."""
         claim = None
         holder = by_ip.get(want)
+        wb = self._whereabouts_holder(want, rs, deadline) if holder is None else None
+        if wb is not None:
+            raise CNIError(ADDRESS_UNAVAILABLE, f"requested address {want} is held by {wb}",
+                           "request a free address, or DEL the pod that whereabouts gave it to")
         if holder is None:
             claim = self._create(want, attachment, network, rs, deadline)
             if claim is not None:
@@ -761,11 +775,24 @@ class KubeStore(Store):
                                "free addresses (DEL or GC attachments that are gone) or widen the range "
                                "(range_start/range_end, or another ipRanges entry)")
             ip = rs.ranges[0].address(candidate)
-            claim = self._create(ip, attachment, network, rs, deadline)
+            held_by = self._whereabouts_holder(ip, rs, deadline)
+            claim = self._create(ip, attachment, network, rs, deadline) if held_by is None else None
             insort(used, candidate)
             if claim is not None:
                 return claim
             taken += 1
+
+    def _whereabouts_holder(self, ip: IPAddress, rs: RangeSet, deadline: float) -> Optional[str]:
+        """Which of whereabouts' objects holds ``ip`` (None: none, or the check is off)."""
+        if self.whereabouts is None:
+            return None
+        if self._wb is None:
+            self._wb = WhereaboutsView(self.whereabouts_namespace, self.whereabouts,
+                                       lambda path, what: self._call("GET", path, what, deadline)[0])
+        holder = self._wb.holder(ip, rs.range_of(ip))
+        if holder is not None:
+            log.info("%s is held by %s (a pod whereabouts served): next candidate", ip, holder)
+        return holder
 
     def _rollback(self, attachment: Attachment, created: list[Claim]) -> None:
         """Delete the claims a failed ADD made, and those of creates left without an answer."""

@@ -16,7 +16,7 @@ Facts relied on (research/ipam-anchors.md §1.1, §1.2; whereabouts pkg/config L
   writes the kubeconfig there, so most whereabouts NADs carry no ``kubernetes`` key at all.
 - The store: ``datastore: "local"`` chooses the local file store explicitly; otherwise a
   ``kubernetes`` key (after the merge) or ``datastore: "kubernetes"`` selects the Lease store.
-  A call from Kubernetes (``K8S_POD_*`` in CNI_ARGS) that selects neither is refused (code 7):
+  A call for a Kubernetes pod (``K8S_POD_UID`` in CNI_ARGS) that selects neither is refused (code 7):
   a per-node store in a cluster hands the same address to pods on two nodes.
 - The local store directory is ``<dataDir>/<network_name or the network's name>`` (host-local's
   per-network layout); ``dataDir`` defaults to ``/var/lib/cni/lease-ipam``.
@@ -50,7 +50,7 @@ FLAT_FILES = (
 )
 LOCAL, KUBERNETES = "local", "kubernetes"
 CLUSTER_DOMAIN = "@cluster"  # the Lease domain without network_name (not a valid network_name)
-K8S_POD_ARGS = ("K8S_POD_NAME", "K8S_POD_NAMESPACE", "K8S_POD_UID")
+K8S_POD_UID = "K8S_POD_UID"
 
 
 def bad(where: str, problem: str, fix: str) -> CNIError:
@@ -160,8 +160,10 @@ def uses_kubernetes(config: dict) -> bool:
 
 
 def from_kubernetes(args: Mapping[str, str]) -> bool:
-    """The runtime is the kubelet (through Multus or another meta plugin): K8S_POD_* in CNI_ARGS."""
-    return any(args.get(key) for key in K8S_POD_ARGS)
+    """The call is for a Kubernetes pod: ``K8S_POD_UID`` in CNI_ARGS (containerd and CRI-O set it,
+    Multus passes it on). Not K8S_POD_NAME/NAMESPACE: podman's CNI backend sets those for every
+    container of one host."""
+    return bool(args.get(K8S_POD_UID))
 
 
 def no_cluster_store(network: str) -> CNIError:

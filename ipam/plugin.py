@@ -59,7 +59,7 @@ def kube_store(data_dir: str, domain: str, inv: Invocation) -> Store:
 def default_store(data_dir: str, domain: str, inv: Invocation) -> Store:
     """The store the ipam block (whereabouts' flat file merged) selects (:mod:`ipam.location`).
 
-    Neither chosen: the local store, except for a call from Kubernetes, where a per-node store
+    Neither chosen: the local store, except for a call for a Kubernetes pod, where a per-node store
     would hand the same address to pods on two nodes: ADD, CHECK and STATUS are refused (code 7)
     and DEL and GC only clean this node's local store (a DEL never fails for a missing store)."""
     kind = store_kind(ipam_block(inv.config))

@@ -254,9 +254,7 @@ def test_requested_ip_reaches_ipam(cni, netns, master, ipam, how):
     prefix, _ = nt.random_subnet()
     net = f"{ns.name}-net"
     extra = {"capabilities": {"ips": True}} if how == "runtime-config" else {}
-    # K8S_POD_NAME marks a call from Kubernetes: lease-ipam's local store must then be chosen explicitly
-    local = {"datastore": "local"} if ipam == "lease-ipam" else {}
-    cni.write(nt.conflist(net, "1.0.0", nt.macvlan(m.name, ipam_block(cni, ipam, prefix, routes=False, **local), **extra)))
+    cni.write(nt.conflist(net, "1.0.0", nt.macvlan(m.name, ipam_block(cni, ipam, prefix, routes=False), **extra)))
     wanted = f"{prefix}.77"
     kw = ({"cni_args": f"IgnoreUnknown=true;K8S_POD_NAME=x;IP={wanted}"} if how == "cni-args"
           else {"cap_args": {"ips": [f"{wanted}/24"]}})

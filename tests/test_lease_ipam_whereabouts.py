@@ -75,9 +75,13 @@ def whereabouts_nad(name="rdma-a", **ipam):
 
 
 def call(command, conf, nodes, cid, pod=True, ifname="net1"):
+    """``pod``: True, a Kubernetes pod (Multus' CNI_ARGS); False, none; "podman": what podman's
+    CNI backend sends (pod name and namespace, no UID)."""
     env = {"CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": "/var/run/netns/x", "CNI_IFNAME": ifname,
            "CNI_PATH": "/opt/cni/bin", "RDMANET_NODE_NAME": nodes.current}
-    if pod:
+    if pod == "podman":
+        env["CNI_ARGS"] = f"IgnoreUnknown=1;K8S_POD_NAMESPACE={cid};K8S_POD_NAME={cid};K8S_POD_INFRA_CONTAINER_ID={cid}"
+    elif pod:
         env["CNI_ARGS"] = f"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=pod-{cid};K8S_POD_UID=uid-{cid}"
     return skel.handle(LeaseIPAM(), env, json.dumps(conf).encode())
 
@@ -141,9 +145,10 @@ def test_a_kubernetes_call_without_a_cluster_store_is_refused(nodes):
 
 def test_the_local_store_stays_for_non_kubernetes_runtimes_and_when_chosen(nodes):
     conf = whereabouts_nad()
-    assert add_ip(conf, nodes, "podman-1", pod=False) == "10.20.0.1"  # no K8S_POD_*: podman, cnitool
+    assert add_ip(conf, nodes, "cnitool-1", pod=False) == "10.20.0.1"  # no K8S_POD_*: cnitool
+    assert add_ip(conf, nodes, "podman-1", pod="podman") == "10.20.0.2"  # podman: pod name, no pod UID
     local = whereabouts_nad(datastore="local")
-    assert add_ip(local, nodes, "k8s-1") == "10.20.0.2"  # explicitly chosen: served on this node
+    assert add_ip(local, nodes, "k8s-1") == "10.20.0.3"  # explicitly chosen: served on this node
     assert call("DEL", local, nodes, "k8s-1") == (0, None)
     code, err = call("ADD", whereabouts_nad(datastore="etcd"), nodes, "c9")
     assert err["code"] == INVALID_CONFIG and "ipam.datastore" in err["msg"]

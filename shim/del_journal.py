@@ -11,14 +11,17 @@ Rules:
   the daemon's own (owned by its user, not writable by group or others) and from regular files
   owned by its user: whoever could write there could already call the daemon.
 - An entry is removed when its replay succeeds (DEL is idempotent: a DEL of something already
-  gone succeeds), or when it is older than ``max_age`` (logged: the node GC and the reconciler
-  free what is left). A replay that fails keeps the entry for the next round.
+  gone succeeds), when it fails with an error no retry mends (an invalid config: code 1-4, 6,
+  7), or when it is older than ``max_age`` (both logged: the node GC and the reconciler free
+  what is left). A replay that fails otherwise (11: the API server is still out) keeps the entry
+  for the next round.
 - A successful ADD of the same attachment removes the entry (the shim does it), so a container
   re-added under the same ID (podman restart) does not lose its addresses to an old DEL.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import threading
@@ -31,6 +34,9 @@ from .launcher import JOURNAL_DIR, MAX_LINE
 
 INTERVAL = 60.0
 MAX_AGE = 24 * 3600.0
+# CNI errors a retry cannot mend (incompatible version, unsupported field, unknown container,
+# invalid config, decoding failure): dropped at once, logged
+PERMANENT = {1, 2, 3, 4, 6, 7}
 
 Serve = Callable[[str, dict, bytes], tuple]  # (plugin, env, stdin) -> (code, stdout, stderr)
 Log = Callable[..., None]
@@ -108,7 +114,7 @@ def replay_once(directory: str, plugins: Mapping[str, Any], serve: Serve, parse:
             counts["freed"] += 1
             log("del_replayed", **who)
             _unlink(path)
-        elif age > max_age:
+        elif age > max_age or _error_code(out) in PERMANENT:
             counts["dropped"] += 1
             log("del_journal_entry_dropped", "warning", age_s=round(age), answer=out.decode("utf-8", "replace")[:300], **who)
             _unlink(path)
@@ -116,6 +122,14 @@ def replay_once(directory: str, plugins: Mapping[str, Any], serve: Serve, parse:
             counts["failed"] += 1
             log("del_replay_failed", "warning", answer=out.decode("utf-8", "replace")[:300], **who)
     return counts
+
+
+def _error_code(out: bytes) -> Optional[int]:
+    try:
+        code = json.loads(out).get("code")
+    except (ValueError, AttributeError):
+        return None
+    return code if isinstance(code, int) else None
 
 
 def _unlink(path: str) -> None:

@@ -1,6 +1,7 @@
 """The reconciler of the Kubernetes Lease store: free claims whose pod, by UID, is gone.
 
-Runs once per call (a CronJob, an operator, or later the node daemon on a timer). Lease layout
+Runs once per call: the default install's CronJob (``--all``: every domain of the namespace), an
+operator, or the node daemon's GC on a timer (this node's claims, :mod:`ipam.node_gc`). Lease layout
 it relies on (one ``coordination.k8s.io/v1`` Lease per address, made by ADD in ``ipam/store/kube.py``)::
 
     metadata.labels       rdmanet.io/ipam-domain, rdmanet.io/network, rdmanet.io/node, rdmanet.io/pod-uid
@@ -28,6 +29,9 @@ Rules (research/ipam-anchors.md §1.5, §2, §8.6; the anchors' bugs each rule a
   changed in any way since the list, is never removed (409 -> left, reported as a conflict).
   With ``misses=3`` and a 60 s CronJob a claim goes about 2-3 min after its pod [nv-ipam: >3 x 1 min].
 - A claim whose pod is present with its UID has its miss count removed (guarded the same way).
+- Of the claims of one pod UID, interface and network, only the newest (``acquireTime``) is live:
+  a pod has one sandbox at a time, so an older one of another container ID belongs to a sandbox
+  the kubelet replaced, whose DEL never came. It is freed once older than the grace period.
 - 404 on a write or delete means someone else already freed it: reported, not an error.
 - Any other API failure of one claim is reported as an error for that claim; the rest go on.
 

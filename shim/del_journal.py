@@ -15,8 +15,9 @@ Rules:
   7), or when it is older than ``max_age`` (both logged: the node GC and the reconciler free
   what is left). A replay that fails otherwise (11: the API server is still out) keeps the entry
   for the next round.
-- A successful ADD of the same attachment removes the entry (the shim does it), so a container
-  re-added under the same ID (podman restart) does not lose its addresses to an old DEL.
+- An ADD of the same attachment removes the entry before it runs (the shim does it), so a
+  container re-added under the same ID (podman restart) does not lose its addresses to an old
+  DEL; the entry is looked at again right before its replay.
 """
 
 from __future__ import annotations

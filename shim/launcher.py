@@ -27,7 +27,7 @@ A DEL that does not succeed (the daemon is down or restarting, the API server is
 to ``<socket dir>/del-journal/`` in the same binary framing, one file per (plugin, containerID,
 ifname); the daemon replays those DELs when it starts and periodically (:mod:`shim.del_journal`),
 because Multus' thick plugin logs a failed DEL and reports success: nobody else would retry it.
-A successful ADD of the attachment removes its entry.
+An ADD of the attachment removes its entry first.
 
 A connect that finds the daemon's accept queue full (EAGAIN: a burst of calls, many pods starting
 at once) is retried for up to ``BUSY_SECONDS``: a busy daemon is not an absent one.
@@ -266,7 +266,7 @@ def journal_path(socket_path, plugin, environb):
 def journal_del(socket_path, plugin, environb, stdin):
     """Keep a DEL that did not succeed for the daemon to replay: Multus' thick plugin logs a
     failed DEL and reports success, so the runtime never retries it. Written by rename (the
-    daemon never reads half an entry); a later successful ADD of the attachment removes it."""
+    daemon never reads half an entry); a later ADD of the attachment removes it first."""
     path = journal_path(socket_path, plugin, environb)
     directory = os.path.dirname(path)
     tmp = os.path.join(directory, ".%d.%d.tmp" % (os.getpid(), int(time.time() * 1e6)))
@@ -305,11 +305,11 @@ def run(plugin, site_dir, socket_path=DEFAULT_SOCKET):
     command = environ.get("CNI_COMMAND", "")
     stdin = b"" if command == "VERSION" else sys.stdin.buffer.read()  # VERSION: stdin may be a tty
     path = environ.get(SOCKET_ENV) or socket_path or DEFAULT_SOCKET
+    if command == "ADD":
+        forget_del(path, plugin, os.environb)  # before the ADD: a replay never undoes what it adds
     code = _run(plugin, site_dir, path, command, stdin)
     if command == "DEL" and code != 0:
         journal_del(path, plugin, os.environb, stdin)
-    elif command == "ADD" and code == 0:
-        forget_del(path, plugin, os.environb)
     return code
 
 

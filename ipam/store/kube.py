@@ -770,7 +770,7 @@ class KubeStore(Store):
                 used[:] = sorted(int(c.ip) for c in claims if c.ip.version == rs.family)
                 candidate = rs.next_free(used, cursor)
             if candidate is None:
-                raced = f" ({taken} candidates were claimed concurrently)" if taken else ""
+                raced = f" ({taken} candidates were claimed concurrently or held by whereabouts)" if taken else ""
                 raise CNIError(POOL_EXHAUSTED, f"no free address in range {rs.describe()}{raced}",
                                "free addresses (DEL or GC attachments that are gone) or widen the range "
                                "(range_start/range_end, or another ipRanges entry)")

@@ -271,7 +271,10 @@ def journal_del(socket_path, plugin, environb, stdin):
     directory = os.path.dirname(path)
     tmp = os.path.join(directory, ".%d.%d.tmp" % (os.getpid(), int(time.time() * 1e6)))
     try:
-        os.makedirs(directory, 0o700, exist_ok=True)
+        try:
+            os.mkdir(directory, 0o700)  # not its parents: the socket's directory is the daemon's
+        except FileExistsError:
+            pass
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
             data = memoryview(frame(plugin, environb, stdin))

@@ -142,6 +142,7 @@ def test_an_add_of_the_attachment_cancels_its_journaled_del(tmp_path):
     sock = str(tmp_path / "run" / "daemon.sock")
     shim = str(tmp_path / "bin" / "lease-ipam")
     os.makedirs(os.path.dirname(shim))
+    os.makedirs(os.path.dirname(sock), mode=0o700)  # the daemon's socket directory
     write_shim(shim, "lease-ipam", sys.executable, None, sock)
     env = {b"CNI_COMMAND": b"DEL", b"CNI_CONTAINERID": b"ctr", b"CNI_IFNAME": b"net1"}
     journal_del(sock, "lease-ipam", env, b"{}")
@@ -155,6 +156,10 @@ def test_an_add_of_the_attachment_cancels_its_journaled_del(tmp_path):
     finally:
         daemon.close()
     assert proc.returncode == 0 and not os.path.exists(entry)  # podman restart: same ID, DEL then ADD
+    # without the socket's directory (no daemon ever ran here) nothing is created on the host
+    nowhere = str(tmp_path / "nowhere" / "daemon.sock")
+    journal_del(nowhere, "lease-ipam", env, b"{}")
+    assert not os.path.exists(os.path.dirname(nowhere))
 
 
 def test_replay_serves_only_dels_of_known_plugins_from_a_private_directory(tmp_path):

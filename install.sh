@@ -35,8 +35,10 @@ DaemonSet's container (privileged, hostPID; the node's --bin-dir, --conf-dir and
   1. Checks that --host-python runs under --host-root and is Python >= 3.6.
   2. Writes the three shims into --bin-dir by write + rename (a temporary ".<name>.*.tmp" in the
      same directory, then a rename: the kubelet never execs a half-written file), with
-     --host-python as their interpreter, and checks that each answers VERSION when run the way the
-     node runs it (chroot into --host-root, empty environment).
+     --host-python as their interpreter; checks that each is the very file the node has at that
+     path (the same inode under --host-root: a --bin-dir whose hostPath is mounted at another path
+     is refused, naming both paths) and that it answers VERSION when run the way the node runs it
+     (chroot into --host-root, empty environment).
   3. Writes CONF_DIR/rdmanet.d/rdmanet.kubeconfig (mode 0600, directory 0700) for lease-ipam's
      Kubernetes store, from the pod's service account (the token; ca.crt, copied to
      CONF_DIR/rdmanet.d/ca.crt; the namespace, as the context's namespace) and the API server
@@ -44,7 +46,8 @@ DaemonSet's container (privileged, hostPID; the node's --bin-dir, --conf-dir and
      (write + rename) whenever the token or CA content changes, as the kubelet rotates the token.
      It never outlives the daemon: it is a child of this process, which becomes the daemon (step
      4), and the kernel signals it when its parent exits (PR_SET_PDEATHSIG; it also checks its
-     parent every second). No service account mounted: skipped, with a log line.
+     parent every second). It only refreshes: once the kubeconfig is gone (--uninstall) it
+     writes nothing more and exits. No service account mounted: skipped, with a log line.
      A NAD uses it as "kubernetes": {"kubeconfig": "/etc/cni/net.d/rdmanet.d/rdmanet.kubeconfig"}.
   4. Execs `rdmanet daemon --socket SOCKET` in the foreground: the daemon is the container's main
      process and gets its signals itself (SIGTERM: finish the calls in flight, remove the socket,
@@ -56,9 +59,13 @@ DaemonSet's container (privileged, hostPID; the node's --bin-dir, --conf-dir and
   "is the rdmanet DaemonSet pod running on this node?", and exits 1: nothing was done, and the
   runtime retries the ADD or DEL once the pod is back. VERSION is answered by the shim itself
   when the daemon is down.
-  --uninstall (for a cleanup Job or a preStop hook): removes the three shims (only while they are
-  rdmanet shims) and the files it writes in CONF_DIR/rdmanet.d (then the directory, if empty);
-  nothing else. It does not stop a running daemon.
+  --uninstall (for a cleanup Job, a preStop hook, or `kubectl exec` into the pod): removes the
+  three shims (only while they are rdmanet shims) and the files it writes in CONF_DIR/rdmanet.d
+  (then the directory, if empty); nothing else. The pod's refresh loop does not write the
+  kubeconfig back (it takes the directory's lock for each round, as --uninstall does). It does not
+  stop a running daemon.
+  Output: every line is one JSON object ({"ts", "level", "event", "component", "msg", ...}), like
+  the daemon's own log lines: the pod's log is JSON lines. Host mode prints "install.sh: ..." text.
 
 Options (an environment variable, where named, sets the same; a flag wins):
   --daemonset                DaemonSet mode                  RDMANET_INSTALL_MODE=host|daemonset
@@ -88,19 +95,74 @@ Exit status: 0 done (DaemonSet mode: the daemon's own), 1 failed, 2 bad usage.
 USAGE
 }
 
+# Output. Host mode: "install.sh: <message>" lines for a person at a terminal. DaemonSet mode: every
+# line is one JSON object, like the daemon's and the kubeconfig writer's (the pod's log is JSON
+# lines): {"ts", "level", "event", "component": "install.sh", "msg", ...}. Progress goes to stdout,
+# errors to stderr, as in host mode.
+JSON_LOG=0
+case "${RDMANET_INSTALL_MODE:-}" in daemonset) JSON_LOG=1 ;; esac
+for arg in "$@"; do
+    [ "$arg" != --daemonset ] || JSON_LOG=1
+done
+
+json_str() {  # json_str TEXT: sets REPLY to TEXT as a JSON string literal
+    local s=$1 out="" c i
+    s=${s//\\/\\\\}
+    s=${s//\"/\\\"}
+    s=${s//$'\n'/\\n}
+    s=${s//$'\r'/\\r}
+    s=${s//$'\t'/\\t}
+    if [[ $s == *[[:cntrl:]]* ]]; then  # any other control character: \u00XX
+        for ((i = 0; i < ${#s}; i++)); do
+            c=${s:i:1}
+            [[ $c != [[:cntrl:]] ]] || printf -v c '\\u%04x' "'$c"
+            out+=$c
+        done
+        s=$out
+    fi
+    REPLY="\"$s\""
+}
+
+emit() {  # emit FD LEVEL EVENT MESSAGE [KEY VALUE]...: one line on FD (1 or 2)
+    local fd=$1 level=$2 event=$3 msg=$4 line ts
+    shift 4
+    if [ "$JSON_LOG" -eq 1 ]; then
+        ts=${EPOCHREALTIME/,/.}
+        json_str "$msg"
+        line="{\"ts\": ${ts%???}, \"level\": \"$level\", \"event\": \"$event\", \"component\": \"install.sh\", \"msg\": $REPLY"
+        while [ $# -ge 2 ]; do
+            json_str "$2"
+            line+=", \"$1\": $REPLY"
+            shift 2
+        done
+        line+="}"
+    else
+        line="install.sh: $msg"
+    fi
+    if [ "$fd" = 2 ]; then echo "$line" >&2; else echo "$line"; fi
+}
+
 usage_error() {
-    echo "install.sh: $*" >&2
-    echo "Try 'install.sh --help'." >&2
+    if [ "$JSON_LOG" -eq 1 ]; then
+        emit 2 error usage_error "$* (try 'install.sh --help')"
+    else
+        echo "install.sh: $*" >&2
+        echo "Try 'install.sh --help'." >&2
+    fi
     exit 2
 }
 
-die() {
-    echo "install.sh: $*" >&2
+die() {  # die [--event NAME] MESSAGE...
+    local event=install_failed
+    if [ "$1" = --event ]; then event=$2; shift 2; fi
+    emit 2 error "$event" "$*"
     exit 1
 }
 
-say() {
-    echo "install.sh: $*"
+say() {  # say [--event NAME] MESSAGE [KEY VALUE]...
+    local event=install_step
+    if [ "$1" = --event ]; then event=$2; shift 2; fi
+    emit 1 info "$event" "$@"
 }
 
 # ------------------------------------------------------------------------------------ arguments
@@ -189,9 +251,9 @@ remove_shim() {  # remove_shim PATH: the shim (only while it is ours) and tempor
     rm -f "$(dirname "$f")/.$(basename "$f")".*.tmp
     if is_rdmanet_shim "$f"; then
         rm -f "$f"
-        say "removed $f"
+        say --event removed "removed $f" path "$f"
     elif [ -e "$f" ] || [ -L "$f" ]; then
-        say "left $f: not an rdmanet shim"
+        say --event left "left $f: not an rdmanet shim" path "$f"
     fi
 }
 
@@ -306,28 +368,34 @@ kubeconfig() {  # kubeconfig once|loop (loop: in the background, a direct child 
 }
 
 daemonset_uninstall() {
-    local exe f
+    local exe f lock
     for exe in $PLUGINS; do
         remove_shim "$BIN_DIR/$exe"
     done
     if [ -d "$KUBE_DIR" ]; then
+        # The pod's refresh loop takes this lock for each round and writes nothing once the
+        # kubeconfig is gone (rdmanet/sa_kubeconfig.py): holding it here, no round that began
+        # before this removal can put the files back after it.
+        exec {lock}<"$KUBE_DIR"
+        flock -x "$lock"
         for f in "$KUBE_DIR/$KUBECONFIG_NAME" "$KUBE_DIR/ca.crt" "$KUBE_DIR/.$KUBECONFIG_NAME".*.tmp "$KUBE_DIR"/.ca.crt.*.tmp; do
             if [ -f "$f" ]; then
                 rm -f "$f"
-                say "removed $f"
+                say --event removed "removed $f" path "$f"
             fi
         done
         if rmdir "$KUBE_DIR" 2>/dev/null; then
-            say "removed $KUBE_DIR"
+            say --event removed "removed $KUBE_DIR" path "$KUBE_DIR"
         else
-            say "left $KUBE_DIR: it holds files rdmanet did not write"
+            say --event left "left $KUBE_DIR: it holds files rdmanet did not write" path "$KUBE_DIR"
         fi
+        exec {lock}<&-
     fi
-    echo "rdmanet shims and kubeconfig removed"
+    say --event uninstalled "rdmanet shims and kubeconfig removed; the daemon keeps running until the pod is deleted"
 }
 
 daemonset_install() {
-    local exe answer version rc
+    local exe answer version rc out
     if [ ! -x "$PREFIX/bin/python" ] || [ ! -x "$PREFIX/bin/rdmanet" ]; then
         die "no rdmanet in --prefix $PREFIX ($PREFIX/bin/rdmanet is missing): give the image's venv"
     fi
@@ -344,15 +412,20 @@ daemonset_install() {
         3.[6-9]|3.[1-9][0-9]) ;;
         *) die "--host-python $HOST_PYTHON (RDMANET_HOST_PYTHON) under --host-root $HOST_ROOT is Python $version; the shims need Python >= 3.6 on the node" ;;
     esac
-    say "the node's $HOST_PYTHON is Python $version"
+    say --event host_python "the node's $HOST_PYTHON is Python $version" python "$HOST_PYTHON" version "$version"
 
-    # 2. the shims, by write + rename, each asked VERSION the way the node runs it
-    mkdir -p "$BIN_DIR"
-    "$PREFIX/bin/python" -I -m shim "$BIN_DIR" --daemon-only --python "$HOST_PYTHON" --socket "$SOCKET" >/dev/null
+    # 2. the shims, by write + rename, each checked to be the very file the node runs (same inode
+    #    as HOST_ROOT/BIN_DIR/<shim>: rdmanet/node_view.py) and asked VERSION the way the node runs it
+    out=$(mkdir -p "$BIN_DIR" 2>&1 && "$PREFIX/bin/python" -I -m shim "$BIN_DIR" --daemon-only \
+            --python "$HOST_PYTHON" --socket "$SOCKET" 2>&1 >/dev/null) \
+        || die "cannot write the shims into --bin-dir $BIN_DIR: $out"
     for exe in $PLUGINS; do
+        out=$("$PREFIX/bin/python" -I -m rdmanet.node_view same-file "$BIN_DIR/$exe" "$HOST_ROOT" 2>&1) \
+            || die --event shim_not_on_node "$out"
         answer=$(host_run CNI_COMMAND=VERSION -- "$BIN_DIR/$exe" </dev/null) || true
         case "$answer" in
-            *supportedVersions*) say "installed $BIN_DIR/$exe (daemon only, $HOST_PYTHON): $answer" ;;
+            *supportedVersions*) say --event installed "installed $BIN_DIR/$exe (daemon only, $HOST_PYTHON)" \
+                                     path "$BIN_DIR/$exe" version "$answer" ;;
             *) die "$BIN_DIR/$exe does not answer VERSION on the node (under --host-root $HOST_ROOT): '$answer';" \
                    "is --bin-dir mounted at the same path as on the node?" ;;
         esac
@@ -370,7 +443,7 @@ daemonset_install() {
     esac
 
     # 4. the daemon, in the foreground, as this very process
-    say "starting rdmanet daemon on $SOCKET"
+    say --event daemon_starting "starting rdmanet daemon on $SOCKET" socket "$SOCKET"
     exec "$PREFIX/bin/rdmanet" daemon --socket "$SOCKET"
 }
 

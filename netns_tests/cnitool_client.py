@@ -144,6 +144,7 @@ def run(
     cache_dir: pathlib.Path | str | None = None,
     valid_attachments: Sequence[Mapping[str, str]] | str | None = None,
     extra_env: Mapping[str, str] | None = None,
+    wrap: Sequence[str] = (),
     timeout: float = 60,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``cnitool <verb> <net> <netns_path>`` and return the finished process.
@@ -153,8 +154,9 @@ def run(
     ``cap_args`` and ``valid_attachments`` may be Python objects (JSON-encoded
     here) or ready JSON strings; ``None`` leaves a variable unset.
     ``extra_env`` adds further variables (e.g. ``RDMANET_SYSFS_ROOT``); libcni
-    passes the runtime's environment on to every plugin it executes. The exit
-    status is not checked.
+    passes the runtime's environment on to every plugin it executes. ``wrap``
+    is a command prefix that runs cnitool elsewhere (e.g. ``nsenter -t PID -m --``
+    for a node's private mount namespace). The exit status is not checked.
     """
     env = {
         "PATH": BARE_PATH,
@@ -177,7 +179,7 @@ def run(
     if extra_env:
         env.update(extra_env)
     return subprocess.run(
-        [os.fspath(binary), verb, net, os.fspath(netns_path)],
+        [*wrap, os.fspath(binary), verb, net, os.fspath(netns_path)],
         env=env,
         capture_output=True,
         text=True,

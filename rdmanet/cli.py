@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     doctor.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
                         help="for each shim's VERSION, the daemon and the API server (default: %(default)s)")
 
-    sub.add_parser("version", help="print the version")
+    version = sub.add_parser("version", help="print rdmanet's version, the interpreter's and every dependency's")
+    version.add_argument("-o", "--output", choices=("text", "json"), default="text")
 
     args = parser.parse_args(argv)
     if args.command == "ipam":
@@ -74,10 +75,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_doctor(args)
     if args.command == "version":
-        from importlib.metadata import version
+        from .versions import run as run_version
 
-        print(version("rdmanet"))
-        return 0
+        return run_version(args.output)
     from .demo import run_demo
 
     return run_demo(args)

@@ -7,7 +7,11 @@
   service account is mounted (skipped), 1 on failure.
 - ``loop``: every INTERVAL seconds, rewrite what differs from the service account (the kubelet
   rotates the token); exits when PARENT_PID is no longer its parent (the daemon is gone), and the
-  kernel also signals it then (PR_SET_PDEATHSIG).
+  kernel also signals it then (PR_SET_PDEATHSIG). It only ever *refreshes*: when the kubeconfig
+  is gone (``install.sh --daemonset --uninstall`` removed it, or someone deleted it) it writes
+  nothing and exits, so an uninstall stays uninstalled. Each round holds an exclusive flock on
+  ``KUBE_DIR`` (the uninstall takes the same lock before it removes anything), so a round that
+  began before the uninstall cannot write the files back after it.
 
 Files are written by write + rename (:func:`cni.linux.files.atomic_write`), so a reader sees the
 old file or the new one. Nothing secret goes into a log line or an exception.
@@ -15,6 +19,8 @@ old file or the new one. Nothing secret goes into a log line or an exception.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -121,6 +127,23 @@ class Writer:
                 os.chmod(target, 0o600)
         return changed, namespace
 
+    def refresh(self) -> tuple[list[str], str] | None:
+        """:meth:`sync`, only while the kubeconfig exists, under KUBE_DIR's lock; None when it is
+        gone (uninstalled): nothing is written then, not even the directory."""
+        try:
+            fd = os.open(self.kube_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                return None
+            raise
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if not os.path.isfile(self.path):
+                return None
+            return self.sync()
+        finally:
+            os.close(fd)  # releases the lock
+
     def remove_temporaries(self) -> None:
         """What a writer killed between write and rename left behind."""
         if not os.path.isdir(self.kube_dir):
@@ -167,10 +190,16 @@ def loop(writer: Writer, interval: float, parent: int) -> int:
             continue
         due = time.monotonic() + interval
         try:
-            changed, _ = writer.sync()
+            done = writer.refresh()
         except Exception as exc:  # keep going: the next round may succeed (and the old file still works)
             log("kubeconfig_refresh_failed", "error", path=writer.path, error=f"{type(exc).__name__}: {exc}")
             continue
+        if done is None:
+            log("kubeconfig_refresh_stopped", path=writer.path,
+                reason="the kubeconfig was removed (install.sh --daemonset --uninstall?): not writing it back",
+                hint="restart the pod to write it again")
+            return 0
+        changed, _ = done
         if changed:
             log("kubeconfig_rewritten", path=writer.path, rewritten=changed)
 

@@ -77,6 +77,7 @@ import re
 import select
 import socket
 import socketserver
+import ssl
 import sys
 import threading
 import time
@@ -570,11 +571,13 @@ class KubeAPIServer:
     :param max_events: watch history kept; older watch resourceVersions get 410.
     :param bookmark_interval: seconds between BOOKMARK events on watches that allow them.
     :param verbose: log each request to stderr.
+    :param tls: ``(certfile, keyfile)``: serve HTTPS with that certificate (``url`` is then
+                ``https://...``), as a real apiserver does; plain HTTP by default.
     """
 
     def __init__(self, port: int = 0, host: str = "127.0.0.1", token: str | None = None,
                  max_events: int = 100_000, verbose: bool = False, start: bool = True,
-                 bookmark_interval: float = 1.0):
+                 bookmark_interval: float = 1.0, tls: tuple[str, str] | None = None):
         self._cond = threading.Condition(threading.RLock())
         self._store: dict[str, dict[tuple[str, str], dict]] = {r: {} for r in RESOURCES}
         self._rv = 1000
@@ -607,9 +610,15 @@ class KubeAPIServer:
             server_obj = owner
 
         self._httpd = _HTTPServer((host, port), Handler)
+        if tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*tls)
+            # the handshake runs in the request's thread, not in the accepting one
+            self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True,
+                                                     do_handshake_on_connect=False)
         self.host = host
         self.port = self._httpd.server_address[1]
-        self.url = f"http://{host}:{self.port}"
+        self.url = f"{'https' if tls else 'http'}://{host}:{self.port}"
         self._thread: threading.Thread | None = None
         if start:
             self.start()

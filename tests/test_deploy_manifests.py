@@ -221,8 +221,9 @@ def test_no_registry_host_is_named():
         for image in re.findall(r"'image': '([^']+)'", repr(doc)):
             first = image.split("/", 1)[0] if "/" in image else ""
             assert not re.search(r"[.:]", first) and first != "localhost", f"{rel(path)}: image {image} names a registry host"
-    from_line = [line for line in (DEPLOY / "Containerfile").read_text().splitlines() if line.startswith("FROM ")]
-    assert from_line == ["FROM debian:bookworm-slim"]
+    text = (DEPLOY / "Containerfile").read_text()
+    assert re.findall(r"^ARG BASE_IMAGE=(.*)$", text, re.MULTILINE) == ["debian:bookworm-slim"]
+    assert [line.split()[1] for line in text.splitlines() if line.startswith("FROM ")][0] == "${BASE_IMAGE}"
 
 
 # --------------------------------------------------------------------------- (b) example NADs
@@ -581,20 +582,82 @@ def test_cronjob_reconciles_every_network_of_its_namespace(tmp_path, monkeypatch
 # --------------------------------------------------------------------------- the image
 
 
-def test_containerfile_builds_what_the_daemonset_runs():
+def containerfile_stages() -> list[tuple[str, list[str]]]:
+    """[(the FROM line, the instructions after it)], continuation lines joined, comments dropped."""
     text = (DEPLOY / "Containerfile").read_text()
-    lines = [line.strip() for line in text.replace("\\\n", " ").splitlines() if line.strip() and not line.startswith("#")]
-    assert lines[0] == "FROM debian:bookworm-slim"
-    run = " ".join(line for line in lines if line.startswith("RUN "))
-    assert re.search(r"apt-get install -y --no-install-recommends\s+python3 python3-venv iproute2", run)
-    assert "rm -rf /var/lib/apt/lists/*" in run
-    assert "COPY . /usr/src/rdmanet" in lines
-    assert "python3 -m venv /opt/rdmanet" in run
-    assert "/opt/rdmanet/bin/pip install --no-cache-dir --disable-pip-version-check /usr/src/rdmanet" in run
-    assert "ln -s /opt/rdmanet/bin/rdmanet /usr/local/bin/rdmanet" in run
-    (entry,) = [line for line in lines if line.startswith("ENTRYPOINT ")]
+    lines = [line.strip() for line in re.sub(r"\\\n", " ", text).splitlines()
+             if line.strip() and not line.lstrip().startswith("#")]
+    stages: list[tuple[str, list[str]]] = []
+    for line in lines:
+        if line.startswith("FROM "):
+            stages.append((line, []))
+        elif stages:
+            stages[-1][1].append(line)
+    return stages
+
+
+def test_containerfile_final_stage_is_the_venv_and_install_sh_only():
+    """The build happens in a builder stage; the image gets the venv and install.sh, and the
+    daemonset's command. (That it builds and runs: netns_tests/test_daemonset_image.py.)"""
+    stages = containerfile_stages()
+    assert [f.split()[-1] for f, _ in stages] == ["runtime", "build", "runtime"]
+    _, runtime = stages[0]
+    _, final = stages[-1]
+    assert re.search(r"apt-get install -y --no-install-recommends python3 iproute2 ", " ".join(runtime))
+    assert "pip" not in " ".join(runtime + final) and "venv" not in " ".join(runtime)
+    copies = [line for line in final if line.startswith("COPY ")]
+    assert copies == ["COPY --from=build /opt/rdmanet /opt/rdmanet", "COPY install.sh /usr/src/rdmanet/install.sh"]
+    (entry,) = [line for line in final if line.startswith("ENTRYPOINT ")]
     assert json.loads(entry[len("ENTRYPOINT "):]) == INSTALL_COMMAND == container()["command"]
     assert (ROOT / "install.sh").is_file()
+
+
+def test_containerfile_installs_the_lock_with_hashes_and_takes_secrets_not_args():
+    _, build = containerfile_stages()[1]
+    run = " ".join(line for line in build if line.startswith("RUN "))
+    for lock in ("build-requirements.lock", "requirements.lock"):
+        assert re.search(rf"install\s+--require-hashes --no-deps --only-binary :all: -r /usr/src/lock/{lock}", run), lock
+    assert "--mount=type=secret,id=pip_ca" in run and "--mount=type=secret,id=pip_index_url" in run
+    # nothing that could carry a credential is an ARG (build args stay in the image's history)
+    assert [line.split()[1].split("=")[0] for stage in containerfile_stages() for line in stage[1]
+            if line.startswith("ARG ")] == []
+
+
+def lock_pins(path: Path) -> dict[str, tuple[str, list[str]]]:
+    """{name: (version, [sha256 hashes])} of a pip-compile --generate-hashes file."""
+    pins: dict[str, tuple[str, list[str]]] = {}
+    current = None
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = re.match(r"^([A-Za-z0-9._-]+)==([^ ;\\]+)", line)
+        if m:
+            current = re.sub(r"[-_.]+", "-", m.group(1)).lower()
+            pins[current] = (m.group(2), [])
+            continue
+        m = re.match(r"^--hash=sha256:([0-9a-f]{64})", line)
+        assert m and current, f"{path.name}: unexpected line {line!r}"
+        pins[current][1].append(m.group(1))
+    return pins
+
+
+def test_lock_pins_every_dependency_with_hashes():
+    from packaging.requirements import Requirement
+
+    pins = lock_pins(DEPLOY / "requirements.lock")
+    project = __import__("tomllib").loads((ROOT / "pyproject.toml").read_text())["project"]
+    for spec in project["dependencies"]:
+        req = Requirement(spec)
+        name = re.sub(r"[-_.]+", "-", req.name).lower()
+        assert name in pins, f"{req.name} is a dependency in pyproject.toml but not pinned in deploy/requirements.lock"
+        assert req.specifier.contains(pins[name][0]), f"{name}=={pins[name][0]} in the lock does not satisfy {spec}"
+    for name, (version, hashes) in pins.items():
+        assert hashes, f"{name}=={version} has no --hash: pip install --require-hashes would refuse the lock"
+    build = lock_pins(DEPLOY / "build-requirements.lock")
+    assert set(build) == {"setuptools"} and build["setuptools"][1]
+    for path in (DEPLOY / "requirements.lock", DEPLOY / "build-requirements.lock"):
+        assert "://" not in path.read_text(), f"{path.name} names an index"
 
 
 def test_build_context_ignores_local_state():

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import pathlib
+import re
 import secrets
 import shutil
 import signal
@@ -177,6 +178,19 @@ def local_conf(data_dir: pathlib.Path) -> bytes:
                        "ipam": {"type": "lease-ipam", "dataDir": str(data_dir), "ranges": [[{"subnet": "10.79.0.0/24"}]]}}).encode()
 
 
+def json_lines(text: str) -> list[dict]:
+    """Every line of ``text`` as one JSON object (what DaemonSet mode prints, the pod's log)."""
+    docs = []
+    for line in text.splitlines():
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            raise AssertionError(f"not a JSON line: {line!r}\n{text}") from None
+        assert isinstance(doc, dict) and {"ts", "level", "event"} <= doc.keys(), line
+        docs.append(doc)
+    return docs
+
+
 def snapshot(*dirs: pathlib.Path) -> dict:
     """Every file and directory under ``dirs``: mode, inode and content."""
     out = {}
@@ -223,7 +237,12 @@ def test_bad_usage_exits_2(tmp_path, argv, env):
     proc = subprocess.run([str(INSTALL), *argv], env={"PATH": BARE_PATH, **env}, capture_output=True, text=True,
                           timeout=30, cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert proc.stderr.startswith("install.sh: ") and "--help" in proc.stderr and proc.stdout == ""
+    assert "--help" in proc.stderr and proc.stdout == ""
+    if "--daemonset" in argv or env.get("RDMANET_INSTALL_MODE") == "daemonset":  # the pod's log: JSON lines
+        [doc] = json_lines(proc.stderr)
+        assert (doc["level"], doc["event"], doc["component"]) == ("error", "usage_error", "install.sh"), doc
+    else:
+        assert proc.stderr.startswith("install.sh: ")
     assert os.listdir(tmp_path) == []
 
 
@@ -296,6 +315,14 @@ def test_daemonset_mode_end_to_end(node):
     wait_for(lambda: not alive(loops[0]), 10, "the refresh loop to exit")
     assert not node.socket.exists()
 
+    # the pod's whole log, install.sh's lines as much as the kubeconfig writer's and the daemon's:
+    # one JSON object per line
+    events = [(d.get("component"), d["event"]) for d in json_lines(node.log())]
+    for expected in [("install.sh", "host_python"), *[("install.sh", "installed")] * len(PLUGINS),
+                     ("install.sh", "kubeconfig_written"), ("install.sh", "daemon_starting")]:
+        assert expected in events, (expected, events)
+    assert events.index(("install.sh", "daemon_starting")) < len(events) - 1  # the daemon's own lines follow
+
     # the shims stay; without the daemon they say so, and VERSION still answers
     add = shim_call(node, "lease-ipam", "ADD", conf, **ipam_env(node, "c2"))
     assert add.returncode == 1
@@ -303,6 +330,80 @@ def test_daemonset_mode_end_to_end(node):
     assert err["code"] == 11 and str(node.socket) in err["msg"] and DAEMONSET_PHRASE in err["msg"]
     version = shim_call(node, "macvlan-rdma", "VERSION")
     assert version.returncode == 0 and b"supportedVersions" in version.stdout
+
+
+@needs_root
+def test_uninstall_in_the_running_pod_stays_uninstalled(node):
+    """README's uninstall runs install.sh --uninstall in the running pod: the refresh loop must not
+    write the kubeconfig back (it used to, a round later, with a token that dies with the
+    ServiceAccount), even when the token rotates after the uninstall."""
+    proc = node.start()
+    [loop] = [p for p in node.loop_pids if alive(p)]
+    out = node.run("--uninstall")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert [d["event"] for d in json_lines(out.stdout)][-1] == "uninstalled" and out.stderr == ""
+    assert not node.kdir.exists() and os.listdir(node.bin) == []
+    (node.sa / "token").write_text(token())  # something a refresh would write
+    wait_for(lambda: not alive(loop), 10, "the refresh loop to stop", node.log)
+    time.sleep(3)  # three refresh intervals
+    assert not node.kdir.exists(), node.log()
+    stopped = [d for d in json_lines(node.log()) if d["event"] == "kubeconfig_refresh_stopped"]
+    assert len(stopped) == 1 and "uninstall" in stopped[0]["reason"], node.log()
+    assert health(str(node.socket))["pid"] == proc.pid  # the daemon itself runs on until the pod goes
+    assert node.stop(proc) == 0
+
+
+@needs_root
+def test_uninstall_and_a_refresh_round_are_serialised_by_the_directory_lock(node):
+    """A refresh round that begins while the uninstall removes the files waits for it (flock on
+    the kubeconfig directory, as install.sh --uninstall takes it) and then writes nothing."""
+    import fcntl
+
+    proc = node.start()
+    [loop] = [p for p in node.loop_pids if alive(p)]
+    old = node.kubeconfig.read_text()
+    fd = os.open(node.kdir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # what the uninstall holds while it removes
+        (node.sa / "token").write_text(token())
+        time.sleep(2.5)  # two rounds are due: both wait for the lock
+        assert node.kubeconfig.read_text() == old, "a refresh round wrote while the directory was locked"
+        for f in node.kdir.iterdir():
+            f.unlink()
+        node.kdir.rmdir()
+    finally:
+        os.close(fd)
+    wait_for(lambda: not alive(loop), 10, "the refresh loop to stop", node.log)
+    assert not node.kdir.exists(), node.log()
+    assert node.stop(proc) == 0
+
+
+@needs_root
+def test_bin_dir_mounted_elsewhere_is_refused_naming_both_paths(node, tmp_path):
+    """--bin-dir's hostPath mounted at another path in the container, while the node's own
+    --bin-dir holds (older) shims that answer VERSION: the installer must not report success for
+    shims the kubelet never runs. Here the "container" is install.sh in a private mount namespace
+    where node.bin is a bind mount of another directory; the "node" is this process's root."""
+    node.stop(node.start())  # the node's own bin dir: shims from an earlier install
+    old = {p: (node.bin / p).read_bytes() for p in PLUGINS}
+    elsewhere = tmp_path / "kubelet-bin"  # the hostPath, mounted at node.bin in the container
+    elsewhere.mkdir()
+    host_root = f"/proc/{os.getpid()}/root"
+    proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                           'mount --bind "$1" "$2" && shift 2 && exec "$@"', "sh", str(elsewhere), str(node.bin),
+                           *node.args(host_root=host_root)],
+                          env=node.env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    [doc] = json_lines(proc.stderr)
+    assert doc["event"] == "shim_not_on_node", doc
+    m = re.search(rf"wrote {re.escape(str(node.bin))}/([a-z-]+) in this container", doc["msg"])
+    assert m and m.group(1) in PLUGINS, doc["msg"]
+    first = f"{node.bin}/{m.group(1)}"
+    assert f"seen here as {host_root}{first}" in doc["msg"] and "is another file" in doc["msg"]
+    assert f"is the node's {elsewhere}." in doc["msg"], doc["msg"]  # where the shims really went
+    assert "hostPath = mountPath" in doc["msg"]
+    assert not node.socket.exists() and not any(d["event"] == "daemon_starting" for d in json_lines(proc.stdout))
+    assert {p: (node.bin / p).read_bytes() for p in PLUGINS} == old
 
 
 @needs_root

@@ -60,6 +60,8 @@ from typing import Any
 import pytest
 import yaml
 
+from shim import launcher
+
 try:
     from netns_tests import cnitool_client as cc
     from netns_tests import nstools as nt
@@ -83,7 +85,7 @@ BASE_NAME = "debian:bookworm-slim"  # what the Containerfile's BASE_IMAGE defaul
 BASE_MAX_AGE = 7 * 24 * 3600
 SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"  # where the kubelet mounts the token
 NAMESPACE_OF_SA = "rdmanet-system"
-PLUGINS = ("host-device-rdma", "lease-ipam", "macvlan-rdma")
+PLUGINS = tuple(sorted(launcher.PLUGINS))  # the shims install.sh writes
 DAEMONSET_PHRASE = "is the rdmanet DaemonSet pod running on this node?"
 REFRESH_SECONDS = "1"  # RDMANET_KUBECONFIG_REFRESH_SECONDS for the pod: rounds every second
 BUILD_TIMEOUT = 1200

@@ -76,6 +76,7 @@ except ImportError:  # pragma: no cover
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 from kube_api_server import KubeAPIServer  # noqa: E402
+from test_install_script import json_lines  # noqa: E402  (every line one JSON object, or the line is shown)
 
 MANIFEST = REPO / "deploy" / "daemonset.yaml"
 CONTAINERFILE = REPO / "deploy" / "Containerfile"
@@ -384,18 +385,6 @@ def probe(ds: dict, kind: str) -> list[str]:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def json_lines(text: str) -> list[dict]:
-    docs = []
-    for line in text.splitlines():
-        try:
-            doc = json.loads(line)
-        except ValueError:
-            raise AssertionError(f"the pod printed a line that is not JSON: {line!r}\n{text}") from None
-        assert isinstance(doc, dict), line
-        docs.append(doc)
-    return docs
 
 
 def pod_log(world: NodePodman, name: str) -> str:

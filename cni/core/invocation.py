@@ -143,6 +143,13 @@ def parse_invocation(environ: Mapping[str, str], stdin: bytes) -> Invocation:
             raise CNIError(UNKNOWN_CONTAINER, "missing CNI_CONTAINERID", "set CNI_CONTAINERID")
         validate_container_id(inv.container_id)
         validate_ifname(inv.ifname)
+        if command != "DEL" and "%" in inv.ifname:  # DEL must still clean up after a rejected ADD
+            raise CNIError(
+                INVALID_ENVIRONMENT,
+                f"CNI_IFNAME {inv.ifname!r} contains '%'",
+                "the kernel reads '%d' in a link name as a pattern and picks another name; "
+                "use a literal interface name such as net1 (Multus: the 'interface' of the pod's network annotation)",
+            )
     inv.config = decode_config(stdin)
     version = inv.config.get("cniVersion", IMPLICIT_VERSION)
     if not isinstance(version, str):

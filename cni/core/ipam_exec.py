@@ -12,16 +12,22 @@ interpreter and import the stack again (~180 ms) to give the same answer. A call
 crash hook (:data:`CRASH_HOOKS`, which ``os._exit()``) is exec'd in a process of its own.
 
 Either way the plugin must still be found on CNI_PATH (same errors as an exec), and its answer
-goes through the same parsing as an exec'd plugin's stdout. Any other IPAM is exec'd."""
+goes through the same parsing as an exec'd plugin's stdout. Any other IPAM is exec'd.
+
+An exec'd plugin runs under the call's deadline (:mod:`cni.core.deadline`): when the deadline
+passes, or (ADD only) the caller goes away, it is killed (with its process group) and the call
+fails with CNI error 11; the caller's rollback then sends the IPAM DEL."""
 
 from __future__ import annotations
 
 import importlib
 import json
 import os
+import signal
 import subprocess
 from typing import Callable, Mapping, Optional
 
+from . import deadline as call_deadline
 from .errors import INVALID_CONFIG, IPAM_FAILURE, CNIError
 from .invocation import Invocation
 from .result import Result
@@ -62,13 +68,44 @@ def exec_plugin(name: str, inv: Invocation, command: str, stdin: Optional[bytes]
         # What the exec'd plugin would have printed (skel.main), parsed the same way.
         out = render(document).encode()
         return _parse_answer(name, command, out.strip(), code)
+    out, returncode = _run_bounded(binary, command, env, inv.stdin if stdin is None else stdin)
+    return _parse_answer(name, command, out.strip(), returncode)
+
+
+def _run_bounded(binary: str, command: str, env: Mapping[str, str], stdin: bytes) -> tuple[bytes, int]:
+    """(stdout, exit code) of ``binary``, killed when the call's deadline passes or, for ADD, its
+    caller goes away."""
+    deadline = call_deadline.current()
     try:
-        proc = subprocess.run(
-            [binary], input=inv.stdin if stdin is None else stdin, env=env, stdout=subprocess.PIPE, stderr=None, check=False
-        )
+        proc = subprocess.Popen([binary], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, env=env,
+                                start_new_session=True)  # its own process group: killed with its children
     except OSError as exc:
         raise CNIError(IPAM_FAILURE, f"cannot run IPAM plugin {binary}: {exc}", "check the plugin binary is executable") from exc
-    return _parse_answer(name, command, proc.stdout.strip(), proc.returncode)
+    pending: bytes | None = stdin
+    while True:
+        try:
+            out, _ = proc.communicate(input=pending, timeout=min(0.1, max(deadline.remaining(), 0.01)))
+            return out, proc.returncode
+        except subprocess.TimeoutExpired:
+            pending = None
+        if deadline.remaining() <= 0:
+            why = f"did not answer {command} in time"
+        elif command == "ADD" and deadline.caller_gone():
+            why = f"was still running {command} when the caller went away"
+        else:
+            continue
+        _kill(proc)
+        raise call_deadline.Abandoned(f"IPAM plugin {binary} {why}; it was killed",
+                                      "the runtime retries the call; a slow IPAM must answer within the call timeout "
+                                      f"({call_deadline.TIMEOUT_ENV}, default {call_deadline.DEFAULT_SECONDS:.0f} s)")
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+    proc.communicate()
 
 
 def _in_process(name: str, env: Mapping[str, str], stdin: bytes) -> Optional[tuple[int, Optional[dict]]]:
@@ -118,10 +155,11 @@ class IPAM:
         return result
 
     def add_into(self, result: Result, undo) -> None:
-        """ADD, with the addresses on interface 0 of ``result`` (the plugin's one interface);
-        registers the IPAM DEL on ``undo`` (an ExitStack) for when a later step fails."""
-        allocated = self.add()
+        """ADD, with the addresses on interface 0 of ``result`` (the plugin's one interface).
+        The IPAM DEL is registered on ``undo`` (an ExitStack or a :class:`cni.core.rollback.Undo`)
+        *before* the ADD: an ADD that fails, times out or is killed half-way may have reserved."""
         undo.callback(quietly, self.delete)
+        allocated = self.add()
         for ip in allocated.ips:
             ip.interface = 0
         result.ips, result.routes, result.dns = allocated.ips, allocated.routes, allocated.dns

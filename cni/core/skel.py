@@ -8,6 +8,7 @@ on stderr (never on stdout).
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -15,8 +16,9 @@ import sys
 import traceback
 from typing import IO, Mapping, Protocol
 
+from . import deadline as call_deadline
 from . import env as request_env
-from .errors import INTERNAL, CNIError
+from .errors import INTERNAL, TRY_AGAIN_LATER, CNIError
 from .invocation import Invocation, command_from, parse_invocation
 from .result import Result
 from .version import LATEST, SUPPORTED_VERSIONS, version_info
@@ -41,13 +43,36 @@ def _error_version(stdin: bytes) -> str:
     return version if version in SUPPORTED_VERSIONS else LATEST
 
 
-def handle(plugin: Plugin, environ: Mapping[str, str], stdin: bytes) -> tuple[int, dict | None]:
+def handle(plugin: Plugin, environ: Mapping[str, str], stdin: bytes,
+           deadline: call_deadline.Deadline | None = None) -> tuple[int, dict | None]:
     """Run one call; returns (exit code, JSON document to print or None).
 
     ``environ`` is the call's environment for its whole duration (:mod:`cni.core.env`): in the
-    daemon, concurrent calls each see their own."""
-    with request_env.scoped(environ):
+    daemon, concurrent calls each see their own. ``deadline`` (:mod:`cni.core.deadline`) bounds
+    the call; by default the one of the call this one runs inside (an in-process IPAM), else
+    ``RDMANET_CALL_TIMEOUT`` seconds (50) from now."""
+    if deadline is None:
+        deadline = call_deadline.active() or call_deadline.Deadline.after(call_deadline.seconds_from(environ))
+    with request_env.scoped(environ), call_deadline.scoped(deadline):
         return _handle(plugin, environ, stdin)
+
+
+# Resource exhaustion is the node's state, not a bug: the runtime should retry the call later.
+EXHAUSTED = {errno.EMFILE: "too many open files in the process", errno.ENFILE: "too many open files on the node",
+             errno.ENOMEM: "out of memory", errno.ENOBUFS: "out of kernel buffer space"}
+
+
+def exhausted(exc: BaseException) -> str | None:
+    """What ran out, when ``exc`` (or an exception it came from) is a resource exhaustion."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, MemoryError):
+            return "out of memory"
+        if isinstance(exc, OSError) and exc.errno in EXHAUSTED:
+            return f"{EXHAUSTED[exc.errno]} ({errno.errorcode[exc.errno]})"
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return None
 
 
 def _handle(plugin: Plugin, environ: Mapping[str, str], stdin: bytes) -> tuple[int, dict | None]:
@@ -64,6 +89,11 @@ def _handle(plugin: Plugin, environ: Mapping[str, str], stdin: bytes) -> tuple[i
         log.info("CNI error %d: %s (%s)", err.code, err.msg, err.details)
         return 1, err.to_dict(_error_version(stdin))
     except Exception as exc:  # a bug: say so on stdout as a CNI error, traceback on stderr
+        if (what := exhausted(exc)) is not None:
+            log.warning("call failed, %s: %s", what, exc)
+            err = CNIError(TRY_AGAIN_LATER, f"{what}: {exc}", "the node is short of a resource; the runtime retries the call "
+                           "(raise LimitNOFILE / the memory limit of the rdmanet daemon if this persists)")
+            return 1, err.to_dict(_error_version(stdin))
         traceback.print_exc(file=sys.stderr)
         err = CNIError(INTERNAL, f"internal error: {type(exc).__name__}: {exc}", "this is a bug in rdmanet; the traceback is on stderr")
         return 1, err.to_dict(_error_version(stdin))

@@ -51,6 +51,12 @@ class HostDeviceConf(NetConf):
                    ("vlan", "vlanQoS", "vlanProto", "spoofchk", "trust", "link_state", "min_tx_rate", "max_tx_rate"))
 
 
+def state_root(conf: HostDeviceConf) -> str:
+    """Where this plugin keeps its state files, locks and allocation records: the one place that
+    decides it (every verb and helper takes the directory from here)."""
+    return conf.stateDir
+
+
 def load_conf(inv: Invocation) -> HostDeviceConf:
     return load(HostDeviceConf, inv.config)
 

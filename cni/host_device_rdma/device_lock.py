@@ -1,23 +1,41 @@
-"""Two pods never get the same device: a per-device lock and an allocation record.
+"""Two calls never work on one attachment or one device at once, and two pods never get the same
+device: per-attachment and per-device locks, and an allocation record per device.
 
-Like sriov-cni: an flock per device (filelock) held across the whole ADD or DEL, and a record
-of which attachment and netns hold the device. A record whose netns no longer exists is stale
-and is replaced; one whose netns is alive refuses the ADD.
+- **Locks** (filelock flocks under ``<root>/locks``): ADD, DEL and GC of one attachment hold its
+  attachment lock for their whole run, so a DEL that arrives while its ADD is still running waits
+  for that ADD to finish or give up (and undo). Whoever touches a device (ADD, DEL, GC, the undo of
+  an interrupted ADD) holds its device lock. Order: attachment, then device, one of each at a
+  time: no deadlock. Attachment locks are 256 stripes (files) chosen by a hash of the attachment,
+  so that lock files do not pile up with every pod. Every wait is bounded by the call's deadline
+  (:mod:`cni.core.deadline`): CNI error 11 when it passes.
+- **Allocation record** (``<root>/devices/<device>.json``): which attachment holds the device,
+  its netns path and that netns' identity (device and inode of the nsfs file), and a token
+  unique to the ADD. ADD writes it *before* its first change to the device (intent) and removes
+  it only when everything was undone, so a DEL or GC may touch the device only while the record
+  carries its own state's token: a stale DEL (after a reboot, the pod that had the device is long
+  gone and another holds it now) cleans up its own state and IPAM and leaves the device alone.
+- A record is **stale** when its netns is no longer the one recorded (the path is gone, is a
+  plain file left behind, or is a different, newer netns): a new ADD may take the device over.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
+import zlib
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, Optional
 
 from filelock import FileLock, Timeout
 
-from cni.core.errors import DEVICE_BUSY, TRY_AGAIN_LATER, CNIError
+from cni.core import deadline as call_deadline
+from cni.core.errors import DEVICE_BUSY, IO_FAILURE, TRY_AGAIN_LATER, CNIError
+from cni.linux import netns
 from cni.linux.files import atomic_write
 
-LOCK_TIMEOUT = 60.0
+ATTACHMENT_STRIPES = 256
+POLL = 0.05
 
 
 def _safe(key: str) -> str:
@@ -25,50 +43,99 @@ def _safe(key: str) -> str:
 
 
 @contextmanager
-def held(state_dir: str, key: str) -> Iterator[None]:
-    directory = os.path.join(state_dir, "locks")
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    lock = FileLock(os.path.join(directory, _safe(key) + ".lock"), timeout=LOCK_TIMEOUT)
-    try:
-        lock.acquire()
-    except Timeout:
-        raise CNIError(TRY_AGAIN_LATER, f"device {key} is locked by another CNI operation", "retry the operation") from None
+def _locked(path: str, what: str) -> Iterator[None]:
+    """Hold the flock at ``path``; waits until the call's deadline (CNI error 11 past it)."""
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    lock = FileLock(path)
+    deadline = call_deadline.current()
+    while True:
+        try:
+            lock.acquire(timeout=min(POLL * 4, deadline.remaining()), poll_interval=POLL)
+            break
+        except Timeout:
+            if deadline.remaining() <= 0:
+                raise CNIError(TRY_AGAIN_LATER, f"{what} is locked by another CNI operation that did not finish in time",
+                               "the runtime retries; if it persists, look for a hung call in the rdmanet daemon log") from None
+            if deadline.caller_gone():  # nobody waits for this call any more: do not queue behind others
+                raise call_deadline.Abandoned(f"the caller went away while waiting for the lock of {what}") from None
     try:
         yield
     finally:
         lock.release()
 
 
-def _record_path(state_dir: str, key: str) -> str:
-    return os.path.join(state_dir, "devices", _safe(key) + ".json")
+@contextmanager
+def held(root: str, key: str) -> Iterator[None]:
+    """The device lock of ``key`` (DeviceRef.lock_key)."""
+    with _locked(os.path.join(root, "locks", _safe(key) + ".lock"), f"device {key}"):
+        yield
 
 
-def _read(state_dir: str, key: str) -> dict | None:
+@contextmanager
+def attachment_held(root: str, attachment: str) -> Iterator[None]:
+    """The attachment lock of ``attachment`` ("<network>/<containerID>/<ifname>")."""
+    stripe = zlib.crc32(attachment.encode()) % ATTACHMENT_STRIPES
+    with _locked(os.path.join(root, "locks", f"attachment-{stripe:03d}.lock"), f"attachment {attachment}"):
+        yield
+
+
+def _record_path(root: str, key: str) -> str:
+    return os.path.join(root, "devices", _safe(key) + ".json")
+
+
+def read_record(root: str, key: str) -> Optional[dict]:
     try:
-        with open(_record_path(state_dir, key), encoding="utf-8") as f:
-            return json.load(f)
-    except (FileNotFoundError, ValueError):
+        with open(_record_path(root, key), encoding="utf-8") as f:
+            record = json.load(f)
+    except FileNotFoundError:
         return None
+    except ValueError:  # a torn file cannot happen (atomic_write); garbage is nobody's claim
+        return None
+    return record if isinstance(record, dict) else None
 
 
-def refuse_if_allocated(state_dir: str, key: str, attachment: str) -> None:
-    record = _read(state_dir, key)
+def is_stale(record: dict) -> bool:
+    """The holder's netns is no longer the one recorded at its ADD (gone, a leftover file, reused)."""
+    return not netns.is_alive(record.get("netns", ""), record.get("netns_id"))
+
+
+def refuse_if_allocated(root: str, key: str, attachment: str) -> Optional[dict]:
+    """106 when another attachment with a live netns holds the device; returns a stale record
+    of another attachment (None when the device is free or ours)."""
+    record = read_record(root, key)
     if not record or record.get("attachment") == attachment:
-        return
-    holder_netns = record.get("netns", "")
-    if holder_netns and os.path.exists(holder_netns):
-        raise CNIError(DEVICE_BUSY, f"device {key} is already allocated to {record.get('attachment')} (netns {holder_netns})",
+        return None
+    if not is_stale(record):
+        raise CNIError(DEVICE_BUSY, f"device {key} is already allocated to {record.get('attachment')} (netns {record.get('netns')})",
                        "each device serves one pod: DEL that attachment first, or request another device")
+    return record
 
 
-def record_allocation(state_dir: str, key: str, attachment: str, netns_path: str) -> None:
-    atomic_write(_record_path(state_dir, key), json.dumps({"attachment": attachment, "netns": netns_path}).encode())
+def record_allocation(root: str, key: str, attachment: str, netns_path: str, netns_id: Optional[dict], token: str) -> None:
+    """Claim the device for ``attachment`` (intent: before the first change to the device)."""
+    doc = {"attachment": attachment, "netns": netns_path, "netns_id": netns_id, "token": token, "since": round(time.time(), 3)}
+    try:
+        atomic_write(_record_path(root, key), json.dumps(doc).encode())
+    except OSError as exc:
+        raise CNIError(IO_FAILURE, f"cannot write the allocation record of device {key}: {exc}",
+                       f"make {root} writable by root") from None
 
 
-def release_allocation(state_dir: str, key: str, attachment: str) -> None:
-    record = _read(state_dir, key)
-    if record is not None and record.get("attachment") == attachment:
+def owns(record: Optional[dict], state: dict) -> bool:
+    """Whether the attachment of ``state`` may touch its device: the record carries its token.
+    (A state written before tokens existed is matched by attachment, as then.)"""
+    token = state.get("token")
+    if record is None:
+        return False if token else True  # tokened ADDs claim before acting: no record, nothing done
+    if token:
+        return record.get("token") == token
+    return record.get("attachment") == f"{state.get('network')}/{state.get('containerID')}/{state.get('ifname')}"
+
+
+def release_allocation(root: str, key: str, state: dict) -> None:
+    """Drop the record if it is still the one of ``state``."""
+    if read_record(root, key) is not None and owns(read_record(root, key), state):
         try:
-            os.unlink(_record_path(state_dir, key))
+            os.unlink(_record_path(root, key))
         except FileNotFoundError:
             pass

@@ -6,6 +6,11 @@ The temporary netns keeps both the host and the pod free of half-renamed devices
 or NetworkManager races. Back to the host: the reverse, restoring name, MAC, MTU, alias and the
 up/down state recorded before ADD. If anything fails half-way the device is sent home first:
 a virtual device left in a closing temporary netns would be destroyed.
+
+A moved link is followed by its ifindex (the kernel keeps it across a netns move unless the
+target already uses it), never found again by a name a pod could have given another link.
+:func:`identify` tells the device ADD moved from a link that only looks like it (same name):
+ifindex, kind, permanent MAC and bus device (e.g. the PCI address) as recorded at ADD.
 """
 
 from __future__ import annotations
@@ -21,6 +26,40 @@ from cni.linux.links import Link
 log = logging.getLogger("rdmanet.host-device-rdma")
 
 
+def identity_of(link: Link) -> dict:
+    """What ADD records of the device to recognise it later (beside its ifindex)."""
+    return {"kind": link.kind, "perm_mac": link.perm_mac, "parent_dev": link.parent_dev}
+
+
+def identify(link: Optional[Link], recorded: dict) -> bool:
+    """Whether ``link`` is the device recorded at ADD (``identity_of`` fields present in ``recorded``)."""
+    if link is None:
+        return False
+    if "kind" in recorded and link.kind != recorded["kind"]:
+        return False
+    for field in ("perm_mac", "parent_dev"):
+        if recorded.get(field) and getattr(link, field) != recorded[field]:
+            return False
+    return True
+
+
+def strongly_identified(recorded: dict) -> bool:
+    """A physical device (burnt-in MAC or bus device) can be recognised wherever it is, by any index."""
+    return bool(recorded.get("perm_mac") or recorded.get("parent_dev"))
+
+
+def _followed(ipr, index: int, name: str) -> Link:
+    """The link that was ``index`` before a netns move, in the namespace of ``ipr``: the same index
+    unless the kernel had to renumber it (then its name, which this call just set or checked)."""
+    link = links.link_by_index(ipr, index)
+    if link is not None and link.name == name:
+        return link
+    found = links.find_link(ipr, name)
+    if found is None:
+        raise CNIError(LINK_FAILURE, f"{name} (ifindex {index}) is not where it was just moved", "see the daemon log; DEL the attachment")
+    return found
+
+
 def move_into_pod(host, link: Link, pod_fd: int, ifname: str, *, mtu: Optional[int], mac: Optional[str]) -> Link:
     with links.rtnl_in_fd(pod_fd) as pod:
         if clash := links.find_link(pod, ifname):
@@ -30,7 +69,7 @@ def move_into_pod(host, link: Link, pod_fd: int, ifname: str, *, mtu: Optional[i
     with netns.temporary() as tmp:
         links.set_attrs(host, link.index, f"move {link.name} out of the host netns", net_ns_fd=tmp)
         with links.rtnl_in_fd(tmp) as staging:
-            index = links.find_link(staging, link.name).index
+            index = _followed(staging, link.index, link.name).index
             try:
                 links.set_attrs(staging, index, f"rename {link.name} to {ifname}", ifname=ifname, ifalias=link.name)
                 links.drop_altname(staging, index, link.name)
@@ -39,7 +78,7 @@ def move_into_pod(host, link: Link, pod_fd: int, ifname: str, *, mtu: Optional[i
                 _send_home(staging, index, original)
                 raise
     with links.rtnl_in_fd(pod_fd) as pod:
-        moved = links.find_link(pod, ifname)
+        moved = _followed(pod, index, ifname)
         try:
             if mtu:
                 links.set_attrs(pod, moved.index, f"set MTU {mtu} on {ifname}", mtu=mtu)
@@ -47,13 +86,13 @@ def move_into_pod(host, link: Link, pod_fd: int, ifname: str, *, mtu: Optional[i
                 links.set_attrs(pod, moved.index, f"set MAC {mac} on {ifname}", address=mac)
             links.set_up(pod, moved.index, ifname)
         except CNIError:
-            move_to_host(pod_fd, ifname, original)
+            move_to_host(pod_fd, moved, original)
             raise
         return links.link_by_index(pod, moved.index)
 
 
-def move_to_host(pod_fd: int, ifname: str, original: dict) -> bool:
-    """Send ``ifname`` from the pod home as it was; False when the pod has no such link.
+def move_to_host(pod_fd: int, link: Link, original: dict) -> None:
+    """Send ``link`` (found in the pod by the caller) home as it was.
 
     If the host netns already has another link called like the original (created while the
     device was in the pod), the device stays in the pod and CNIError 100 says so: it must never
@@ -61,16 +100,13 @@ def move_to_host(pod_fd: int, ifname: str, original: dict) -> bool:
     would come home under a kernel-made name), and the stranger must not be touched.
     """
     with links.rtnl_in_fd(pod_fd) as pod:
-        link = links.find_link(pod, ifname)
-        if link is None:
-            return False
-        _refuse_name_clash(ifname, original["name"])
-        links.set_attrs(pod, link.index, f"set {ifname} down", state="down")
+        _refuse_name_clash(link.name, original["name"])
+        links.set_attrs(pod, link.index, f"set {link.name} down", state="down")
         with netns.temporary() as tmp:
-            links.set_attrs(pod, link.index, f"move {ifname} out of the pod netns", net_ns_fd=tmp)
+            links.set_attrs(pod, link.index, f"move {link.name} out of the pod netns", net_ns_fd=tmp)
             with links.rtnl_in_fd(tmp) as staging:
-                _send_home(staging, links.find_link(staging, ifname).index, original, back_to=(pod_fd, ifname, link.up))
-    return True
+                index = _followed(staging, link.index, link.name).index
+                _send_home(staging, index, original, back_to=(pod_fd, link.name, link.up))
 
 
 def _refuse_name_clash(ifname: str, name: str) -> None:
@@ -120,15 +156,22 @@ def _send_back(staging, index: int, original: dict, fd: int, name: str, up: bool
 
 
 def restore_in_host(original: dict) -> bool:
-    """For a device already in the host (its pod netns died): find it by the alias ADD set, or
-    by its original name (ADD stopped before moving it), and restore it. False when it is
-    nowhere (a virtual device died). A link with the original name but another MAC is someone
-    else's (created after the device left) and is left alone."""
+    """For a device already in the host (its pod netns died, or ADD stopped before moving it):
+    find it by its permanent MAC or bus device (a physical device), else by the alias ADD set,
+    else by its original name (with its original MAC), and restore it. False when it is nowhere
+    (a virtual device died). A link with the original name but another MAC is someone else's
+    (created after the device left) and is left alone."""
     with links.rtnl_in() as host:
-        link = links.find_by_alias(host, original["name"])
+        link = None
+        if strongly_identified(original):
+            link = next((l for l in map(links.Link.from_msg, host.get_links()) if identify(l, original)), None)
+        if link is None:
+            link = links.find_by_alias(host, original["name"])
+            if link is not None and not identify(link, original):
+                link = None
         if link is None:
             by_name = links.find_link(host, original["name"])
-            if by_name is not None and (not original.get("mac") or by_name.mac == original["mac"]):
+            if by_name is not None and identify(by_name, original) and (not original.get("mac") or by_name.mac == original["mac"]):
                 link = by_name
         if link is None:
             return False

@@ -1,11 +1,26 @@
 """host-device-rdma verbs (cni-contract sections 4-6).
 
-ADD, as steps each undone if a later one fails:
+ADD, as steps, each with its undo registered (and its intent saved in the state file) *before*
+the act, so a failure, a timeout, a caller that hung up or a crash at any step leaves a state a
+rollback, a later DEL or a repeat ADD can undo from:
   select the device -> lock it -> refuse it if a live pod holds it -> decide the RDMA move ->
-  save the state (intent) -> apply VF settings through the PF -> move the RDMA device
-  (exclusive mode) -> move the netdev through a temporary netns (rename to CNI_IFNAME, alias =
-  original name) into the pod -> IPAM -> device-info file -> save the state (done).
-DEL undoes it from the state file alone, and treats "already gone" as done at every step.
+  save the state and claim the device (allocation record with this ADD's token) -> apply VF
+  settings through the PF -> move the RDMA device (exclusive mode) -> move the netdev through a
+  temporary netns (rename to CNI_IFNAME, alias = original name) into the pod -> IPAM ->
+  device-info file -> save the state (done).
+Between steps ADD stops when its deadline passed or its caller went away (cni.core.deadline) and
+undoes what it did. A rollback that could not undo everything keeps the state file, marked
+``repair``, and the claim on the device: a later DEL (or repeat ADD, or GC) tries again.
+
+DEL and GC undo from the state file alone, and treat "already gone" as done at every step (netns
+gone, a leftover plain file at its path, a newer netns at the same path, device or VF/PF gone).
+They touch the device only while its allocation record carries the state's token (a stale DEL
+after the device went to another pod cleans up only its own state and IPAM), and move only the
+link that *is* the device (ifindex, kind, permanent MAC, bus device as recorded at ADD), never
+whatever the pod named CNI_IFNAME.
+
+Serialisation (device_lock): ADD, DEL and GC of one attachment hold its attachment lock; whoever
+touches a device holds its device lock.
 """
 
 from __future__ import annotations
@@ -13,12 +28,15 @@ from __future__ import annotations
 import errno
 import logging
 import os
-from contextlib import ExitStack, contextmanager
+import uuid
+from contextlib import contextmanager
 from typing import Iterator, Optional
 
+from cni.core import deadline as call_deadline
 from cni.core.errors import (
     INVALID_CONFIG,
     INVALID_ENVIRONMENT,
+    LINK_FAILURE,
     RDMA_MISMATCH,
     CNIError,
     check_failed,
@@ -28,18 +46,17 @@ from cni.core.invocation import Invocation
 from cni.core.ipam_exec import IPAM
 from cni.core.rdma_policy import decide_exclusive
 from cni.core.result import DNS, Interface, Result
-from cni.core.rollback import quietly
+from cni.core.rollback import Undo
 from cni.linux import links, netns, sysfs
 from cni.linux.state import StateDir
 
 from . import device_lock
-from .config import HostDeviceConf, effective_mac, load_conf
-from .moves import move_into_pod, move_to_host, restore_in_host
+from .config import HostDeviceConf, effective_mac, load_conf, state_root
+from .moves import identify, identity_of, move_into_pod, move_to_host, restore_in_host, strongly_identified
 from .selection import DeviceRef, select_device
 
 log = logging.getLogger("rdmanet.host-device-rdma")
-STATE_VERSION = 1
-
+STATE_VERSION = 2  # 2: token, netns_id, netdev intent, identity of the device; 1 is still undone
 
 
 class HostDeviceRdma:
@@ -47,94 +64,47 @@ class HostDeviceRdma:
         conf = load_conf(inv)
         mac = effective_mac(conf, inv)
         netns.refuse_own(inv.netns, inv.env)
-        states = StateDir(conf.stateDir)
+        root = state_root(conf)
+        states = StateDir(root)
         key = states.key(inv.network_name, inv.container_id, inv.ifname)
-        holder = _holder(inv)
-        _clear_previous(states, key)
-        with links.rtnl_in() as host, ExitStack() as undo:
-            ref = _select(conf, host)
-            undo.enter_context(device_lock.held(conf.stateDir, ref.lock_key))
-            device_lock.refuse_if_allocated(conf.stateDir, ref.lock_key, holder)
-            if conf.vf_knobs_set() and ref.vf_index is None:
-                raise CNIError(INVALID_CONFIG, f"VF settings given but {ref.describe()} is not an SR-IOV VF",
-                               "remove vlan/spoofchk/trust/link_state/tx rates, or select a VF")
-            rdma_device = _rdma_device(conf, ref)
-            state = {"version": STATE_VERSION, "network": inv.network_name, "containerID": inv.container_id,
-                     "ifname": inv.ifname, "netns": inv.netns, "device": ref.to_dict(), "ipam": bool(conf.ipam)}
-            result = Result()
-            if ref.dpdk:
-                result.interfaces = [Interface(name=inv.ifname, sandbox=inv.netns, pci_id=ref.device_id or "")]
-            else:
-                link = links.find_link(host, ref.netdev)
-                if link is None:
-                    raise CNIError(INVALID_CONFIG, f"{ref.selector}: device {ref.netdev} is not in the host network namespace",
-                                   "it may be in another pod, or the name is wrong (see 'ip link')")
-                state["original"] = {"name": link.name, "mac": link.mac, "mtu": link.mtu, "up": link.up, "alias": link.alias}
-            states.save(key, state)
-            undo.callback(states.remove, key)
-            if ref.vf_index is not None and (conf.vf_knobs_set() or mac):
-                from .vf import apply_vf_settings, restore_vf_settings
-
-                state["vf"] = apply_vf_settings(host, ref, conf, mac)
-                states.save(key, state)
-                undo.callback(quietly, restore_vf_settings, host, ref, state["vf"])
-            pod_fd = undo.enter_context(_open_pod(inv.netns))
-            if rdma_device:
-                # RDMA first: a soft-RoCE device dies when its netdev leaves init_net, and a driver
-                # that cannot change netns must fail before anything else moved.
-                _move_rdma_into_pod(rdma_device, pod_fd)
-                state["rdma"] = {"device": rdma_device, "moved": True}
-                states.save(key, state)
-                undo.callback(quietly, _move_rdma_to_host, rdma_device, inv.netns)
-            if not ref.dpdk:
-                moved = move_into_pod(host, link, pod_fd, inv.ifname, mtu=conf.mtu or None, mac=mac)
-                undo.callback(quietly, move_to_host, pod_fd, inv.ifname, state["original"])
-                result.interfaces = [Interface(name=inv.ifname, mac=moved.mac, mtu=moved.mtu, sandbox=inv.netns,
-                                               pci_id=ref.device_id if ref.kind == "pci" else "")]
-            if conf.ipam:
-                IPAM(conf.ipam.type, inv).add_into(result, undo)
-                if not ref.dpdk:  # DPDK: the addresses are returned for the workload to use, not configured
-                    with links.rtnl_in_fd(pod_fd) as pod:
-                        links.configure_in_pod(pod, pod_fd, moved.index, inv.ifname, result.ips, result.routes)
-            if conf.dns:
-                result.dns = DNS.from_json(conf.dns)
-            _write_device_info(conf, ref, rdma_device)
-            device_lock.record_allocation(conf.stateDir, ref.lock_key, holder, inv.netns)
-            state["done"] = True
-            states.save(key, state)
-            undo.pop_all()
-            log.info("ADD %s: %s -> %s:%s%s", key, ref.describe(), inv.netns, inv.ifname,
-                     f" with RDMA device {rdma_device}" if rdma_device else "")
-            return result
+        with device_lock.attachment_held(root, _holder(inv)):
+            _clear_previous(states, key)
+            call_deadline.check("selecting the device")
+            with links.rtnl_in() as host:
+                ref = _select(conf, host)
+                with device_lock.held(root, ref.lock_key):
+                    return _Add(inv, conf, mac, states, key, host, ref).run()
 
     def delete(self, inv: Invocation) -> None:
         conf = load_conf(inv)
-        states = StateDir(conf.stateDir)
+        root = state_root(conf)
+        states = StateDir(root)
         key = states.key(inv.network_name, inv.container_id, inv.ifname)
-        state = states.load(key)
-        errors = []
-        if state is not None:
-            errors += undo_attachment(state, inv.netns or state.get("netns", ""), conf.stateDir)
-        if conf.ipam:
-            try:
-                IPAM(conf.ipam.type, inv).delete()
-            except CNIError as exc:
-                errors.append(exc)
-        if errors:
-            raise errors[0]
-        if state is not None:
-            device_lock.release_allocation(conf.stateDir, DeviceRef.from_dict(state["device"]).lock_key, _holder(inv))
-            states.remove(key)
+        with device_lock.attachment_held(root, _holder(inv)):
+            state = states.load(key)
+            errors = []
+            if state is not None:
+                errors += undo_attachment(state, inv.netns or state.get("netns", ""), root)
+            if conf.ipam:
+                try:
+                    IPAM(conf.ipam.type, inv).delete()
+                except CNIError as exc:
+                    errors.append(exc)
+            if state is not None:
+                _forget_or_keep(states, key, state, errors)
+            if errors:
+                raise errors[0]
 
     def check(self, inv: Invocation) -> None:
         conf = load_conf(inv)
         if conf.prevResult is None:
             raise CNIError(INVALID_CONFIG, "CHECK: required prevResult missing", "the runtime passes the ADD result as prevResult")
         prev = Result.from_json(conf.prevResult, "prevResult")
-        states = StateDir(conf.stateDir)
+        root = state_root(conf)
+        states = StateDir(root)
         state = states.load(states.key(inv.network_name, inv.container_id, inv.ifname))
         if state is None or not state.get("done"):
-            raise check_failed(f"no completed attachment {inv.container_id}/{inv.ifname} in {conf.stateDir}")
+            raise check_failed(f"no completed attachment {inv.container_id}/{inv.ifname} in {root}")
         if conf.ipam:
             IPAM(conf.ipam.type, inv).check()
         ref = DeviceRef.from_dict(state["device"])
@@ -145,6 +115,9 @@ class HostDeviceRdma:
                     link = links.find_link(pod, inv.ifname)
                     if link is None:
                         raise check_failed(f"{inv.ifname} is missing from {inv.netns}")
+                    if state.get("netdev") and not _is_the_device(link, state):
+                        raise check_failed(f"{inv.ifname} in {inv.netns} is not the device ADD moved there "
+                                           f"({state['original']['name']}, ifindex {state['netdev'].get('pod_index')})")
                     if expected and expected.mac and link.mac != expected.mac.lower():
                         raise check_failed(f"{inv.ifname} has MAC {link.mac}, expected {expected.mac}")
                     present = set(links.addresses(pod, link.index))
@@ -172,21 +145,29 @@ class HostDeviceRdma:
 
     def gc(self, inv: Invocation) -> None:
         conf = load_conf(inv)
+        root = state_root(conf)
+        states = StateDir(root)
         valid = valid_attachments(inv.config)
         if valid is not None:
-            for key, state in StateDir(conf.stateDir).entries():
-                if state.get("network") != inv.network_name:
+            for key, listed in states.entries():
+                if listed.get("network") != inv.network_name:
                     continue
-                if (state.get("containerID"), state.get("ifname")) in valid:
+                if (listed.get("containerID"), listed.get("ifname")) in valid:
                     continue
-                errors = undo_attachment(state, state.get("netns", ""), conf.stateDir)
+                holder = f"{listed['network']}/{listed['containerID']}/{listed['ifname']}"
+                try:
+                    with device_lock.attachment_held(root, holder):
+                        state = states.load(key)  # again, under the lock: a DEL may have finished it
+                        if state is None:
+                            continue
+                        errors = undo_attachment(state, state.get("netns", ""), root)
+                        _forget_or_keep(states, key, state, errors)
+                except CNIError as exc:
+                    errors = [exc]
                 if errors:
                     log.warning("GC of %s: %s", key, "; ".join(e.msg for e in errors))
-                    continue
-                holder = f"{state['network']}/{state['containerID']}/{state['ifname']}"
-                device_lock.release_allocation(conf.stateDir, DeviceRef.from_dict(state["device"]).lock_key, holder)
-                StateDir(conf.stateDir).remove(key)
-                log.info("GC removed %s", key)
+                else:
+                    log.info("GC removed %s", key)
         if conf.ipam:
             IPAM(conf.ipam.type, inv).gc()
 
@@ -196,9 +177,143 @@ class HostDeviceRdma:
             IPAM(conf.ipam.type, inv).status()
 
 
+class _Add:
+    """One ADD's steps; the caller holds the attachment lock and the device lock."""
+
+    def __init__(self, inv: Invocation, conf: HostDeviceConf, mac: Optional[str], states: StateDir, key: str,
+                 host, ref: DeviceRef) -> None:
+        self.inv, self.conf, self.mac, self.states, self.key, self.host, self.ref = inv, conf, mac, states, key, host, ref
+        self.root = states.root
+        self.undo = Undo()
+        self.state: dict = {}
+        self.claimed = False
+
+    def run(self) -> Result:
+        try:
+            return self._steps()
+        except BaseException as exc:
+            self._roll_back(exc)
+            raise
+
+    def _save(self) -> None:
+        self.states.save(self.key, self.state)
+
+    def _steps(self) -> Result:
+        inv, conf, ref, host = self.inv, self.conf, self.ref, self.host
+        step = call_deadline.check
+        holder = _holder(inv)
+        stale = device_lock.refuse_if_allocated(self.root, ref.lock_key, holder)
+        if stale is not None:
+            log.info("device %s: the allocation record of %s is stale (its netns %s is gone); taking the device over",
+                     ref.lock_key, stale.get("attachment"), stale.get("netns"))
+        if conf.vf_knobs_set() and ref.vf_index is None:
+            raise CNIError(INVALID_CONFIG, f"VF settings given but {ref.describe()} is not an SR-IOV VF",
+                           "remove vlan/spoofchk/trust/link_state/tx rates, or select a VF")
+        rdma_device = _rdma_device(conf, ref)
+        pod_id = netns.identity(inv.netns)
+        if pod_id is None:
+            raise CNIError(INVALID_ENVIRONMENT, f"CNI_NETNS {inv.netns} is not a network namespace", "pass an existing network namespace path")
+        link = None
+        if not ref.dpdk:
+            link = links.find_link(host, ref.netdev)
+            if link is None:
+                raise CNIError(INVALID_CONFIG, f"{ref.selector}: device {ref.netdev} is not in the host network namespace",
+                               "it may be in another pod, or the name is wrong (see 'ip link')")
+        self.state = state = {
+            "version": STATE_VERSION, "network": inv.network_name, "containerID": inv.container_id, "ifname": inv.ifname,
+            "netns": inv.netns, "netns_id": pod_id, "token": uuid.uuid4().hex, "device": ref.to_dict(), "ipam": bool(conf.ipam)}
+        if link is not None:
+            state["original"] = {"name": link.name, "mac": link.mac, "mtu": link.mtu, "up": link.up, "alias": link.alias,
+                                 "index": link.index, **identity_of(link)}
+        step("claiming the device")
+        self._save()  # the attachment exists from here on (for DEL, GC and a repeat ADD)
+        device_lock.record_allocation(self.root, ref.lock_key, holder, inv.netns, pod_id, state["token"])
+        self.claimed = True
+        result = Result()
+        if ref.dpdk:
+            result.interfaces = [Interface(name=inv.ifname, sandbox=inv.netns, pci_id=ref.device_id or "")]
+        if ref.vf_index is not None and (conf.vf_knobs_set() or self.mac):
+            from .vf import apply_vf_settings, plan_vf_settings
+
+            step("applying the VF settings")
+            state["vf"] = plan_vf_settings(host, ref, conf, self.mac)
+            self._save()
+            self.undo.push(f"restore the settings of VF {ref.vf_index}", _restore_vf, ref, state["vf"])
+            apply_vf_settings(host, ref, state["vf"])
+        with _open_pod(inv.netns) as pod_fd:
+            if rdma_device:
+                # RDMA first: a soft-RoCE device dies when its netdev leaves init_net, and a driver
+                # that cannot change netns must fail before anything else moved.
+                step(f"moving RDMA device {rdma_device}")
+                state["rdma"] = {"device": rdma_device, "moved": True}
+                self._save()
+                self.undo.push(f"move RDMA device {rdma_device} back to the host", _move_rdma_to_host, rdma_device, inv.netns, pod_id)
+                _move_rdma_into_pod(rdma_device, pod_fd)
+            if link is not None:
+                step(f"moving {link.name} into the pod")
+                # the kernel keeps an ifindex across netns moves unless the target already uses it
+                state["netdev"] = {"pod_index": link.index}
+                self._save()
+                self.undo.push(f"return {link.name} to the host", _netdev_to_host, state, inv.netns)
+                moved = move_into_pod(host, link, pod_fd, inv.ifname, mtu=conf.mtu or None, mac=self.mac)
+                if moved.index != link.index:
+                    state["netdev"]["pod_index"] = moved.index
+                    self._save()
+                result.interfaces = [Interface(name=inv.ifname, mac=moved.mac, mtu=moved.mtu, sandbox=inv.netns,
+                                               pci_id=ref.device_id if ref.kind == "pci" else "")]
+            if conf.ipam:
+                step("IPAM ADD")
+                IPAM(conf.ipam.type, inv).add_into(result, self.undo)
+                if link is not None:  # DPDK: the addresses are returned for the workload to use, not configured
+                    step("configuring the addresses")
+                    with links.rtnl_in_fd(pod_fd) as pod:
+                        links.configure_in_pod(pod, pod_fd, moved.index, inv.ifname, result.ips, result.routes)
+        if conf.dns:
+            result.dns = DNS.from_json(conf.dns)
+        step("writing the device-info file")
+        _write_device_info(conf, ref, rdma_device)
+        step("finishing")
+        state["done"] = True
+        self._save()
+        self.undo.dismiss()
+        log.info("ADD %s: %s -> %s:%s%s", self.key, ref.describe(), inv.netns, inv.ifname,
+                 f" with RDMA device {rdma_device}" if rdma_device else "")
+        return result
+
+    def _roll_back(self, exc: BaseException) -> None:
+        failed = self.undo.run()
+        if not self.state:
+            return  # nothing was recorded, nothing was done
+        if failed:
+            self.state["repair"] = failed
+            try:
+                self._save()
+            except CNIError as save_exc:
+                log.error("could not mark %s as needing repair: %s", self.key, save_exc.msg)
+            note = (f"; the rollback could not undo everything ({'; '.join(failed)}): the state file "
+                    f"{os.path.join(self.root, self.key)} is kept, a DEL of the attachment retries it")
+            if isinstance(exc, CNIError):
+                exc.details = (exc.details or "") + note
+            log.error("ADD %s failed and its rollback is incomplete%s", self.key, note)
+            return
+        if self.claimed:
+            device_lock.release_allocation(self.root, self.ref.lock_key, self.state)
+        self.states.remove(self.key)
+
+
+def _forget_or_keep(states: StateDir, key: str, state: dict, errors: list) -> None:
+    """After an undo: forget the attachment, or keep its state marked as needing repair."""
+    if not errors:
+        states.remove(key)
+        return
+    state["repair"] = [e.msg for e in errors]
+    states.save(key, state)
+
+
 def _clear_previous(states: StateDir, key: str) -> None:
-    """A finished attachment must be DELed first (SPEC); one an interrupted ADD left behind is
-    undone now, so a retried ADD starts from the host as it was."""
+    """A finished attachment must be DELed first (SPEC); one an interrupted ADD left behind (or
+    one whose rollback was incomplete) is undone now, so a retried ADD starts from the host as it
+    was."""
     previous = states.load(key)
     if previous is None:
         return
@@ -207,44 +322,95 @@ def _clear_previous(states: StateDir, key: str) -> None:
         raise CNIError(INVALID_ENVIRONMENT, f"attachment {previous['containerID']}/{previous['ifname']} of network "
                        f"{previous['network']} already exists (it holds {device})", "DEL the attachment before ADDing it again")
     errors = undo_attachment(previous, previous.get("netns", ""), states.root)
+    _forget_or_keep(states, key, previous, errors)
     if errors:
         raise errors[0]
-    states.remove(key)
 
 
-def undo_attachment(state: dict, netns_path: str, state_dir: str) -> list[CNIError]:
-    """Put everything an ADD changed back; returns the errors of steps that could not be done."""
-    errors: list[CNIError] = []
+def undo_attachment(state: dict, netns_path: str, root: str) -> list[CNIError]:
+    """Put everything an ADD changed on its device back, under the device lock, if the device is
+    still this attachment's (its allocation record carries the state's token); returns the errors
+    of steps that could not be done. The claim is dropped once everything is undone."""
     ref = DeviceRef.from_dict(state["device"])
+    with device_lock.held(root, ref.lock_key):
+        record = device_lock.read_record(root, ref.lock_key)
+        if not device_lock.owns(record, state):
+            if record is not None:
+                log.warning("%s/%s: %s is held by %s now (netns %s): the device is left alone, only this attachment's "
+                            "own state and IPAM are cleaned up", state.get("containerID"), state.get("ifname"),
+                            ref.describe(), record.get("attachment"), record.get("netns"))
+            return []
+        errors = _undo_device(state, ref, netns_path)
+        if not errors:
+            device_lock.release_allocation(root, ref.lock_key, state)
+        return errors
+
+
+def _undo_device(state: dict, ref: DeviceRef, netns_path: str) -> list[CNIError]:
+    errors: list[CNIError] = []
     original = state.get("original")
-    if original and not ref.dpdk:
-        _collect(errors, _netdev_to_host, netns_path, state["ifname"], original)
+    # version 1 states recorded no netdev intent: the netdev was moved if it had an original
+    if original and not ref.dpdk and ("netdev" in state or state.get("version", 1) < 2):
+        _collect(errors, _netdev_to_host, state, netns_path)
     rdma = state.get("rdma")
     if rdma and rdma.get("moved") and netns_path:
-        _collect(errors, _move_rdma_to_host, rdma["device"], netns_path)
+        _collect(errors, _move_rdma_to_host, rdma["device"], netns_path, state.get("netns_id"))
     if state.get("vf"):
-        from .vf import restore_vf_settings
-
-        def restore() -> None:
-            with links.rtnl_in() as host:
-                restore_vf_settings(host, ref, state["vf"])
-
-        _collect(errors, restore)
+        _collect(errors, _restore_vf, ref, state["vf"])
     return errors
 
 
-def _netdev_to_host(netns_path: str, ifname: str, original: dict) -> None:
-    if netns_path:
+def _restore_vf(ref: DeviceRef, saved: dict) -> None:
+    from .vf import restore_vf_settings
+
+    with links.rtnl_in() as host:
+        restore_vf_settings(host, ref, saved)
+
+
+def _is_the_device(link: Optional[links.Link], state: dict) -> bool:
+    return identify(link, state["original"])
+
+
+def _find_in_pod(pod, state: dict) -> Optional[links.Link]:
+    """The device ADD moved, in the pod: at its recorded ifindex if that link is it, else (a
+    physical device the pod moved away and back) by its permanent MAC / bus device. A version 1
+    state (no ifindex recorded) falls back to CNI_IFNAME with the alias ADD set."""
+    original = state["original"]
+    index = (state.get("netdev") or {}).get("pod_index")
+    if index is None:
+        link = links.find_link(pod, state["ifname"])
+        return link if link is not None and link.alias == original["name"] else None
+    link = links.link_by_index(pod, index)
+    if _is_the_device(link, state):
+        return link
+    if strongly_identified(original):
+        return next((l for l in map(links.Link.from_msg, pod.get_links()) if _is_the_device(l, state)), None)
+    return None
+
+
+def _netdev_to_host(state: dict, netns_path: str) -> None:
+    original = state["original"]
+    if netns.is_alive(netns_path, state.get("netns_id")):
         try:
             with _open_pod(netns_path) as pod_fd:
-                if move_to_host(pod_fd, ifname, original):
+                with links.rtnl_in_fd(pod_fd) as pod:
+                    link = _find_in_pod(pod, state)
+                    named = links.find_link(pod, state["ifname"])
+                if link is not None:
+                    move_to_host(pod_fd, link, original)
                     return
+                if named is not None:
+                    log.warning("%s in %s is not the device ADD moved there (%s, ifindex %s; found a %s, ifindex %d): "
+                                "it is left where it is", state["ifname"], netns_path, original["name"],
+                                (state.get("netdev") or {}).get("pod_index"), named.kind or "link", named.index)
         except CNIError as exc:
-            if exc.code != INVALID_ENVIRONMENT:  # INVALID_ENVIRONMENT: the netns is gone
+            if exc.code != INVALID_ENVIRONMENT:  # INVALID_ENVIRONMENT: the netns went away meanwhile
                 raise
-    # The pod netns is gone (a physical device came back by itself under its pod name) or the
-    # device never left: find it by the alias ADD gave it, or by its original name.
-    restore_in_host(original)
+    # The pod netns is gone (a physical device came back by itself under its pod name), the
+    # device never left, or the pod no longer has it: look for it in the host.
+    if not restore_in_host(original):
+        log.info("%s: the device is neither in the pod nor in the host (a virtual device dies with its netns): "
+                 "nothing to restore", original["name"])
 
 
 def _collect(errors: list, fn, *args) -> None:
@@ -315,10 +481,14 @@ def _move_rdma_into_pod(name: str, pod_fd: int) -> None:
         raise CNIError(RDMA_MISMATCH, f"move RDMA device {name} into the pod: {os.strerror(exc.errno or 0)}", hint) from None
 
 
-def _move_rdma_to_host(name: str, netns_path: str) -> None:
-    """From a socket opened inside the pod (the kernel resolves the index in the socket's netns)."""
+def _move_rdma_to_host(name: str, netns_path: str, netns_id: Optional[dict] = None) -> None:
+    """From a socket opened inside the pod (the kernel resolves the index in the socket's netns).
+    A pod netns that is gone (or is no longer the one recorded at ADD) has nothing to give back:
+    the kernel returns the RDMA devices of a dying netns to init_net."""
     from cni.linux import rdma_netlink
 
+    if not netns.is_alive(netns_path, netns_id):
+        return
     try:
         with netns.entered(netns_path):
             nl = rdma_netlink.RdmaNetlink()

@@ -1,19 +1,26 @@
 """sriov-cni's VF knobs for host-device-rdma: applied through the PF, snapshotted, restored.
 
-The state file keeps ``{"pf", "vf", "applied", "snapshot"}``: what ADD set and the previous
-values of exactly those fields, so DEL and GC restore only what was changed.
+The state file keeps ``{"pf", "vf", "applied", "snapshot"}``: what ADD sets and the previous
+values of exactly those fields, so DEL and GC restore only what was changed. It is written
+*before* the settings are applied (:func:`plan_vf_settings`), so an ADD interrupted half-way is
+undone too. A PF or VF that no longer exists (the PF was unbound, ``sriov_numvfs`` was lowered,
+the node rebooted into fewer VFs) has nothing left to restore: :func:`restore_vf_settings` is a
+no-op then, never an error a DEL would repeat forever.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Optional
 
 from cni.core.errors import INVALID_CONFIG, LINK_FAILURE, CNIError
 from cni.linux import links
-from cni.linux.vf_settings import VfSettings, apply_vf, read_vf, restore_vf, validate
+from cni.linux.vf_settings import VfSettings, apply_vf, read_vf, restore_vf, snapshot_for, validate, vf_exists
 
 from .config import HostDeviceConf
 from .selection import DeviceRef
+
+log = logging.getLogger("rdmanet.host-device-rdma")
 
 
 def _onoff(value: Optional[str]) -> Optional[bool]:
@@ -37,14 +44,24 @@ def _pf_index(host, ref: DeviceRef, pf: Optional[str]) -> int:
     return link.index
 
 
-def apply_vf_settings(host, ref: DeviceRef, conf: HostDeviceConf, mac: Optional[str]) -> dict:
+def plan_vf_settings(host, ref: DeviceRef, conf: HostDeviceConf, mac: Optional[str]) -> dict:
+    """The state entry for the settings ADD is about to apply, with the previous values (intent)."""
     wanted = validate(wanted_settings(conf, mac))  # stored as the kernel will read it back
-    snapshot = apply_vf(host, _pf_index(host, ref, ref.pf_netdev), ref.vf_index, wanted)
-    return {"pf": ref.pf_netdev, "vf": ref.vf_index, "applied": wanted.to_dict(), "snapshot": snapshot.to_dict()}
+    current = read_vf(host, _pf_index(host, ref, ref.pf_netdev), ref.vf_index)
+    return {"pf": ref.pf_netdev, "vf": ref.vf_index, "applied": wanted.to_dict(),
+            "snapshot": snapshot_for(current, wanted).to_dict()}
+
+
+def apply_vf_settings(host, ref: DeviceRef, saved: dict) -> None:
+    apply_vf(host, _pf_index(host, ref, saved["pf"]), saved["vf"], VfSettings.from_dict(saved["applied"]))
 
 
 def restore_vf_settings(host, ref: DeviceRef, saved: dict) -> None:
-    restore_vf(host, _pf_index(host, ref, saved["pf"]), saved["vf"], VfSettings.from_dict(saved["snapshot"]))
+    pf = links.find_link(host, saved["pf"]) if saved.get("pf") else None
+    if pf is None or not vf_exists(host, pf.index, saved["vf"]):
+        log.info("VF %s of %s no longer exists: its settings went with it, nothing to restore", saved.get("vf"), saved.get("pf"))
+        return
+    restore_vf(host, pf.index, saved["vf"], VfSettings.from_dict(saved["snapshot"]))
 
 
 def check_vf_settings(host, ref: DeviceRef, saved: dict) -> Optional[str]:

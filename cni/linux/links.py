@@ -77,6 +77,8 @@ class Link:
     link_type: int = 0  # ifi_type, the ARPHRD type (32 for IPoIB)
     ipoib_pkey: Optional[int] = None  # IFLA_IPOIB_PKEY of an ipoib link (full-member bit set)
     ipoib_mode: str = ""  # IFLA_IPOIB_MODE of an ipoib link: datagram / connected
+    perm_mac: str = ""  # IFLA_PERM_ADDRESS: the burnt-in MAC of a physical device ("" for virtual ones)
+    parent_dev: str = ""  # IFLA_PARENT_DEV_NAME: the bus device, e.g. a PCI address ("" for virtual ones)
 
     @classmethod
     def from_msg(cls, msg) -> "Link":
@@ -95,6 +97,8 @@ class Link:
             link_type=msg.get("ifi_type") or 0,
             ipoib_pkey=msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_DATA", "IFLA_IPOIB_PKEY"),
             ipoib_mode=msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_DATA", "IFLA_IPOIB_MODE") or "",
+            perm_mac=(msg.get("IFLA_PERM_ADDRESS") or "").lower(),
+            parent_dev=msg.get("IFLA_PARENT_DEV_NAME") or "",
         )
 
 

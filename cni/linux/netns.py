@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import os
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, Optional
 
 CLONE_NEWNET = 0x40000000
+NS_GET_NSTYPE = 0xB703  # _IO(0xb7, 0x3), <linux/nsfs.h>
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -29,11 +31,46 @@ def _setns(fd: int) -> None:
 
 
 def open_netns(path: str) -> int:
-    """An fd for the namespace at ``path``; NetnsGone if it vanished, OSError otherwise."""
+    """An fd for the namespace at ``path``; NetnsGone if it vanished or the path is no (longer a)
+    network namespace (a plain file left behind when its bind mount went, e.g. after a reboot:
+    setns would say EINVAL), OSError otherwise."""
     try:
-        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError as exc:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError) as exc:
         raise NetnsGone(path) from exc
+    if not _is_netns(fd):
+        os.close(fd)
+        raise NetnsGone(f"{path} is not a network namespace (a file left behind by one that is gone?)")
+    return fd
+
+
+def _is_netns(fd: int) -> bool:
+    try:
+        return fcntl.ioctl(fd, NS_GET_NSTYPE) == CLONE_NEWNET
+    except OSError:  # ENOTTY: not an nsfs file
+        return False
+
+
+def identity(path: str) -> Optional[dict]:
+    """``{"dev", "ino"}`` of the network namespace at ``path``; None when there is none there.
+    Recorded at ADD, it tells the namespace from a new one mounted later at the same path."""
+    try:
+        fd = open_netns(path)
+    except (NetnsGone, OSError):
+        return None
+    try:
+        st = os.fstat(fd)
+        return {"dev": st.st_dev, "ino": st.st_ino}
+    finally:
+        os.close(fd)
+
+
+def is_alive(path: str, recorded: Optional[dict]) -> bool:
+    """Whether ``path`` still is the namespace recorded at ADD (any netns when nothing was recorded)."""
+    if not path:
+        return False
+    found = identity(path)
+    return found is not None and (not recorded or found == recorded)
 
 
 def current_netns_fd() -> int:

@@ -425,6 +425,25 @@ def _read(ipr: Any, pf_index: int, vf: int) -> tuple[VfSettings, str]:
     return vfs[vf], pf
 
 
+def vf_exists(ipr: Any, pf_index: int, vf: int) -> bool:
+    """Whether the PF with ifindex ``pf_index`` still reports VF ``vf`` (False when the PF is gone)."""
+    try:
+        return vf in parse_vfinfo(_get_pf(ipr, pf_index))
+    except CNIError:
+        return False
+
+
+def snapshot_for(current: VfSettings, wanted: VfSettings) -> VfSettings:
+    """What :func:`apply_vf` will return for ``wanted`` on a VF that has ``current``: the previous
+    values of every group it will change. Recorded before the act, it lets a rollback or a DEL
+    restore a VF whose ADD was interrupted half-way."""
+    snapshot = VfSettings()
+    for _, _, old in plan(current, validate(wanted)):
+        for f in old.fields_set():
+            setattr(snapshot, f, getattr(old, f))
+    return snapshot
+
+
 def read_vf(ipr: Any, pf_index: int, vf: int) -> VfSettings:
     """The current settings of VF ``vf`` of the PF with ifindex ``pf_index`` (``ipr`` is an IPRoute
     in the PF's netns). Fields the driver does not report stay None (e.g. spoofchk and trust of

@@ -34,6 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     daemon.add_argument("--check", action="store_true", help="ask a running daemon for its health; exit 0 healthy, 1 not")
     daemon.add_argument("--allow-uid", type=int, action="append", default=None, metavar="UID",
                         help="a peer uid to accept (repeatable; default: only root, uid 0); for tests")
+    daemon.add_argument("--workers", type=int, default=None, metavar="N",
+                        help="calls served at once (default: 32); more wait in the socket's queue")
+    daemon.add_argument("--call-timeout", type=float, default=None, metavar="SECONDS",
+                        help="deadline of each call, lock waits and IPAM execs included; keep it below the runtime's "
+                             "(default: 50; kubelet gives CRI calls 120)")
 
     doctor = sub.add_parser("doctor", help="read-only checks of this node: RDMA NICs and mode, modules, CNI dirs, daemon, IPAM stores")
     doctor.add_argument("-o", "--output", choices=("table", "json"), default="table", help="output format (default: %(default)s)")
@@ -69,7 +74,13 @@ def main(argv: list[str] | None = None) -> int:
             return check(path)
         from shim.daemon import run as run_daemon
 
-        return run_daemon(path, allowed_uids=args.allow_uid or (0,))
+        from cni.core.deadline import DEFAULT_SECONDS
+        from shim.daemon import WORKERS
+
+        if (args.workers is not None and args.workers < 1) or (args.call_timeout is not None and args.call_timeout <= 0):
+            parser.error("--workers and --call-timeout must be positive")
+        return run_daemon(path, allowed_uids=args.allow_uid or (0,), workers=args.workers or WORKERS,
+                          call_timeout=args.call_timeout or DEFAULT_SECONDS)
     if args.command == "doctor":
         from .doctor import run as run_doctor
 

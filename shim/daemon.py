@@ -22,15 +22,37 @@ own, printing exactly what the in-process run would print (``skel.render``) with
   in-process, daemon-only shims answer 11 and the runtime retries), stop accepting, serve the
   connections already queued, finish the requests in flight, exit 0.
 - The daemon's own logs: one JSON object per line on stderr.
+
+Resource bounds (a burst of pod starts, or a misbehaving caller, must not take the node's CNI
+down with it):
+
+- A fixed pool of ``--workers`` threads (default :data:`WORKERS`) serves the calls; up to
+  :data:`QUEUED` accepted connections wait for one, the rest wait in the listen backlog (the
+  shims retry a full backlog for a while), so threads and fds are bounded whatever the burst.
+- RLIMIT_NOFILE is raised to its hard limit at start (systemd and containerd give services a soft
+  1024; a host-device ADD holds about 12 fds). A call that still runs out of fds or memory
+  answers CNI error 11 (try again later), not 999.
+- A request must arrive whole within :data:`READ_SECONDS` of its worker picking it up, and within
+  :data:`MAX_ENV` / :data:`MAX_STDIN` bytes (binary framing; a larger one is answered with a CNI
+  error naming the limit) or :data:`MAX_JSON_LINE` (JSON framing); otherwise the connection is
+  closed.
+- Every call has a deadline (``--call-timeout``, default ``cni.core.deadline.DEFAULT_SECONDS``,
+  counted from the accept, well below a runtime's) and knows when its caller hung up (the shim
+  was killed: the connection closed): lock waits and IPAM execs end there, and an ADD stops at
+  its next step and undoes what it did (cni.core.deadline).
 """
 
 from __future__ import annotations
 
 import contextvars
+import errno
 import io
 import json
 import logging
 import os
+import queue
+import resource
+import select
 import signal
 import socket
 import socketserver
@@ -40,17 +62,26 @@ import threading
 import time
 from typing import Any, Iterable, Mapping, Optional
 
+from cni.core import deadline as call_deadline
 from cni.core import skel
+from cni.core.errors import INVALID_CONFIG, INVALID_ENVIRONMENT, CNIError
 from cni.core.ipam_exec import CRASH_HOOKS
 from ipam import node_gc
 
 from . import del_journal
 
-from .launcher import (DEFAULT_SOCKET, JSON_PROTOCOL, MAX_LINE, PLUGINS, PROTOCOL, DaemonLost, NoDaemon, b64, exchange,
-                       unb64)
+from .launcher import DEFAULT_SOCKET, JSON_PROTOCOL, LATEST, PLUGINS, PROTOCOL, DaemonLost, NoDaemon, b64, exchange, unb64
 
 # Variables a call gets from the daemon's environment when its own lacks them.
 DAEMON_DEFAULTS = ("RDMANET_NODE_NAME",)
+
+WORKERS = 32  # calls served at once
+QUEUED = 64  # accepted connections waiting for a worker (more wait in the listen backlog)
+READ_SECONDS = 10.0  # a whole request, from the moment a worker reads it
+MAX_ENV = 1 << 20  # a process environment is far smaller (ARG_MAX counts arguments and environment)
+MAX_STDIN = 4 << 20  # network configurations are kilobytes; a prevResult adds little
+MAX_JSON_LINE = 8 << 20  # base64 of the above
+NOFILE_CAP = 1 << 20
 
 _LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"  # = skel.configure_logging
 
@@ -148,12 +179,13 @@ def call_env(env: Mapping[str, str], daemon_env: Mapping[str, str]) -> dict[str,
     return {**defaults, **env}
 
 
-def serve_call(plugins: Mapping[str, Any], plugin: str, env: Mapping[str, str], stdin: bytes) -> tuple[int, bytes, bytes]:
+def serve_call(plugins: Mapping[str, Any], plugin: str, env: Mapping[str, str], stdin: bytes,
+               deadline: Optional[call_deadline.Deadline] = None) -> tuple[int, bytes, bytes]:
     """One CNI call: (exit code, stdout, stderr), what the in-process run would give."""
     cap = _Capture(_level_of(env))
     token = _capture.set(cap)
     try:
-        code, document = skel.handle(plugins[plugin](), env, stdin)
+        code, document = skel.handle(plugins[plugin](), env, stdin, deadline)
     finally:
         _capture.reset(token)
     return code, skel.render(document).encode(), cap.buffer.getvalue().encode("utf-8", "surrogateescape")
@@ -172,6 +204,70 @@ class BadRequest(ValueError):
     itself, or answers 11 on ADD)."""
 
 
+class TooLarge(ValueError):
+    """A request over a size cap: answered with a CNI error, its body read and dropped."""
+
+    def __init__(self, error: CNIError, pending: int) -> None:
+        super().__init__(error.msg)
+        self.error, self.pending = error, pending
+
+
+class Reader:
+    """Reads one request from a connection; the whole request must come within ``seconds``."""
+
+    def __init__(self, sock: socket.socket, seconds: float) -> None:
+        self.sock, self.until, self.buffer = sock, time.monotonic() + seconds, b""
+
+    def _recv(self, size: int) -> bytes:
+        left = self.until - time.monotonic()
+        if left <= 0:
+            raise BadRequest(f"the request did not arrive within {READ_SECONDS:g} s")
+        self.sock.settimeout(left)
+        try:
+            return self.sock.recv(size)
+        except socket.timeout:
+            raise BadRequest(f"the request did not arrive within {READ_SECONDS:g} s") from None
+
+    def readline(self, limit: int) -> bytes:
+        """One line with its newline; b"" (or a line without newline) at EOF; BadRequest past ``limit``."""
+        while b"\n" not in self.buffer:
+            if len(self.buffer) > limit:
+                raise BadRequest(f"a request line longer than {limit} bytes")
+            chunk = self._recv(65536)
+            if not chunk:
+                line, self.buffer = self.buffer, b""
+                return line
+            self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        if len(line) > limit:
+            raise BadRequest(f"a request line longer than {limit} bytes")
+        return line + b"\n"
+
+    def read(self, size: int) -> bytes:
+        chunks, have = [self.buffer[:size]], min(len(self.buffer), size)
+        self.buffer = self.buffer[size:]
+        while have < size:
+            chunk = self._recv(min(size - have, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            have += len(chunk)
+        return b"".join(chunks)
+
+    def discard(self, size: int) -> None:
+        """Read and drop ``size`` bytes (the body of a refused request), as far as they come in time."""
+        size -= len(self.buffer[:size])
+        self.buffer = b""
+        try:
+            while size > 0:
+                chunk = self._recv(min(size, 1 << 16))
+                if not chunk:
+                    return
+                size -= len(chunk)
+        except BadRequest:
+            return
+
+
 def parse_binary(line: bytes, rfile: Any) -> tuple[int, str, dict[str, str], bytes]:
     """The binary framing's request after its first line: (protocol, plugin, env, stdin)."""
     try:
@@ -179,6 +275,15 @@ def parse_binary(line: bytes, rfile: Any) -> tuple[int, str, dict[str, str], byt
         n_env, n_stdin = int(n_env), int(n_stdin)
     except ValueError:
         raise BadRequest(f"unreadable request line {line[:80]!r}") from None
+    if n_env < 0 or n_stdin < 0:
+        raise BadRequest(f"unreadable request line {line[:80]!r}")
+    if n_env > MAX_ENV:
+        raise TooLarge(CNIError(INVALID_ENVIRONMENT, f"the call's environment is {n_env} bytes, more than the {MAX_ENV} "
+                                "the rdmanet daemon accepts", "call the plugin with a smaller environment"), n_env + n_stdin)
+    if n_stdin > MAX_STDIN:
+        raise TooLarge(CNIError(INVALID_CONFIG, f"the network configuration on stdin is {n_stdin} bytes, more than the "
+                                f"{MAX_STDIN} the rdmanet daemon accepts", "shorten the network configuration"),
+                       n_env + n_stdin)
     body = rfile.read(n_env + n_stdin)
     if len(body) != n_env + n_stdin:
         raise BadRequest("request cut short")
@@ -189,24 +294,58 @@ def parse_binary(line: bytes, rfile: Any) -> tuple[int, str, dict[str, str], byt
     return int(version) if version.isdigit() else -1, plugin, env, body[n_env:]
 
 
-class _Handler(socketserver.StreamRequestHandler):
+def caller_gone(sock: socket.socket) -> bool:
+    """Whether the caller closed its end (the shim was killed): it sends nothing after its request."""
+    try:
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLIN | select.POLLRDHUP)
+        events = poller.poll(0)
+    except (OSError, ValueError):
+        return True
+    for _, event in events:
+        if event & (select.POLLHUP | select.POLLRDHUP | select.POLLERR | select.POLLNVAL):
+            return True
+        if event & select.POLLIN:
+            try:
+                return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+            except BlockingIOError:
+                return False
+            except OSError:
+                return True
+    return False
+
+
+class _Handler(socketserver.BaseRequestHandler):
     server: "DaemonServer"
 
     def handle(self) -> None:
-        started = time.monotonic()
+        srv = self.server
+        started = srv.accepted_at()
+        reader = Reader(self.request, READ_SECONDS)
         try:
-            line = self.rfile.readline(MAX_LINE)
+            line = reader.readline(MAX_JSON_LINE)
             if not line.endswith(b"\n"):
-                return  # EOF or an endless line: nothing to answer
+                return  # EOF: nothing to answer
+            self.deadline = call_deadline.Deadline(started + srv.call_timeout, lambda: caller_gone(self.request))
             if line.startswith(b"RDMANET "):
-                answer = self._binary(*parse_binary(line, self.rfile), started)
+                answer = self._binary(*parse_binary(line, reader), started)
             else:
                 answer = json.dumps(self._json(json.loads(line), started)).encode() + b"\n"
+        except TooLarge as refused:
+            log_event("request_too_large", "warning", error=refused.error.msg)
+            out = (json.dumps(refused.error.to_dict(LATEST)) + "\n").encode()
+            self._answer(b"1 %d 0\n" % len(out) + out)
+            reader.discard(refused.pending)  # the shim sends its whole request before it reads the answer
+            return
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             log_event("bad_request", "warning", error=f"{type(exc).__name__}: {exc}")
             return
+        self._answer(answer)
+
+    def _answer(self, answer: bytes) -> None:
         try:
-            self.wfile.write(answer)
+            self.request.settimeout(READ_SECONDS)
+            self.request.sendall(answer)
         except OSError as exc:
             log_event("answer_lost", "warning", error=str(exc))
 
@@ -223,7 +362,7 @@ class _Handler(socketserver.StreamRequestHandler):
         srv = self.server
         if req.get("health"):
             return {"ok": True, "pid": os.getpid(), "uptime": round(time.monotonic() - srv.started, 3),
-                    "requests": srv.requests, "in_flight": srv.in_flight}
+                    "requests": srv.requests, "in_flight": srv.in_flight, "workers": srv.workers}
         if req.get("v") != JSON_PROTOCOL:
             return {"exec": True, "why": self._mismatch(req.get("v"))}
         served = self._call(req["plugin"], req["env"], unb64(req.get("stdin_b64", "")), started)
@@ -245,24 +384,32 @@ class _Handler(socketserver.StreamRequestHandler):
         if any(hook in env for hook in CRASH_HOOKS):
             return None
         with srv.count():
-            served = serve_call(srv.plugins, plugin, env, stdin)
+            served = serve_call(srv.plugins, plugin, env, stdin, self.deadline)
         log_event("call", plugin=plugin, command=env.get("CNI_COMMAND"), container=env.get("CNI_CONTAINERID"),
                   ifname=env.get("CNI_IFNAME"), code=served[0], ms=round((time.monotonic() - started) * 1000, 1))
         return served
 
 
-class DaemonServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    request_queue_size = socket.SOMAXCONN  # a burst of pod starts must queue, not get EAGAIN (default 5)
-    daemon_threads = False
-    block_on_close = True  # server_close() joins the requests in flight
+class DaemonServer(socketserver.UnixStreamServer):
+    """Accepts on the socket (one thread, ``serve_forever``) and hands each connection to a fixed
+    pool of worker threads through a bounded queue: when it is full, the accept loop waits and
+    new callers wait in the listen backlog."""
 
-    def __init__(self, path: str, plugins: Mapping[str, Any], allowed_uids: Iterable[int] = (0,)) -> None:
+    request_queue_size = socket.SOMAXCONN  # a burst of pod starts must queue, not get EAGAIN (default 5)
+
+    def __init__(self, path: str, plugins: Mapping[str, Any], allowed_uids: Iterable[int] = (0,),
+                 workers: int = WORKERS, call_timeout: float = call_deadline.DEFAULT_SECONDS) -> None:
         self.plugins = plugins
         self.allowed_uids = frozenset(allowed_uids)
         self.started = time.monotonic()
         self.requests = 0
         self.in_flight = 0
+        self.workers = workers
+        self.call_timeout = call_timeout
         self._lock = threading.Lock()
+        self._queue: queue.Queue = queue.Queue(maxsize=QUEUED)
+        self._local = threading.local()
+        self._accept_error_logged = 0.0
         super().__init__(path, _Handler, bind_and_activate=False)
         old = os.umask(0o177)  # the socket is born 0600
         try:
@@ -271,6 +418,22 @@ class DaemonServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             os.umask(old)
         os.chmod(path, 0o600)
         self.server_activate()
+        self._threads = [threading.Thread(target=self._work, name=f"worker-{i}", daemon=True) for i in range(workers)]
+        for thread in self._threads:
+            thread.start()
+
+    def get_request(self):  # type: ignore[override]
+        try:
+            return super().get_request()
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                # the connection stays in the backlog: wait a little instead of spinning on it
+                now = time.monotonic()
+                if now - self._accept_error_logged > 10:
+                    self._accept_error_logged = now
+                    log_event("accept_failed", "error", error=os.strerror(exc.errno), hint="raise LimitNOFILE of the daemon")
+                time.sleep(0.05)
+            raise
 
     def verify_request(self, request, client_address) -> bool:  # type: ignore[override]
         try:
@@ -281,6 +444,34 @@ class DaemonServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             log_event("peer_refused", "warning", uid=uid)
             return False
         return True
+
+    def process_request(self, request, client_address) -> None:  # type: ignore[override]
+        self._queue.put((request, client_address, time.monotonic()))  # blocks while QUEUED are waiting
+
+    def accepted_at(self) -> float:
+        """When the connection the calling worker serves was accepted (its deadline counts from there)."""
+        return self._local.accepted
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            request, address, self._local.accepted = item
+            try:
+                self.finish_request(request, address)
+            except Exception:  # noqa: BLE001 - a bug in one request must not end the worker
+                log_event("request_failed", "error", error=repr(sys.exc_info()[1]))
+            finally:
+                self.shutdown_request(request)
+
+    def server_close(self) -> None:
+        """Finish the queued and in-flight requests, stop the workers, close the socket."""
+        for _ in self._threads:
+            self._queue.put(None)
+        for thread in self._threads:
+            thread.join()
+        super().server_close()
 
     def drain_backlog(self) -> int:
         """Serve the connections already queued on the (no longer polled) listening socket."""
@@ -314,6 +505,19 @@ class DaemonServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         return _Count()
 
 
+def raise_nofile() -> tuple[int, int]:
+    """Raise the soft RLIMIT_NOFILE to the hard limit (at most NOFILE_CAP); returns (before, after)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = NOFILE_CAP if hard == resource.RLIM_INFINITY else min(hard, NOFILE_CAP)
+    if want > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError):
+            return soft, soft
+        return soft, want
+    return soft, soft
+
+
 def _prepare_socket(path: str) -> None:
     directory = os.path.dirname(path) or "."
     try:
@@ -329,13 +533,15 @@ def _prepare_socket(path: str) -> None:
             raise RuntimeError(f"another daemon answers on {path}")
 
 
-def run(socket_path: str = DEFAULT_SOCKET, allowed_uids: Iterable[int] = (0,)) -> int:
+def run(socket_path: str = DEFAULT_SOCKET, allowed_uids: Iterable[int] = (0,), workers: int = WORKERS,
+        call_timeout: float = call_deadline.DEFAULT_SECONDS) -> int:
     _install_logging()
     t0 = time.monotonic()
+    nofile = raise_nofile()
     plugins = load_plugins()
     try:
         _prepare_socket(socket_path)
-        server = DaemonServer(socket_path, plugins, allowed_uids)
+        server = DaemonServer(socket_path, plugins, allowed_uids, workers=workers, call_timeout=call_timeout)
     except (OSError, RuntimeError) as exc:
         log_event("start_failed", "error", socket=socket_path, error=str(exc))
         return 1
@@ -351,7 +557,7 @@ def run(socket_path: str = DEFAULT_SOCKET, allowed_uids: Iterable[int] = (0,)) -
     del_journal.start(socket_path, plugins, stop)  # DELs the shims could not get done (Multus swallows them)
     node_gc.start(stop, log_event)  # this node's claims whose pod is gone
     log_event("started", socket=socket_path, pid=os.getpid(), import_ms=round((time.monotonic() - t0) * 1000, 1),
-              allowed_uids=sorted(server.allowed_uids))
+              allowed_uids=sorted(server.allowed_uids), workers=workers, call_timeout=call_timeout, nofile=nofile)
     try:
         while not stop.wait(1.0):
             pass

@@ -37,18 +37,18 @@ class Daemon:
     """``rdmanet daemon`` as a subprocess; :meth:`stop` always leaves no process and no socket."""
 
     def __init__(self, socket_path: str, allow_uids: Sequence[int] = (), log_path: Optional[str] = None,
-                 env: Optional[dict[str, str]] = None) -> None:
+                 env: Optional[dict[str, str]] = None, args: Sequence[str] = (), preexec_fn=None) -> None:
         self.socket = socket_path
         self._own_log = log_path is None
         if log_path is None:
             fd, log_path = tempfile.mkstemp(prefix="rdmanet-daemon-", suffix=".log")
             os.close(fd)
         self.log_path = log_path
-        args = [sys.executable, "-m", "rdmanet.cli", "daemon", "--socket", socket_path]
+        argv = [sys.executable, "-m", "rdmanet.cli", "daemon", "--socket", socket_path, *args]
         for uid in allow_uids:
-            args += ["--allow-uid", str(uid)]
+            argv += ["--allow-uid", str(uid)]
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=self._log,
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=self._log, preexec_fn=preexec_fn,
                                      env=None if env is None else {**os.environ, **env})
         deadline = time.monotonic() + 30
         while health(socket_path) is None:

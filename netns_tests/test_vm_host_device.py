@@ -227,6 +227,47 @@ def test_vf_del_restores_vfinfo_and_the_netdev(vm):
     assert entry["del_ipam"] == []
 
 
+def vf_of(vfinfo: list, vf: int) -> dict:
+    return next(v for v in vfinfo if v["vf"] == vf)
+
+
+def test_vf_stale_del_leaves_the_vf_another_pod_holds_alone(vm):
+    """After a (simulated) reboot pod B got VF 0 that pod A had; A's late DEL must not restore A's
+    snapshot onto B's VF (nor touch B's netdev): only A's own state and address go."""
+    entry = section(vm, "hd_vf_stale")
+    ok(entry["add_a"])
+    ok(entry["add_b"])
+    assert entry["vf_after_add_b"] == {"mac": "02:00:00:00:00:0b", "vlan": 200}
+    dele = entry["del_a"]
+    assert dele["rc"] == 0 and dele["stdout"] is None, dele
+    assert entry["vf_after_stale_del"] == {"mac": "02:00:00:00:00:0b", "vlan": 200}
+    assert entry["pod_b_after_stale_del"] == entry["pod_b_after_add_b"] is not None
+    assert [f for f in state_json(entry["state_files_after_stale_del"]) if "stale-a" in f] == []
+
+
+def test_vf_del_of_the_holder_after_a_stale_del_restores_the_vf(vm):
+    entry = section(vm, "hd_vf_stale")
+    dele = entry["del_b"]
+    assert dele["rc"] == 0 and dele["stdout"] is None, dele
+    assert vf_of(entry["vfinfo_after_del_b"], VF) == vf_of(entry["vfinfo_before"], VF)
+    assert_link_as_before(entry["host_before"], entry["host_after"])
+    assert state_json(entry["state_files_after"]) == []
+    assert entry["ipam_after"] == []
+
+
+def test_vf_del_after_the_vf_is_gone_succeeds(vm):
+    """sriov_numvfs went to 0 while the pod held VF 0 (its settings went with it): DEL has
+    nothing to restore on the VF, succeeds, and forgets the attachment."""
+    entry = section(vm, "hd_vf_gone")
+    ok(entry["add"])
+    assert entry["vf_after_add"]["vlan"] == 300
+    assert not entry["vfinfo_after_numvfs_0"]
+    dele = entry["del"]
+    assert dele["rc"] == 0 and dele["stdout"] is None, dele
+    assert state_json(entry["state_files_after"]) == []
+    assert entry["ipam_after"] == []
+
+
 # ------------------------------------------------------------------- macvlan-rdma GID index
 
 GID_LINE = re.compile(

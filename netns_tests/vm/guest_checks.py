@@ -45,6 +45,13 @@ SR-IOV VF settings on netdevsim (built by prepare.sh; Debian's kernel has none),
     hd_vf         host-device-rdma on VF 0 of the netdevsim PF, its "VF netdev" a veth (vfnet0)
                   mapped by the fake sysfs tree: ADD with vlan/qos/spoofchk/trust/mac, CHECK,
                   DEL; vfinfo_list and the veth as before
+then, on the same VF 0 and fake tree:
+  hd_vf_stale  pod A ADDs VF 0 (vlan 100, mac); a reboot is simulated (the VF netdev comes home
+               under its name, the VF settings are reset, A's netns is gone); pod B ADDs VF 0
+               (vlan 200, another mac); A's late DEL must leave B's VF settings and netdev alone;
+               B's DEL restores the VF as before A
+  hd_vf_gone   ADD with a vlan, then sriov_numvfs 0 (the VF and its settings are gone): DEL
+               succeeds, nothing left (must stay last: it removes the PF's VFs)
 """
 
 from __future__ import annotations
@@ -768,6 +775,65 @@ def _vf_errors(entry):
 
 
 parallel(("exclusive", exclusive_scenario), ("hd_exclusive", hd_exclusive_scenario), ("hd_vf", hd_vf_scenario))
+
+
+def hd_call(command: str, container: str, netns: str, conf: dict) -> dict:
+    return hd_exec(command, container, netns, conf).start().finish()
+
+
+def vf_mac_vlan(pf: str, vf: int) -> dict:
+    entry = vfinfo(pf)[vf]
+    return {"mac": entry["address"], "vlan": entry["vlan_list"][0].get("vlan", 0)}
+
+
+@section("hd_vf_stale")
+def _hd_vf_stale(entry):
+    pf, _ = pf_of_nsim()
+    entry["vfinfo_before"] = before = vfinfo(pf)
+    entry["host_before"] = host_before = link_json(VF_NETDEV)
+    conf_a = hd_conf("hdvf", deviceID=VF_PCI, vlan=100, mac="02:00:00:00:00:0a")
+    conf_b = hd_conf("hdvf", deviceID=VF_PCI, vlan=200, mac="02:00:00:00:00:0b")
+    sh("ip", "netns", "add", "hd-stale-a")
+    entry["add_a"] = hd_call("ADD", "stale-a", "/run/netns/hd-stale-a", conf_a)
+    # a reboot: A's netns is gone, the VF netdev is back under its name, the VF settings reset
+    sh("ip", "-n", "hd-stale-a", "link", "set", "net1", "netns", "1")
+    sh("ip", "link", "set", "net1", "down")
+    sh("ip", "link", "set", "net1", "name", VF_NETDEV)
+    sh("ip", "link", "set", VF_NETDEV, "alias", "")
+    sh("ip", "link", "set", VF_NETDEV, "address", host_before["address"])
+    sh("ip", "netns", "del", "hd-stale-a")
+    sh("ip", "link", "set", "dev", pf, "vf", str(HD_VF), "vlan", "0", "mac", before[HD_VF]["address"])
+    entry["vfinfo_after_reboot"] = vfinfo(pf)
+    sh("ip", "netns", "add", "hd-stale-b")
+    entry["add_b"] = hd_call("ADD", "stale-b", "/run/netns/hd-stale-b", conf_b)
+    entry["vf_after_add_b"] = vf_mac_vlan(pf, HD_VF)
+    entry["pod_b_after_add_b"] = link_json("net1", "hd-stale-b")
+    entry["del_a"] = hd_call("DEL", "stale-a", "/run/netns/hd-stale-a", conf_a)
+    entry["vf_after_stale_del"] = vf_mac_vlan(pf, HD_VF)
+    entry["pod_b_after_stale_del"] = link_json("net1", "hd-stale-b")
+    entry["state_files_after_stale_del"] = files_under(conf_a["stateDir"])
+    entry["del_b"] = hd_call("DEL", "stale-b", "/run/netns/hd-stale-b", conf_b)
+    entry["vfinfo_after_del_b"] = vfinfo(pf)
+    entry["host_after"], _ = settled(VF_NETDEV, host_before)
+    entry["state_files_after"] = files_under(conf_a["stateDir"])
+    entry["ipam_after"] = ipam_ips("hdvf")
+    sh("ip", "netns", "del", "hd-stale-b")
+
+
+@section("hd_vf_gone")
+def _hd_vf_gone(entry):
+    pf, _ = pf_of_nsim()
+    conf = hd_conf("hdvf", deviceID=VF_PCI, vlan=300)
+    sh("ip", "netns", "add", "hd-gone")
+    entry["add"] = hd_call("ADD", "gone", "/run/netns/hd-gone", conf)
+    entry["vf_after_add"] = vf_mac_vlan(pf, HD_VF)
+    with open(f"{NSIM_DEV}/sriov_numvfs", "w") as f:
+        f.write("0")
+    entry["vfinfo_after_numvfs_0"] = vfinfo(pf)
+    entry["del"] = hd_call("DEL", "gone", "/run/netns/hd-gone", conf)
+    entry["host_after"] = link_json(VF_NETDEV)
+    entry["state_files_after"] = files_under(conf["stateDir"])
+    entry["ipam_after"] = ipam_ips("hdvf")
 
 out["total_seconds"] = round(time.monotonic() - T0, 2)
 text = json.dumps(out, indent=1, default=repr)

@@ -155,11 +155,19 @@ class IPAM:
         return result
 
     def add_into(self, result: Result, undo) -> None:
-        """ADD, with the addresses on interface 0 of ``result`` (the plugin's one interface).
-        The IPAM DEL is registered on ``undo`` (an ExitStack or a :class:`cni.core.rollback.Undo`)
-        *before* the ADD: an ADD that fails, times out or is killed half-way may have reserved."""
+        """ADD, with the addresses on interface 0 of ``result`` (the plugin's one interface);
+        registers the IPAM DEL on ``undo`` (an ExitStack or a :class:`cni.core.rollback.Undo`) for
+        when a later step fails, and when the IPAM was killed half-way (deadline, caller gone: it
+        may have reserved). Not when it answered an error: it reserved nothing then, and a DEL
+        could release the reservation of the attachment's first ADD (host-local refuses a second
+        ADD of an attachment as a duplicate). A crash in between is covered by the runtime's DEL,
+        which always releases the attachment's reservation."""
+        try:
+            allocated = self.add()
+        except call_deadline.Abandoned:
+            undo.callback(quietly, self.delete)
+            raise
         undo.callback(quietly, self.delete)
-        allocated = self.add()
         for ip in allocated.ips:
             ip.interface = 0
         result.ips, result.routes, result.dns = allocated.ips, allocated.routes, allocated.dns

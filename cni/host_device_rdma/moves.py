@@ -180,16 +180,23 @@ def restore_in_host(original: dict) -> bool:
 
 
 def _restore(ipr, index: int, original: dict, *, up: bool) -> None:
+    """Give the link the original's name, MAC, MTU and alias, then the up/down state ``up``. A link
+    that already is as it was is left alone (no down/up flap of a host device that never left)."""
     current = links.link_by_index(ipr, index)
-    if current.up:
-        links.set_attrs(ipr, index, f"set {current.name} down", state="down")
-    attrs = {"ifalias": original.get("alias") or ""}
+    attrs = {}
+    if (current.alias or "") != (original.get("alias") or ""):
+        attrs["ifalias"] = original.get("alias") or ""
     if current.name != original["name"]:
         attrs["ifname"] = original["name"]
     if original.get("mac") and current.mac != original["mac"]:
         attrs["address"] = original["mac"]
     if original.get("mtu") and current.mtu != original["mtu"]:
         attrs["mtu"] = original["mtu"]
-    links.set_attrs(ipr, index, f"restore {original['name']} (name, MAC, MTU, alias)", **attrs)
+    if not attrs and current.up == up:
+        return
+    if current.up:
+        links.set_attrs(ipr, index, f"set {current.name} down", state="down")
+    if attrs:
+        links.set_attrs(ipr, index, f"restore {original['name']} (name, MAC, MTU, alias)", **attrs)
     if up:
         links.set_up(ipr, index, original["name"])

@@ -36,7 +36,6 @@ from cni.core import deadline as call_deadline
 from cni.core.errors import (
     INVALID_CONFIG,
     INVALID_ENVIRONMENT,
-    LINK_FAILURE,
     RDMA_MISMATCH,
     CNIError,
     check_failed,

@@ -183,6 +183,8 @@ def base_tarball() -> pathlib.Path:
 # --------------------------------------------------------------------------- the node
 
 
+HIDEABLE = {"/opt", "/run"}  # top-level dirs a node may have private wholesale (see Node._mount_points)
+
 REAPER = """
 import os, signal, time
 signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
@@ -230,15 +232,21 @@ class Node:
     @staticmethod
     def _mount_points(host_paths: list[str]) -> list[str]:
         """Where to bind a private directory so every host path is one: the path itself when it
-        exists here, else its nearest existing ancestor (whose private twin then holds it)."""
+        exists here, else its nearest existing ancestor (whose private twin then holds it), as
+        long as hiding that ancestor in the node is harmless (/opt, /run). Under any other
+        ancestor (/etc, /var/lib: podman in the node needs them) the missing directory is made
+        on the machine, empty, as the kubelet would (DirectoryOrCreate), and bound over."""
         points: list[str] = []
         for path in sorted(os.path.realpath(p) for p in host_paths):
             if any(path == p or path.startswith(p + "/") for p in points):
                 continue
-            while not os.path.isdir(path):
-                path = os.path.dirname(path)
-            assert path != "/", "would hide the whole root"
-            points = [p for p in points if not p.startswith(path + "/")] + [path]
+            point = path
+            while not os.path.isdir(point):
+                point = os.path.dirname(point)
+            if point != path and point not in HIDEABLE:
+                os.makedirs(path, exist_ok=True)
+                point = path
+            points = [p for p in points if not p.startswith(point + "/")] + [point]
         return points
 
     def path(self, node_path: str) -> pathlib.Path:

@@ -34,12 +34,12 @@ import pytest
 
 try:
     from netns_tests import nstools as nt
-    from netns_tests.test_host_device_rdma import (ORIGINAL_MAC, allocations, assert_restored, exec_err, exec_ok, hd,
-                                                   nothing_recorded, prepared, state_dir, state_files)
+    from netns_tests.test_host_device_rdma import (ORIGINAL_MAC, VF_PCI, allocations, assert_restored, exec_err,
+                                                   exec_ok, fake_vf, hd, nothing_recorded, prepared, state_files)
 except ImportError:  # pragma: no cover
     import nstools as nt  # type: ignore[no-redef]
-    from test_host_device_rdma import (ORIGINAL_MAC, allocations, assert_restored, exec_err,  # type: ignore[no-redef]
-                                       exec_ok, hd, nothing_recorded, prepared, state_dir, state_files)
+    from test_host_device_rdma import (ORIGINAL_MAC, VF_PCI, allocations, assert_restored,  # type: ignore[no-redef]
+                                       exec_err, exec_ok, fake_vf, hd, nothing_recorded, prepared, state_files)
 
 from shim.testing import Daemon, write_shims
 
@@ -296,6 +296,32 @@ def test_a_stale_del_leaves_the_device_of_the_pod_that_holds_it_now_alone(cni, n
     exec_ok(cni, "DEL", stdin, ns=ns, container_id="new")
     assert_restored(m.name, before)
     assert nt.owners(cni.host_local_dir) == {}
+    nothing_recorded(cni)
+
+
+def test_a_takeover_gives_a_device_that_came_home_under_its_pod_name_its_own_name_back(cni, netns, master):
+    """Pod A's netns died before its DEL came: the physical device is back in the host under A's
+    CNI_IFNAME (with its name in the alias, and sysfs lists it under that name). Pod B gets the
+    same VF: its ADD first gives the device its own name back, so B records the real original
+    name, and B's DEL returns the device exactly as it was before A. A's late DEL changes nothing."""
+    ns_a, ns_b = netns(), netns()
+    m, before = prepared(master)
+    env = fake_vf(cni, m.name)
+    stdin = nt.single(f"{ns_a.name}-net", "1.0.0", hd(cni, None, deviceID=VF_PCI, pciBusID=VF_PCI))
+    pod_name = f"{nt.PREFIX}p"  # a host-side name of this session: the leak guard removes a leftover
+    exec_ok(cni, "ADD", stdin, ns=ns_a, container_id="ca", ifname=pod_name, extra_env=env)
+    ns_a.ip("link", "set", pod_name, "netns", "1")  # what the kernel does for a physical device
+    nt.ip("netns", "del", ns_a.name)
+    vf_net = pathlib.Path(env["RDMANET_SYSFS_ROOT"]) / "sys" / "bus" / "pci" / "devices" / VF_PCI / "net"
+    (vf_net / m.name).rename(vf_net / pod_name)  # sysfs names the netdev by its current name
+
+    exec_ok(cni, "ADD", stdin, ns=ns_b, container_id="cb", extra_env=env)
+    assert nt.link(ns_b.name, "net1")["ifalias"] == m.name
+    assert nt.link(None, pod_name) is None
+    exec_ok(cni, "DEL", stdin, ns=ns_b, container_id="cb", extra_env=env)
+    assert_restored(m.name, before)
+    exec_ok(cni, "DEL", stdin, ns=ns_a, container_id="ca", ifname=pod_name, extra_env=env)
+    assert_restored(m.name, before)
     nothing_recorded(cni)
 
 

@@ -25,6 +25,7 @@ touches a device holds its device lock.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import os
@@ -205,6 +206,7 @@ class _Add:
         if stale is not None:
             log.info("device %s: the allocation record of %s is stale (its netns %s is gone); taking the device over",
                      ref.lock_key, stale.get("attachment"), stale.get("netns"))
+            ref = self.ref = _recover_from_stale(self.states, stale, ref)
         if conf.vf_knobs_set() and ref.vf_index is None:
             raise CNIError(INVALID_CONFIG, f"VF settings given but {ref.describe()} is not an SR-IOV VF",
                            "remove vlan/spoofchk/trust/link_state/tx rates, or select a VF")
@@ -298,6 +300,31 @@ class _Add:
         if self.claimed:
             device_lock.release_allocation(self.root, self.ref.lock_key, self.state)
         self.states.remove(self.key)
+
+
+def _recover_from_stale(states: StateDir, stale: dict, ref: DeviceRef) -> DeviceRef:
+    """The pod that held the device is gone, its DEL has not come yet, and a physical device
+    came back to the host under its pod name (CNI_IFNAME). Before another pod takes it, give it
+    back its own name, MAC, MTU and alias from the holder's state, or the new ADD would record
+    the pod name as the device's original one (and lose the real name for good). The holder's
+    DEL, when it comes, finds the device claimed by another token and leaves it alone."""
+    network, _, rest = (stale.get("attachment") or "").partition("/")
+    container_id, _, ifname = rest.partition("/")
+    previous = states.load(states.key(network, container_id, ifname)) if ifname else None
+    if (not previous or previous.get("token") != stale.get("token") or not previous.get("original") or ref.dpdk
+            or not ref.device_id):  # a device named by its netdev: its lock and selection follow the name
+        return ref
+    original = previous["original"]
+    try:
+        restored = restore_in_host(original)
+    except CNIError as exc:
+        log.warning("could not give %s back its name before taking it over: %s", original["name"], exc.msg)
+        return ref
+    if restored and ref.netdev != original["name"]:
+        log.info("%s came back from the gone pod of %s as %s: restored before the takeover", original["name"],
+                 stale.get("attachment"), ref.netdev)
+        return dataclasses.replace(ref, netdev=original["name"])
+    return ref
 
 
 def _forget_or_keep(states: StateDir, key: str, state: dict, errors: list) -> None:

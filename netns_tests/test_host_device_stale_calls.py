@@ -299,6 +299,28 @@ def test_a_stale_del_leaves_the_device_of_the_pod_that_holds_it_now_alone(cni, n
     nothing_recorded(cni)
 
 
+def test_a_stale_gc_leaves_the_device_of_the_pod_that_holds_it_now_alone(cni, netns, master):
+    """The same for GC (1.1.0) listing only the new attachment: the old one's state goes, the
+    device stays in the new pod."""
+    ns = netns()
+    m, before = prepared(master)
+    stdin = nt.single(f"{ns.name}-net", "1.1.0", hd(cni, m.name))
+    exec_ok(cni, "ADD", stdin, ns=ns, container_id="old")
+    _as_after_a_reboot(ns, m.name)
+    nt.ip("netns", "add", ns.name)
+    exec_ok(cni, "ADD", stdin, ns=ns, container_id="new")
+    held = nt.link(ns.name, "net1")
+
+    gc = {**stdin, "cni.dev/valid-attachments": [{"containerID": "new", "ifname": "net1"}]}
+    exec_ok(cni, "GC", gc, ns=None, ifname=None, container_id=None)
+    assert nt.link(ns.name, "net1") == held, "the stale GC touched the device the new pod holds"
+    assert [s["containerID"] for s in state_files(cni).values()] == ["new"]
+    assert len(allocations(cni)) == 1
+    exec_ok(cni, "DEL", stdin, ns=ns, container_id="new")
+    assert_restored(m.name, before)
+    nothing_recorded(cni)
+
+
 def test_a_takeover_gives_a_device_that_came_home_under_its_pod_name_its_own_name_back(cni, netns, master):
     """Pod A's netns died before its DEL came: the physical device is back in the host under A's
     CNI_IFNAME (with its name in the alias, and sysfs lists it under that name). Pod B gets the
@@ -361,11 +383,13 @@ def test_del_moves_the_device_not_the_link_the_pod_named_like_it(cni, netns, mas
     m, before = prepared(master)
     net = f"{ns.name}-net"
     stdin = nt.single(net, "1.0.0", hd(cni, m.name, mtu=1400))
-    exec_ok(cni, "ADD", stdin, ns=ns, container_id="c1")
+    added = exec_ok(cni, "ADD", stdin, ns=ns, container_id="c1")
     ns.ip("link", "set", "net1", "name", "evil0")
     ns.ip("link", "add", "net1", "type", "veth", "peer", "name", "net1p")
     impostor = nt.link(ns.name, "net1")
 
+    err = exec_err(cni, "CHECK", {**stdin, "prevResult": added}, ns=ns, container_id="c1")
+    assert err["code"] == 105 and "is not the device ADD moved there" in err["msg"], err
     exec_ok(cni, "DEL", stdin, ns=ns, container_id="c1")
     assert_restored(m.name, before)
     assert nt.link(ns.name, "net1") == impostor

@@ -115,7 +115,8 @@ class HostDeviceRdma:
                     link = links.find_link(pod, inv.ifname)
                     if link is None:
                         raise check_failed(f"{inv.ifname} is missing from {inv.netns}")
-                    if state.get("netdev") and not _is_the_device(link, state):
+                    if state.get("netdev") and (link.index != state["netdev"].get("pod_index")
+                                                or not _is_the_device(link, state)):
                         raise check_failed(f"{inv.ifname} in {inv.netns} is not the device ADD moved there "
                                            f"({state['original']['name']}, ifindex {state['netdev'].get('pod_index')})")
                     if expected and expected.mac and link.mac != expected.mac.lower():

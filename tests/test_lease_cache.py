@@ -756,3 +756,24 @@ def test_a_404_about_an_old_claim_never_hides_the_new_claim_of_its_name(server, 
     assert sorted(h for h in held(server).values() if h == "b/net1") == ["b/net1"]
     assert call("DEL", conf, "b") == (0, None)
     assert "b/net1" not in held(server).values()
+
+
+def test_concurrent_adds_in_the_daemon_take_distinct_candidates_without_409s(server, kubeconfig, cache):
+    """Round-robin gives every ADD the same cursor; in one process (the daemon) the ADDs running
+    at once skip each other's candidates, so a burst costs one create per ADD."""
+    conf = netconf(kubeconfig, range="10.0.0.0/24")
+    synced_domain(server, conf)
+    start = threading.Barrier(16)
+    got = {}
+
+    def worker(n):
+        start.wait()
+        got[n] = add_ip(conf, f"burst-{n}")
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(got.values())) == 16
+    assert server.count("create", "leases") == 16, server.counts()

@@ -76,7 +76,7 @@ import random
 import re
 import socket
 import time
-from bisect import insort
+from bisect import bisect_left, insort
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -761,26 +761,46 @@ class KubeStore(Store):
               cursor: Optional[IPAddress], from_cache: bool = False) -> Claim:
         taken = 0
         while True:
-            candidate = rs.next_free(used, cursor)
+            candidate = self._next(rs, used, cursor)
             if candidate is None and from_cache:
                 # The cache's used set may hold addresses freed since (a lagging watch, a 409
                 # placeholder outliving its Lease): "exhausted" is only said after a List.
                 from_cache = False
                 claims = self._list(self._selector(), deadline, f"list leases of domain {self.domain}")
                 used[:] = sorted(int(c.ip) for c in claims if c.ip.version == rs.family)
-                candidate = rs.next_free(used, cursor)
+                candidate = self._next(rs, used, cursor)
             if candidate is None:
                 raced = f" ({taken} candidates were claimed concurrently or held by whereabouts)" if taken else ""
                 raise CNIError(POOL_EXHAUSTED, f"no free address in range {rs.describe()}{raced}",
                                "free addresses (DEL or GC attachments that are gone) or widen the range "
                                "(range_start/range_end, or another ipRanges entry)")
             ip = rs.ranges[0].address(candidate)
-            held_by = self._whereabouts_holder(ip, rs, deadline)
-            claim = self._create(ip, attachment, network, rs, deadline) if held_by is None else None
+            try:
+                held_by = self._whereabouts_holder(ip, rs, deadline)
+                claim = self._create(ip, attachment, network, rs, deadline) if held_by is None else None
+            finally:
+                if self.cache is not None:
+                    self.cache.done(rs.family, candidate)  # written through by now (created or taken)
             insort(used, candidate)
             if claim is not None:
                 return claim
             taken += 1
+
+    def _next(self, rs: RangeSet, used: list[int], cursor: Optional[IPAddress]) -> Optional[int]:
+        """The next candidate after the cursor. In a process with a watch cache (the daemon) the
+        ADDs running at once all start from the same cursor: each skips the candidates the others
+        are creating right now (:meth:`LeaseCache.choose`), so they do not meet in 409s."""
+        if self.cache is None:
+            return rs.next_free(used, cursor)
+
+        def choose(pending: Sequence[int]) -> Optional[int]:
+            for value in pending:
+                i = bisect_left(used, value)
+                if i == len(used) or used[i] != value:
+                    used.insert(i, value)
+            return rs.next_free(used, cursor)
+
+        return self.cache.choose(rs.family, choose)
 
     def _whereabouts_holder(self, ip: IPAddress, rs: RangeSet, deadline: float) -> Optional[str]:
         """Which of whereabouts' objects holds ``ip`` (None: none, or the check is off)."""

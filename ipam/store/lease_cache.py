@@ -121,6 +121,8 @@ class LeaseCache:
         self._by_attachment: dict[Hashable, set[str]] = {}
         self._used: dict[int, list[int]] = {4: [], 6: []}
         self._latest: dict[str, Any] = {}  # range -> the most recently made claim seen (the round-robin cursor)
+        self._pending: set[tuple[int, int]] = set()  # (version, address) of this process's creates in flight
+        self._choosing = threading.Lock()
         self._dead: OrderedDict[str, bool] = OrderedDict()  # uid -> the List/Watch confirmed it
         self.resource_version = ""
         self.synced = False  # a List applied and a watch stream open (or about to re-open)
@@ -202,6 +204,24 @@ class LeaseCache:
         """Per range, the most recently made claim seen (it may be gone since: it is a position)."""
         with self._cond:
             return dict(self._latest)
+
+    def choose(self, version: int, pick: Callable[[list[int]], Optional[int]]) -> Optional[int]:
+        """``pick(pending)`` under a lock, ``pending`` being the sorted addresses of ``version``
+        that this process is creating right now; the address it returns is pending until
+        :meth:`done`. ADDs that start from one round-robin cursor at once take distinct candidates."""
+        with self._choosing:
+            with self._cond:
+                pending = sorted(value for fam, value in self._pending if fam == version)
+            value = pick(pending)
+            if value is not None:
+                with self._cond:
+                    self._pending.add((version, value))
+            return value
+
+    def done(self, version: int, value: int) -> None:
+        """The create of ``value`` has an answer (written through): no longer pending."""
+        with self._cond:
+            self._pending.discard((version, value))
 
     def claims_of(self, attachment: Hashable) -> list[Any]:
         with self._cond:

@@ -314,8 +314,9 @@ def main(argv: list[str] | None = None) -> int:
         ipam = {"type": "lease-ipam", "range": str(net)}
         kube_conf = {"cniVersion": "1.1.0", "name": NETWORK, "type": "macvlan",
                      "ipam": dict(ipam, kubernetes={"kubeconfig": str(kc), "namespace": NAMESPACE})}
+        # the calls carry K8S_POD_UID (a Kubernetes pod): the local store must be chosen explicitly
         local_conf = {"cniVersion": "1.1.0", "name": NETWORK, "type": "macvlan",
-                      "ipam": dict(ipam, dataDir=os.path.join(tmp, "local"))}
+                      "ipam": dict(ipam, datastore="local", dataDir=os.path.join(tmp, "local"))}
         confs = {}
         for name, conf in (("kube", kube_conf), ("local", local_conf)):
             confs[name] = os.path.join(tmp, f"{name}.json")

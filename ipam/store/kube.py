@@ -54,10 +54,13 @@ cache is a hint, never the answer, so nothing depends on its freshness:
 
 Candidates: round-robin over the domain, cluster-wide: :meth:`RangeSet.next_free` after the cursor,
 the address of the domain's most recently made claim in the range set (its ``acquireTime``, from
-the List or the cache), over the used set; a 409 adds the address to the used set and takes the
-next. So a freed address is handed out again only after the range has gone round (whereabouts
-#288, Calico #6968). Nodes adding at the same instant aim at the same next address and the
-losers walk on by 409s (a per-node block design is issue 17's). A range is never enumerated.
+the List or the cache), over the used set, passing over a per-node count of free addresses
+(below ``NODE_WINDOW``, at most 1/16 of the range set; none under 32 addresses) so that nodes
+adding at the same instant seldom aim at the same address; a 409 adds the address to the used
+set and the walk goes on from it.
+So a freed address is handed out again only after the range has gone round (whereabouts #288,
+Calico #6968). In the daemon, ADDs running at once skip each other's candidates
+(:meth:`_next`). A range is never enumerated.
 
 Faults: every request has a timeout (``request_timeout_seconds``); 429 (Retry-After honoured),
 5xx and transport errors are retried with jittered exponential backoff within the verb's budget
@@ -115,6 +118,7 @@ _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _BACKOFF_BASE = 0.05
 _BACKOFF_CAP = 1.0
 _ROLLBACK_BUDGET = 10.0
+NODE_WINDOW = 64  # a node's first candidate passes over fewer free addresses than this
 
 
 # -- names and labels -----------------------------------------------------------------------------
@@ -618,6 +622,18 @@ class KubeStore(Store):
             return None
         return max(found, key=lambda c: (c.time, int(c.ip))).ip
 
+    def _skip(self, rs: RangeSet) -> int:
+        """How many free addresses after the cursor this node passes over for its first candidate.
+
+        Nodes adding at the same instant share the cursor; each starts a few free addresses
+        further, by a count of its own (below ``NODE_WINDOW``, at most 1/16 of the range set),
+        so that they seldom aim at the same address (a 409 each). Range sets of fewer than 32
+        addresses keep the exact order."""
+        window = min(NODE_WINDOW, sum(r.end - r.start + 1 for r in rs.ranges) // 16)
+        if window <= 1:
+            return 0
+        return int.from_bytes(hashlib.sha256(f"{self.node}\0{rs.index}".encode()).digest()[:8], "big") % window
+
     def allocate(self, attachment: Attachment, network: str, range_sets: Sequence[RangeSet],
                  requested: Mapping[int, IPAddress]) -> list[IPAddress]:
         deadline = self._deadline()
@@ -759,16 +775,16 @@ class KubeStore(Store):
 
     def _pick(self, rs: RangeSet, attachment: Attachment, network: str, used: list[int], deadline: float,
               cursor: Optional[IPAddress], from_cache: bool = False) -> Claim:
-        taken = 0
+        taken, skip = 0, self._skip(rs)
         while True:
-            candidate = self._next(rs, used, cursor)
+            candidate = self._next(rs, used, cursor, skip)
             if candidate is None and from_cache:
                 # The cache's used set may hold addresses freed since (a lagging watch, a 409
                 # placeholder outliving its Lease): "exhausted" is only said after a List.
                 from_cache = False
                 claims = self._list(self._selector(), deadline, f"list leases of domain {self.domain}")
                 used[:] = sorted(int(c.ip) for c in claims if c.ip.version == rs.family)
-                candidate = self._next(rs, used, cursor)
+                candidate = self._next(rs, used, cursor, skip)
             if candidate is None:
                 raced = f" ({taken} candidates were claimed concurrently or held by whereabouts)" if taken else ""
                 raise CNIError(POOL_EXHAUSTED, f"no free address in range {rs.describe()}{raced}",
@@ -785,20 +801,34 @@ class KubeStore(Store):
             if claim is not None:
                 return claim
             taken += 1
+            cursor, skip = rs.ranges[0].address(candidate), 0  # taken: go on from there
 
-    def _next(self, rs: RangeSet, used: list[int], cursor: Optional[IPAddress]) -> Optional[int]:
-        """The next candidate after the cursor. In a process with a watch cache (the daemon) the
-        ADDs running at once all start from the same cursor: each skips the candidates the others
-        are creating right now (:meth:`LeaseCache.choose`), so they do not meet in 409s."""
+    def _next(self, rs: RangeSet, used: list[int], cursor: Optional[IPAddress], skip: int) -> Optional[int]:
+        """The ``skip``-th free address after the cursor (fewer when the range runs out: never one
+        twice). In a process with a watch cache (the daemon) the ADDs running at once all start
+        from the same cursor: each passes over the candidates the others are creating right now
+        (:meth:`LeaseCache.choose`), so they do not meet in 409s."""
+
+        def advance() -> Optional[int]:
+            candidate = first = rs.next_free(used, cursor)
+            for _ in range(skip):
+                if candidate is None:
+                    break
+                following = rs.next_free(used, rs.ranges[0].address(candidate))
+                if following is None or following == first:
+                    break
+                candidate = following
+            return candidate
+
         if self.cache is None:
-            return rs.next_free(used, cursor)
+            return advance()
 
         def choose(pending: Sequence[int]) -> Optional[int]:
             for value in pending:
                 i = bisect_left(used, value)
                 if i == len(used) or used[i] != value:
                     used.insert(i, value)
-            return rs.next_free(used, cursor)
+            return advance()
 
         return self.cache.choose(rs.family, choose)
 

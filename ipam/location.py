@@ -160,8 +160,8 @@ def uses_kubernetes(config: dict) -> bool:
 
 
 def from_kubernetes(args: Mapping[str, str]) -> bool:
-    """The call is for a Kubernetes pod: ``K8S_POD_UID`` in CNI_ARGS (containerd and CRI-O set it,
-    Multus passes it on). Not K8S_POD_NAME/NAMESPACE: podman's CNI backend sets those for every
+    """The call is for a Kubernetes pod: ``K8S_POD_UID`` in CNI_ARGS (Multus gives it to every
+    delegate: research/cni-contract.md). Not K8S_POD_NAME/NAMESPACE: podman's CNI backend sets those for every
     container of one host."""
     return bool(args.get(K8S_POD_UID))
 

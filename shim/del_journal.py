@@ -110,7 +110,12 @@ def replay_once(directory: str, plugins: Mapping[str, Any], serve: Serve, parse:
         except FileNotFoundError:
             continue  # an ADD of the attachment removed it just now
         who = {"plugin": plugin, "container": env.get("CNI_CONTAINERID"), "ifname": env.get("CNI_IFNAME")}
-        code, out, _ = serve(plugin, env, stdin)
+        try:
+            code, out, _ = serve(plugin, env, stdin)
+        except Exception as exc:  # noqa: BLE001 - one entry must not stop the others; kept for the next round
+            counts["failed"] += 1
+            log("del_replay_error", "error", error=f"{type(exc).__name__}: {exc}", **who)
+            continue
         if code == 0:
             counts["freed"] += 1
             log("del_replayed", **who)

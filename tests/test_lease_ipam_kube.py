@@ -352,7 +352,14 @@ def test_5xx_and_dropped_connections_are_retried(server, kubeconfig):
 def test_create_answered_too_late_is_recognised_as_ours(server, kubeconfig):
     """The first create commits after the client gave up; the retry meets 409 and reads it back."""
     server.inject_latency(1.0, verb="create")
-    threading.Timer(0.8, server.clear_faults).start()
+
+    def clear_once_committed():  # from then on a create is answered at once: 409, it exists
+        deadline = time.monotonic() + 10
+        while not leases(server) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        server.clear_faults()
+
+    threading.Thread(target=clear_once_committed, daemon=True).start()
     code, out = call("ADD", netconf(kubeconfig, kube={"request_timeout_seconds": 0.3}))
     assert code == 0, out
     time.sleep(1.2)  # let the delayed creates finish

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 from pydantic import Field, field_validator
 
 from cni.core import macaddr
+from cni.core.infiniband import parse_pkey
 from cni.core.invocation import Invocation
 from cni.core.netconf import NetConf, load
 
@@ -32,12 +33,21 @@ class HostDeviceConf(NetConf):
     rdma: Literal["auto", "required", "off"] = Field(
         "auto", description='rdma is "auto" (move the RDMA device in exclusive mode), "required" or "off"'
     )
+    guid: Optional[str] = Field(None, description="guid is an InfiniBand VF GUID of 8 octets such as 02:00:00:00:00:00:00:01 "
+                                "(runtimeConfig.infinibandGUID, the infinibandGUID capability, wins)")
+    pkey: Optional[Union[int, str]] = Field(None, description='pkey is the IB VF\'s partition key such as "0x8001", for '
+                                            "the subnet manager (ib-kubernetes); the plugin validates and records it")
     stateDir: str = Field(DEFAULT_STATE_DIR, min_length=2, pattern=r"^/", description="stateDir is an absolute directory")
 
     @field_validator("mac", "hwaddr")
     @classmethod
     def _mac(cls, value: Optional[str], info) -> Optional[str]:
         return macaddr.normalize_mac(value, info.field_name) if value else value
+
+    @field_validator("pkey")
+    @classmethod
+    def _pkey(cls, value: Optional[Union[int, str]]) -> Optional[int]:
+        return None if value is None else parse_pkey(value)
 
     @field_validator("vlanProto")
     @classmethod

@@ -5,7 +5,8 @@ the act, so a failure, a timeout, a caller that hung up or a crash at any step l
 rollback, a later DEL or a repeat ADD can undo from:
   select the device -> lock it -> refuse it if a live pod holds it -> decide the RDMA move ->
   save the state and claim the device (allocation record with this ADD's token) -> apply VF
-  settings through the PF -> move the RDMA device (exclusive mode) -> move the netdev through a
+  settings through the PF -> InfiniBand VF: node and port GUID through the PF, then a driver
+  rebind (ib_vf.py) -> move the RDMA device (exclusive mode) -> move the netdev through a
   temporary netns (rename to CNI_IFNAME, alias = original name) into the pod -> IPAM ->
   device-info file -> save the state (done).
 Between steps ADD stops when its deadline passed or its caller went away (cni.core.deadline) and
@@ -37,6 +38,7 @@ from cni.core import deadline as call_deadline
 from cni.core.errors import (
     INVALID_CONFIG,
     INVALID_ENVIRONMENT,
+    LINK_FAILURE,
     RDMA_MISMATCH,
     CNIError,
     check_failed,
@@ -50,7 +52,7 @@ from cni.core.rollback import Undo
 from cni.linux import links, netns, sysfs
 from cni.linux.state import StateDir
 
-from . import device_lock
+from . import device_lock, ib_vf
 from .config import HostDeviceConf, effective_mac, load_conf, state_root
 from .moves import identify, identity_of, move_into_pod, move_to_host, restore_in_host, strongly_identified
 from .selection import DeviceRef, select_device
@@ -143,6 +145,11 @@ class HostDeviceRdma:
                 problem = check_vf_settings(host, ref, state["vf"])
             if problem:
                 raise check_failed(problem)
+        if state.get("ib"):
+            with links.rtnl_in() as host:
+                problem = ib_vf.check(host, ref, state["ib"])
+            if problem:
+                raise check_failed(problem)
 
     def gc(self, inv: Invocation) -> None:
         conf = load_conf(inv)
@@ -211,6 +218,7 @@ class _Add:
         if conf.vf_knobs_set() and ref.vf_index is None:
             raise CNIError(INVALID_CONFIG, f"VF settings given but {ref.describe()} is not an SR-IOV VF",
                            "remove vlan/spoofchk/trust/link_state/tx rates, or select a VF")
+        ib_vf.refuse_if_not_ib(ref, conf, inv)
         rdma_device = _rdma_device(conf, ref)
         pod_id = netns.identity(inv.netns)
         if pod_id is None:
@@ -242,6 +250,17 @@ class _Add:
             self._save()
             self.undo.push(f"restore the settings of VF {ref.vf_index}", _restore_vf, ref, state["vf"])
             apply_vf_settings(host, ref, state["vf"])
+        if ib_vf.is_ib_vf(ref):
+            step("setting the GUIDs of the InfiniBand VF")
+            state["ib"] = ib_vf.plan(host, ref, conf, inv)
+            self._save()
+            self.undo.push(f"restore the GUIDs of VF {ref.vf_index}", _restore_ib, ref, state["ib"],
+                           (state.get("original") or {}).get("name"))
+            ref = self.ref = ib_vf.apply(host, ref, state["ib"], self._save)
+            if link is not None:
+                link = _after_rebind(host, ref, state)
+                self._save()
+            rdma_device = _rdma_device(conf, ref)  # the rebind re-created it
         with _open_pod(inv.netns) as pod_fd:
             if rdma_device:
                 # RDMA first: a soft-RoCE device dies when its netdev leaves init_net, and a driver
@@ -384,6 +403,8 @@ def _undo_device(state: dict, ref: DeviceRef, netns_path: str) -> list[CNIError]
         _collect(errors, _move_rdma_to_host, rdma["device"], netns_path, state.get("netns_id"))
     if state.get("vf"):
         _collect(errors, _restore_vf, ref, state["vf"])
+    if state.get("ib"):
+        _collect(errors, _restore_ib, ref, state["ib"], (original or {}).get("name"))
     return errors
 
 
@@ -392,6 +413,23 @@ def _restore_vf(ref: DeviceRef, saved: dict) -> None:
 
     with links.rtnl_in() as host:
         restore_vf_settings(host, ref, saved)
+
+
+def _restore_ib(ref: DeviceRef, record: dict, original_name: Optional[str]) -> None:
+    with links.rtnl_in() as host:
+        ib_vf.restore(host, ref, record, original_name)
+
+
+def _after_rebind(host, ref: DeviceRef, state: dict) -> links.Link:
+    """The IB VF's netdev as the rebind re-created it (new ifindex, maybe a new name), recorded as
+    the device to move and recognise; its IPoIB address follows the GUID, which DEL restores, so
+    the address is never set back."""
+    link = links.find_link(host, ref.netdev)
+    if link is None:
+        raise CNIError(LINK_FAILURE, f"{ref.describe()}: netdev {ref.netdev} is not in the host netns after the driver rebind",
+                       "see the node's kernel log (dmesg) for the VF's driver")
+    state["original"].update(index=link.index, mac="", **identity_of(link))
+    return link
 
 
 def _is_the_device(link: Optional[links.Link], state: dict) -> bool:

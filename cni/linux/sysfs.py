@@ -356,6 +356,14 @@ def read_attribute(path: str, root: str = "/") -> str | None:
         return None
 
 
+def write_attribute(path: str, value: str, root: str = "/") -> None:
+    """Write ``value`` to sysfs attribute ``path`` (absolute, resolved inside root; in a fake tree
+    the file is created). OSError as the kernel answers it (e.g. ENODEV from a driver's bind)."""
+    host, _ = _resolve(root, path)
+    with open(host, "w", encoding="utf-8") as f:
+        f.write(value)
+
+
 def list_names(path: str, root: str = "/") -> list[str]:
     """Sorted names in directory ``path`` (read inside root); [] when it is absent."""
     try:

@@ -26,6 +26,10 @@ Sections, in order (later ones rely on the objects earlier ones create):
     plugin        macvlan-rdma ADD / DEL by raw exec, host-local IPAM, device-info file, GIDs of
                   net1 and the GID index the plugin logged
     hd_required   host-device-rdma ADD of hdv0 with rdma "required": 101, nothing changed
+InfiniBand (alone: module autoload is switched off for its first half):
+  ipoib     the ipoib link kind with ib_ipoib absent (errno, library error, ipoib-rdma ADD), then
+            modprobe ib_ipoib: veth/lo/no/unknown parent (errnos), ipoib-rdma ADD and DEL; the
+            veth ibk0 is an IPoIB port only in a fake tree (IBSYS); nothing left either time
 SR-IOV VF settings on netdevsim (built by prepare.sh; Debian's kernel has none), vf_settings.py:
   netdevsim  insmod netdevsim.ko (its deps by modprobe); netdevsim10 with one port; 4 VFs; VF 1
              spoofchk on with the ip tool (real NICs start with it on, netdevsim off); vfinfo_list
@@ -45,6 +49,9 @@ SR-IOV VF settings on netdevsim (built by prepare.sh; Debian's kernel has none),
     hd_vf         host-device-rdma on VF 0 of the netdevsim PF, its "VF netdev" a veth (vfnet0)
                   mapped by the fake sysfs tree: ADD with vlan/qos/spoofchk/trust/mac, CHECK,
                   DEL; vfinfo_list and the veth as before
+    hd_ib_vf      VF GUIDs to the netdevsim PF (no ndo_set_vf_guid): the library's requests, and
+                  host-device-rdma ADD of VF 3 as an IB VF (IBSYS) with runtimeConfig.infinibandGUID:
+                  error 100, vfinfo_list, the veth, state, IPAM, rebind files as before
 then, on the same VF 0 and fake tree:
   hd_vf_stale  pod A ADDs VF 0 (vlan 100, mac); a reboot is simulated (the VF netdev comes home
                under its name, the VF settings are reset, A's netns is gone); pod B ADDs VF 0
@@ -528,6 +535,108 @@ def exclusive_scenario(entry):
     entry["ipam_files"] = sorted(os.listdir(f"{IPAM_DIR}/vmnet2")) if os.path.isdir(f"{IPAM_DIR}/vmnet2") else []
 
 
+# ------------------------------------------------------------------------------------ InfiniBand
+
+IPOIB_PLUGIN = os.path.join(VENV_BIN, "ipoib-rdma")
+IB_NETDEV, IB_PEER = "ibk0", "ibk1"  # a veth the fake tree calls the IPoIB netdev of a ConnectX-6 port
+IBSYS = "/tmp/rdmanet-vm-ibsys"  # RDMANET_SYSFS_ROOT of the InfiniBand scenarios (not FAKESYS: hd_vf's VF is no IB VF)
+
+try:
+    sys.path.insert(0, os.getcwd())  # the checkout: netns_tests.ib_trees builds the fake IB trees
+    import pathlib
+
+    from pyroute2 import IPRoute as _IPRoute
+    from pyroute2.netlink.exceptions import NetlinkError as _NetlinkError
+    from pyroute2.netlink.rtnl import RTM_NEWLINK
+
+    from cni.core.errors import CNIError as _CNIError
+    from cni.linux import ipoib, vf_guid
+    from cni.linux.netlink_request import send as nl_send
+    from netns_tests import ib_trees
+except BaseException:  # each InfiniBand section then records its NameError
+    out["ib_import_error"] = traceback.format_exc()[-3000:]
+
+
+def ib_errno(ipr, msg) -> object:
+    """The errno the kernel answers to a hand-built RTM_NEWLINK (create flags), or "no error"."""
+    try:
+        nl_send(ipr, msg, RTM_NEWLINK, ipoib.REQUEST_FLAGS)
+    except _NetlinkError as e:
+        return e.code
+    return "no error"
+
+
+def ib_cni_error(fn, *args) -> dict:
+    try:
+        fn(*args)
+    except _CNIError as exc:
+        return {"code": exc.code, "msg": exc.msg, "details": exc.details}
+    return {"no error": True}
+
+
+def host_link_names() -> list[str]:
+    return sorted(l["ifname"] for l in json.loads(sh("ip", "-j", "link", "show").stdout))
+
+
+def ipoib_conf() -> dict:
+    return {"cniVersion": "1.0.0", "name": "vmib", "type": "ipoib-rdma", "master": IB_NETDEV, "pkey": "0x8001",
+            "ipam": {"type": "host-local", "dataDir": IPAM_DIR, "ranges": [[{"subnet": "198.18.9.0/24"}]]}}
+
+
+def ipoib_scenario(entry):
+    """The ipoib link kind on Debian's kernel: without ib_ipoib (module autoload disabled, as on a
+    node without the module) and with it loaded, for a non-IPoIB parent; the library's request
+    and errno mapping, and ipoib-rdma ADD by raw exec with a fake tree that calls the veth an
+    IPoIB port, each leaving nothing behind."""
+    sh("ip", "link", "add", IB_NETDEV, "type", "veth", "peer", "name", IB_PEER)
+    sh("ip", "link", "set", IB_NETDEV, "up")
+    ib_trees.ipoib_port(pathlib.Path(IBSYS), IB_NETDEV)
+    sh("ip", "netns", "add", "ib-pod")
+    netns = "/run/netns/ib-pod"
+    env = {"RDMANET_SYSFS_ROOT": IBSYS}
+    entry["links_before"] = before = host_link_names()
+    entry["module_before"] = os.path.isdir("/sys/module/ib_ipoib")
+    with open("/proc/sys/kernel/modprobe") as f:
+        saved = f.read().strip()
+    with open("/proc/sys/kernel/modprobe", "w") as f:
+        f.write("/bin/true")  # rtnl's request_module("rtnl-link-ipoib") then loads nothing
+    try:
+        with _IPRoute() as ipr:
+            parent = ipr.link_lookup(ifname=IB_NETDEV)[0]
+            entry["errno_no_module"] = ib_errno(ipr, ipoib.child_request("ibtmp0", parent, 1, "datagram"))
+            entry["lib_no_module"] = ib_cni_error(ipoib.create_child, ipr, "ibtmp0", parent, IB_NETDEV, 1, "datagram")
+        entry["add_no_module"] = yield Exec("ADD", "ibpod1", netns, ipoib_conf(), plugin=IPOIB_PLUGIN, env=env)
+    finally:
+        with open("/proc/sys/kernel/modprobe", "w") as f:
+            f.write(saved)
+    entry["module_still_absent"] = not os.path.isdir("/sys/module/ib_ipoib")
+    entry["left_no_module"] = {"host": sorted(set(host_link_names()) - set(before)), "ipam": ipam_ips("vmib"),
+                               "pod": [l["ifname"] for l in json.loads(sh("ip", "-n", "ib-pod", "-j", "link", "show").stdout)]}
+    sh("modprobe", "ib_ipoib")
+    entry["module_after"] = os.path.isdir("/sys/module/ib_ipoib")
+    with _IPRoute() as ipr:
+        parent = ipr.link_lookup(ifname=IB_NETDEV)[0]
+        lo = ipr.link_lookup(ifname="lo")[0]
+        no_link = ipoib.child_request("ibtmp1", parent, 1, "datagram")
+        no_link["attrs"] = [a for a in no_link["attrs"] if a[0] != "IFLA_LINK"]
+        entry["errno_with_module"] = {
+            "veth_parent": ib_errno(ipr, ipoib.child_request("ibtmp1", parent, 1, "datagram")),
+            "veth_parent_connected": ib_errno(ipr, ipoib.child_request("ibtmp1", parent, 0x7FFF, "connected")),
+            "lo_parent": ib_errno(ipr, ipoib.child_request("ibtmp1", lo, 1, "datagram")),
+            "no_parent": ib_errno(ipr, no_link),
+            "parent_9999": ib_errno(ipr, ipoib.child_request("ibtmp1", 9999, 1, "datagram")),
+        }
+        entry["lib_with_module"] = ib_cni_error(ipoib.create_child, ipr, "ibtmp1", parent, IB_NETDEV, 1, "datagram")
+    entry["add_with_module"] = yield Exec("ADD", "ibpod1", netns, ipoib_conf(), plugin=IPOIB_PLUGIN, env=env)
+    entry["del"] = yield Exec("DEL", "ibpod1", netns, ipoib_conf(), plugin=IPOIB_PLUGIN, env=env)
+    entry["left_with_module"] = {"host": sorted(set(host_link_names()) - set(before)), "ipam": ipam_ips("vmib"),
+                                 "pod": [l["ifname"] for l in json.loads(sh("ip", "-n", "ib-pod", "-j", "link", "show").stdout)]}
+    sh("ip", "netns", "del", "ib-pod", check=False)
+
+
+parallel(("ipoib", ipoib_scenario))  # alone: it switches module autoload off for a moment
+
+
 parallel(("plugin", plugin_scenario), ("hd_required", hd_required_scenario))
 
 
@@ -774,7 +883,34 @@ def _vf_errors(entry):
     entry["vfinfo_after"] = vfinfo(pf)
 
 
-parallel(("exclusive", exclusive_scenario), ("hd_exclusive", hd_exclusive_scenario), ("hd_vf", hd_vf_scenario))
+def hd_ib_vf_scenario(entry):
+    """A VF GUID request to a device that cannot take one: VF 3 of the real netdevsim PF, which a
+    fake tree (IBSYS) calls the IPoIB netdev of an IB PF, its "VF netdev" a veth. The library's
+    request, then host-device-rdma ADD with runtimeConfig.infinibandGUID: error 100, nothing changed."""
+    pf, index = pf_of_nsim()
+    vf, vf_pci, pf_pci = 3, "0000:3c:00.3", "0000:3c:00.0"
+    sh("ip", "link", "add", "ibvf0", "type", "veth", "peer", "name", "ibvf1")
+    ib_trees.ib_vf(pathlib.Path(IBSYS), vf_pci, pf_pci=pf_pci, vf_index=vf, netdev="ibvf0", ibdev="mlx5_9", pf_netdev=pf)
+    entry["vfinfo_before"] = vfinfo(pf)
+    entry["veth_before"] = before = link_json("ibvf0")
+    with _IPRoute() as ipr:
+        entry["lib"] = ib_cni_error(vf_guid.set_guids, ipr, index, pf, vf, 0x0200000000000003, "from guid")
+        entry["read_back"] = list(vf_guid.read_guids(ipr, index, vf))
+    sh("ip", "netns", "add", "hd-pod-ibvf")
+    conf = {"cniVersion": "1.0.0", "name": "hdibvf", "type": "host-device-rdma", "stateDir": f"{HD_STATE}/hdibvf",
+            "deviceID": vf_pci, "rdma": "off", "runtimeConfig": {"infinibandGUID": "02:00:00:00:00:00:00:03"},
+            "ipam": {"type": "host-local", "dataDir": IPAM_DIR, "ranges": [[{"subnet": "198.18.10.0/24"}]]}}
+    entry["add"] = yield Exec("ADD", "hdibvf", "/run/netns/hd-pod-ibvf", conf, plugin=HD_PLUGIN, env={"RDMANET_SYSFS_ROOT": IBSYS})
+    entry["vfinfo_after"] = vfinfo(pf)
+    entry["veth_after"], _ = settled("ibvf0", before)
+    entry["state_files"] = files_under(conf["stateDir"])
+    entry["ipam"] = ipam_ips("hdibvf")
+    entry["rebind_files"] = files_under(f"{IBSYS}/sys/bus/pci/drivers")
+    entry["pod_links"] = [l["ifname"] for l in json.loads(sh("ip", "-n", "hd-pod-ibvf", "-j", "link", "show").stdout)]
+
+
+parallel(("exclusive", exclusive_scenario), ("hd_exclusive", hd_exclusive_scenario), ("hd_vf", hd_vf_scenario),
+         ("hd_ib_vf", hd_ib_vf_scenario))
 
 
 def hd_call(command: str, container: str, netns: str, conf: dict) -> dict:

@@ -265,8 +265,8 @@ KUBERNETES_KEYS = {"kubeconfig", "k8s_api_root", "namespace", "timeout_seconds",
 
 def test_the_three_deployments_are_there():
     by_type = sorted(nad_config(nad)["type"] for _, nad in example_nads())
-    assert by_type == ["host-device-rdma", "host-device-rdma", "ipoib-rdma", "macvlan-rdma"]
-    assert len(objects("Pod", DEPLOY / "examples")) == 4
+    assert by_type == ["host-device-rdma", "host-device-rdma", "host-device-rdma", "ipoib-rdma", "macvlan-rdma"]
+    assert len(objects("Pod", DEPLOY / "examples")) == 5
 
 
 @pytest.mark.parametrize("path, nad", example_nads(), ids=lambda x: rel(x) if isinstance(x, Path) else "")
@@ -316,11 +316,17 @@ def test_example_nads_and_pods_belong_together():
             assert resource == "rdma/shared_ib" and config["master"]
         elif "device" in config or "pciBusID" in config:  # the dedicated PF: the NAD names it
             assert resource is None
+        elif "pkey" in config:  # the InfiniBand VF: Multus hands over the VF and the pod's GUID
+            assert resource == "nvidia.com/mlnx_ib_vf"
+            assert config["capabilities"]["infinibandGUID"] is True
         else:  # the SR-IOV VF: Multus hands over the allocated VF
             assert resource == "nvidia.com/mlnx_sriov_rdma"
             assert any(k in config for k in ("vlan", "spoofchk", "trust", "link_state"))
     for path, pod in objects("Pod", DEPLOY / "examples"):
         network = pod["metadata"]["annotations"][NETWORKS_ANNOTATION]
+        if network.startswith("["):  # the JSON form (Multus' NetworkSelectionElement list)
+            [element] = json.loads(network)
+            network = element["name"]
         assert network in resource_of, f"{rel(path)}: pod names {network}, which no example NAD defines"
         nad_file = next(p for p, n in example_nads() if n["metadata"]["name"] == network)
         assert nad_file == path, "a pod and its NAD are applied together: keep them in one file"

@@ -81,7 +81,7 @@ def diagnose(options: Options) -> Report:
             out.append(error("network", path, f"--network-config {path} {cf.error}",
                              "give a network config: a NAD's spec.config, a conflist or a NAD object"))
         elif not cf.networks:
-            out.append(error("network", path, f"--network-config {path} uses none of macvlan-rdma, host-device-rdma, lease-ipam",
+            out.append(error("network", path, f"--network-config {path} uses none of macvlan-rdma, host-device-rdma, ipoib-rdma, lease-ipam",
                              "give a network config that uses an rdmanet plugin"))
         uses += cf.networks
 

@@ -406,7 +406,7 @@ def masters_of(uses: list[NetworkUse]) -> tuple[str, ...]:
     """Netdevs the networks name (macvlan master, host-device device), for the host gathering."""
     out = []
     for use in uses:
-        if use.plugin == "macvlan-rdma" and isinstance(use.config.get("master"), str):
+        if use.plugin in ("macvlan-rdma", "ipoib-rdma") and isinstance(use.config.get("master"), str):
             out.append(use.config["master"])
         if use.plugin == "host-device-rdma":
             dev = static_device(use.config)
@@ -418,10 +418,11 @@ def masters_of(uses: list[NetworkUse]) -> tuple[str, ...]:
 def gather_network(use: NetworkUse, host: HostFacts, sysfs_root: str) -> NetworkFacts:
     from cni.linux import sysfs
 
-    if use.plugin == "macvlan-rdma":
+    if use.plugin in ("macvlan-rdma", "ipoib-rdma"):
         if use.config.get("linkInContainer") is True:
             return NetworkFacts()
-        master = use.config.get("master") if isinstance(use.config.get("master"), str) else host.default_route
+        default = host.default_route if use.plugin == "macvlan-rdma" else None  # ipoib-rdma: master is required
+        master = use.config.get("master") if isinstance(use.config.get("master"), str) else default
         if not master:
             return NetworkFacts()
         dev = host.netdevs.get(master)
@@ -451,7 +452,10 @@ def _plugin_finding(use: NetworkUse, facts: NetworkFacts, host: HostFacts) -> Fi
         return error("network", subject, f"{where}: rdma is {setting}: ADD fails (invalid config)",
                      'set "rdma" to "auto", "required" or "off"')
     mode = host.mode.mode if host.mode.status == "ok" else None
-    if use.plugin == "macvlan-rdma":
+    if (wrong := _wrong_port(use, facts, host)) is not None:
+        return wrong
+    if use.plugin in ("macvlan-rdma", "ipoib-rdma"):
+        child = "a macvlan" if use.plugin == "macvlan-rdma" else "an IPoIB child"  # what a pod gets
         if facts.link is None:
             return info("network", subject, f"{where}: master is in the pod or not known here (no default route): "
                                             "RDMA not judged")
@@ -468,11 +472,12 @@ def _plugin_finding(use: NetworkUse, facts: NetworkFacts, host: HostFacts) -> Fi
             fix = SHARED_MODE_FIX if asked == EXCLUSIVE else "use a master port with exactly one RDMA device"
             return warn("network", subject, f"{where}: pods attach without RDMA: {decision.warning}", fix)
         if decision.device:
-            return ok("network", subject, f"{where}: pods get a macvlan on {facts.link} and use its RDMA device "
+            return ok("network", subject, f"{where}: pods get {child} on {facts.link} and use its RDMA device "
                                           f"{decision.device} (shared mode)")
+        plain = "a plain macvlan" if use.plugin == "macvlan-rdma" else "an IPoIB child without RDMA"
         if setting == "off":
-            return info("network", subject, f"{where}: rdma is off: a plain macvlan on {facts.link}")
-        return info("network", subject, f"{where}: master {facts.link} has no RDMA device: pods get a plain macvlan",
+            return info("network", subject, f"{where}: rdma is off: {plain} on {facts.link}")
+        return info("network", subject, f"{where}: master {facts.link} has no RDMA device: pods get {plain}",
                     'pick a port of an RDMA NIC as "master" for RDMA pods')
     # host-device-rdma
     if setting == "off":
@@ -506,12 +511,29 @@ def _plugin_finding(use: NetworkUse, facts: NetworkFacts, host: HostFacts) -> Fi
                 f"for per-pod RDMA devices: {EXCLUSIVE_MODE_FIX}")
 
 
+def _wrong_port(use: NetworkUse, facts: NetworkFacts, host: HostFacts) -> Optional[Finding]:
+    """A macvlan-rdma master that is an IPoIB netdev, or an ipoib-rdma master that is not: ADD
+    fails, and the other plugin is the one for that port."""
+    if use.plugin not in ("macvlan-rdma", "ipoib-rdma") or not facts.link or not facts.link_exists:
+        return None
+    dev = host.netdevs.get(facts.link)
+    link_type = dev.link_type if dev is not None else None
+    where = f"{use.plugin} in {use.source}"
+    if use.plugin == "macvlan-rdma" and link_type == 32:
+        return error("network", use.network, f"{where}: master {facts.link} is an IPoIB (InfiniBand) netdev: a macvlan "
+                                             "cannot hang off it: ADD fails", '"type": "ipoib-rdma" is the plugin for IB ports')
+    if use.plugin == "ipoib-rdma" and link_type is not None and link_type != 32:
+        return error("network", use.network, f"{where}: master {facts.link} is not an IPoIB netdev (link type {link_type}): "
+                                             "ADD fails", '"type": "macvlan-rdma" is the plugin for Ethernet and RoCE ports')
+    return None
+
+
 def check_networks(uses: list[NetworkUse], facts: list[NetworkFacts], host: HostFacts, bin_names: list[str],
                    bin_dir: str) -> list[Finding]:
     out: list[Finding] = []
     present = set(bin_names)
     for use, nf in zip(uses, facts):
-        if use.plugin in ("macvlan-rdma", "host-device-rdma"):
+        if use.plugin in ("macvlan-rdma", "host-device-rdma", "ipoib-rdma"):
             out.append(_plugin_finding(use, nf, host))
         elif use.plugin != "lease-ipam":
             out.append(info("network", use.network, f"{use.plugin} in {use.source} uses lease-ipam"))

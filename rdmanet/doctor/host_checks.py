@@ -365,6 +365,9 @@ def check_dev(facts: HostFacts) -> list[Finding]:
 
 def check_host(facts: HostFacts) -> list[Finding]:
     out: list[Finding] = []
-    for check in (check_nics, check_links, check_rdma_devices, check_netns_mode, check_sriov, check_modules, check_dev):
+    from .ib_checks import check_infiniband
+
+    for check in (check_nics, check_links, check_rdma_devices, check_netns_mode, check_sriov, check_modules, check_dev,
+                  check_infiniband):
         out += check(facts)
     return out

@@ -20,6 +20,8 @@ Kernel facts relied on, besides those in ``cni.linux.sysfs``:
   loaded module (with an ``initstate`` file) and for a built-in one that has parameters (ib_core
   has ``netns_mode``; no ``initstate``).
 - ``/proc/net/route``: the default route is Destination and Mask ``00000000``.
+- InfiniBand (``cni.linux.infiniband``): ``/sys/class/net/<if>/type`` 32 is an IPoIB netdev, whose
+  ``pkey`` and ``mode`` the parent shows; ``/sys/class/infiniband/<dev>/node_guid``.
 """
 
 from __future__ import annotations
@@ -28,12 +30,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from cni.linux import sysfs
+from cni.linux import infiniband, sysfs
 
 from . import nic_models
 
 MODULES = ("mlx5_core", "mlx5_ib", "mlx4_core", "mlx4_ib", "ib_core", "ib_uverbs", "rdma_ucm", "ib_umad",
-           "rdma_rxe", "siw", "nvidia", "nvidia_peermem")
+           "ib_ipoib", "rdma_rxe", "siw", "nvidia", "nvidia_peermem")
 
 
 @dataclass
@@ -45,6 +47,9 @@ class Netdev:
     speed: Optional[int] = None  # Mb/s; None when the kernel does not know
     mtu: Optional[int] = None
     rdma: list[str] = field(default_factory=list)
+    link_type: Optional[int] = None  # ARPHRD type (``type``): 32 for IPoIB, 1 for Ethernet
+    pkey: Optional[int] = None  # IPoIB parent: 15-bit partition key (``pkey``)
+    ipoib_mode: Optional[str] = None  # IPoIB parent: datagram / connected (``mode``)
 
 
 @dataclass
@@ -80,6 +85,7 @@ class RdmaDevice:
     ports: list[RdmaPort]
     uverbs: list[str]
     fw_ver: Optional[str] = None
+    node_guid: Optional[int] = None  # 0 for a never-initialised IB VF
 
 
 @dataclass
@@ -158,8 +164,10 @@ def read_netdev(name: str, root: str) -> Netdev:
         return Netdev(name, exists=False)
     carrier = sysfs.read_attribute(f"{base}/carrier", root)
     speed = _int(sysfs.read_attribute(f"{base}/speed", root))
+    parent = infiniband.ipoib_parent(name, root)
     return Netdev(name, True, operstate, None if carrier not in ("0", "1") else carrier == "1",
-                  speed if speed is not None and speed > 0 else None, mtu, sysfs.rdma_devices_for_netdev(name, root))
+                  speed if speed is not None and speed > 0 else None, mtu, sysfs.rdma_devices_for_netdev(name, root),
+                  infiniband.netdev_type(name, root), parent.pkey, parent.mode)
 
 
 def read_pci_function(address: str, root: str) -> PciFunction:
@@ -201,7 +209,7 @@ def read_rdma_device(name: str, root: str, uverbs_of: dict[str, list[str]]) -> R
                               sysfs.read_attribute(f"{p}/phys_state", root),
                               sysfs.read_attribute(f"{p}/link_layer", root), sysfs.read_attribute(f"{p}/rate", root)))
     return RdmaDevice(name, parent[0] if parent else None, parent[1] if parent else None, netdevs, ports,
-                      uverbs_of.get(name, []), sysfs.read_attribute(f"{base}/fw_ver", root))
+                      uverbs_of.get(name, []), sysfs.read_attribute(f"{base}/fw_ver", root), infiniband.node_guid(name, root))
 
 
 def _interesting(fn: PciFunction) -> bool:

@@ -175,6 +175,7 @@ def test_vf_with_a_guid_keeps_it_and_moves(cni, netns, ports):
     result = nt.add_ok(cni, net, ns, extra_env=env, cap_args={"deviceID": VF_PCI})
     assert result["interfaces"][0]["name"] == "net1"
     [state] = [json.loads(p.read_text()) for p in state_dir(cni).glob("*.json")]
+    assert state["original"]["mac"] == ""  # an IPoIB address follows the GUID: DEL never sets it
     assert state["ib"] == {"pf": pf, "vf": 0, "guid": "02:00:00:00:00:00:00:aa", "source": "the VF's own", "set": False,
                            "previous": {"node": "02:00:00:00:00:00:00:aa", "port": "02:00:00:00:00:00:00:aa"}}
     nt.ok(cni.tool("check", net, ns, extra_env=env, cap_args={"deviceID": VF_PCI}))
@@ -182,3 +183,15 @@ def test_vf_with_a_guid_keeps_it_and_moves(cni, netns, ports):
     assert nt.wait_link_equal(None, vf, vf_before) == vf_before
     assert list(state_dir(cni).glob("*.json")) == []
     assert nt.owners(cni.host_local_dir) == {}
+
+
+def test_a_mac_for_an_ib_vf_is_refused(cni, netns, ports):
+    ns = netns()
+    pf, pf_before, vf, vf_before = ports
+    net = f"{ns.name}-net"
+    cni.write(nt.conflist(net, "1.0.0", hd(cni, mac="02:00:00:00:00:42")))
+    err = tool_err(cni.tool("add", net, ns, extra_env=ib_vf_tree(cni, pf, vf), cap_args={"deviceID": VF_PCI}))
+    assert err["code"] == 7
+    assert err["msg"] == (f"a MAC address (02:00:00:00:00:42) does not apply to VF 0 ({VF_PCI}) of {pf}, an InfiniBand VF: "
+                          "its IPoIB address follows the port GUID")
+    nothing_left(cni, ns, vf, vf_before, pf, pf_before)

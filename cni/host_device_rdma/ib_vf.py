@@ -49,13 +49,19 @@ def is_ib_vf(ref: DeviceRef, root: Optional[str] = None) -> bool:
     return infiniband.is_ipoib(ref.pf_netdev, root or sysfs.default_root())
 
 
-def refuse_if_not_ib(ref: DeviceRef, conf: HostDeviceConf, inv: Invocation) -> None:
-    """``guid``, ``pkey`` or runtimeConfig.infinibandGUID on anything but an IB VF is a config error."""
+def check_keys(ref: DeviceRef, conf: HostDeviceConf, inv: Invocation, mac: Optional[str]) -> None:
+    """``guid``, ``pkey`` or runtimeConfig.infinibandGUID on anything but an IB VF is a config
+    error; so is a MAC for an IB VF (its 20-byte IPoIB address follows the port GUID)."""
     given = [k for k, v in (("guid", conf.guid), ("pkey", conf.pkey),
                             ("runtimeConfig.infinibandGUID", inv.runtime_config.get("infinibandGUID"))) if v not in (None, "")]
-    if given and not is_ib_vf(ref):
+    ib = is_ib_vf(ref)
+    if given and not ib:
         raise CNIError(INVALID_CONFIG, f"{' and '.join(given)} given but {ref.describe()} is not an InfiniBand VF",
                        "remove them, or select a VF of an InfiniBand PF (its PF netdev is IPoIB: /sys/class/net/<pf>/type is 32)")
+    if mac and ib:
+        raise CNIError(INVALID_CONFIG, f"a MAC address ({mac}) does not apply to {ref.describe()}, an InfiniBand VF: its "
+                       "IPoIB address follows the port GUID",
+                       'remove mac (config, CNI_ARGS MAC, runtimeConfig.mac); give "guid" or the pod\'s infiniband-guid instead')
 
 
 def requested_guid(conf: HostDeviceConf, inv: Invocation) -> tuple[Optional[int], str]:

@@ -218,7 +218,7 @@ class _Add:
         if conf.vf_knobs_set() and ref.vf_index is None:
             raise CNIError(INVALID_CONFIG, f"VF settings given but {ref.describe()} is not an SR-IOV VF",
                            "remove vlan/spoofchk/trust/link_state/tx rates, or select a VF")
-        ib_vf.refuse_if_not_ib(ref, conf, inv)
+        ib_vf.check_keys(ref, conf, inv, self.mac)
         rdma_device = _rdma_device(conf, ref)
         pod_id = netns.identity(inv.netns)
         if pod_id is None:

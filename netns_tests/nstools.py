@@ -192,6 +192,14 @@ def cni_error(proc: subprocess.CompletedProcess[str]) -> dict:
     return doc
 
 
+def tool_err(proc: subprocess.CompletedProcess[str]) -> dict:
+    """The CNI error a failed cnitool run printed (``cc.error_of``), with no traceback on stderr."""
+    err = cc.error_of(proc)
+    assert err is not None, f"no CNI error JSON on stdout: {proc.stdout!r} / {proc.stderr!r}"
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return err
+
+
 def no_traceback(proc: subprocess.CompletedProcess[str]) -> None:
     for stream, text in (("stdout", proc.stdout), ("stderr", proc.stderr)):
         assert "Traceback" not in text, f"traceback on {stream}:\n{text}"

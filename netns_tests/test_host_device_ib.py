@@ -57,11 +57,7 @@ def ib_vf_tree(cni, pf_netdev: str, vf_netdev: str, *, node_guid: str = "0000:00
     return {"RDMANET_SYSFS_ROOT": str(root)}
 
 
-def tool_err(proc) -> dict:
-    err = cc.error_of(proc)
-    assert err is not None, f"no CNI error JSON on stdout: {proc.stdout!r} / {proc.stderr!r}"
-    assert "Traceback" not in proc.stderr, proc.stderr
-    return err
+tool_err = nt.tool_err
 
 
 def nothing_left(cni, ns, vf: str, vf_before: dict, pf: str, pf_before: dict) -> None:

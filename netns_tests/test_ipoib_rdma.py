@@ -68,11 +68,7 @@ def ib_env(cni, netdev: str, **port) -> dict:
     return {"RDMANET_SYSFS_ROOT": str(root)}
 
 
-def tool_err(proc) -> dict:
-    err = cc.error_of(proc)
-    assert err is not None, f"no CNI error JSON on stdout: {proc.stdout!r} / {proc.stderr!r}"
-    assert "Traceback" not in proc.stderr, proc.stderr
-    return err
+tool_err = nt.tool_err
 
 
 def pod_links(ns) -> list[str]:

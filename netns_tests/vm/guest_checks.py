@@ -26,10 +26,10 @@ Sections, in order (later ones rely on the objects earlier ones create):
     plugin        macvlan-rdma ADD / DEL by raw exec, host-local IPAM, device-info file, GIDs of
                   net1 and the GID index the plugin logged
     hd_required   host-device-rdma ADD of hdv0 with rdma "required": 101, nothing changed
-InfiniBand (alone: module autoload is switched off for its first half):
-  ipoib     the ipoib link kind with ib_ipoib absent (errno, library error, ipoib-rdma ADD), then
-            modprobe ib_ipoib: veth/lo/no/unknown parent (errnos), ipoib-rdma ADD and DEL; the
-            veth ibk0 is an IPoIB port only in a fake tree (IBSYS); nothing left either time
+    ipoib         (InfiniBand) the ipoib link kind with ib_ipoib absent (its autoload refused by
+                  a modprobe.d rule): errno, library error, ipoib-rdma ADD; then modprobe
+                  ib_ipoib: veth/lo/no/unknown parent (errnos), ipoib-rdma ADD; the veth ibk0 is
+                  an IPoIB port only in a fake tree (IBSYS); nothing left either time
 SR-IOV VF settings on netdevsim (built by prepare.sh; Debian's kernel has none), vf_settings.py:
   netdevsim  insmod netdevsim.ko (its deps by modprobe); netdevsim10 with one port; 4 VFs; VF 1
              spoofchk on with the ip tool (real NICs start with it on, netdevsim off); vfinfo_list
@@ -583,11 +583,14 @@ def ipoib_conf() -> dict:
             "ipam": {"type": "host-local", "dataDir": IPAM_DIR, "ranges": [[{"subnet": "198.18.9.0/24"}]]}}
 
 
+NO_IPOIB_CONF = "/etc/modprobe.d/rdmanet-no-ib_ipoib.conf"  # the guest's /etc is a tmpfs overlay
+
+
 def ipoib_scenario(entry):
-    """The ipoib link kind on Debian's kernel: without ib_ipoib (module autoload disabled, as on a
-    node without the module) and with it loaded, for a non-IPoIB parent; the library's request
-    and errno mapping, and ipoib-rdma ADD by raw exec with a fake tree that calls the veth an
-    IPoIB port, each leaving nothing behind."""
+    """The ipoib link kind on Debian's kernel: without ib_ipoib (its autoload refused by an
+    ``install ib_ipoib /bin/false`` rule, as on a node without the module) and with it loaded,
+    for a non-IPoIB parent; the library's request and errno mapping, and ipoib-rdma ADD by raw
+    exec with a fake tree that calls the veth an IPoIB port, each leaving nothing behind."""
     sh("ip", "link", "add", IB_NETDEV, "type", "veth", "peer", "name", IB_PEER)
     sh("ip", "link", "set", IB_NETDEV, "up")
     ib_trees.ipoib_port(pathlib.Path(IBSYS), IB_NETDEV)
@@ -596,10 +599,9 @@ def ipoib_scenario(entry):
     env = {"RDMANET_SYSFS_ROOT": IBSYS}
     entry["links_before"] = before = host_link_names()
     entry["module_before"] = os.path.isdir("/sys/module/ib_ipoib")
-    with open("/proc/sys/kernel/modprobe") as f:
-        saved = f.read().strip()
-    with open("/proc/sys/kernel/modprobe", "w") as f:
-        f.write("/bin/true")  # rtnl's request_module("rtnl-link-ipoib") then loads nothing
+    os.makedirs(os.path.dirname(NO_IPOIB_CONF), exist_ok=True)
+    with open(NO_IPOIB_CONF, "w") as f:
+        f.write("install ib_ipoib /bin/false\n")  # rtnl's request_module("rtnl-link-ipoib") then fails
     try:
         with _IPRoute() as ipr:
             parent = ipr.link_lookup(ifname=IB_NETDEV)[0]
@@ -607,8 +609,7 @@ def ipoib_scenario(entry):
             entry["lib_no_module"] = ib_cni_error(ipoib.create_child, ipr, "ibtmp0", parent, IB_NETDEV, 1, "datagram")
         entry["add_no_module"] = yield Exec("ADD", "ibpod1", netns, ipoib_conf(), plugin=IPOIB_PLUGIN, env=env)
     finally:
-        with open("/proc/sys/kernel/modprobe", "w") as f:
-            f.write(saved)
+        os.unlink(NO_IPOIB_CONF)
     entry["module_still_absent"] = not os.path.isdir("/sys/module/ib_ipoib")
     entry["left_no_module"] = {"host": sorted(set(host_link_names()) - set(before)), "ipam": ipam_ips("vmib"),
                                "pod": [l["ifname"] for l in json.loads(sh("ip", "-n", "ib-pod", "-j", "link", "show").stdout)]}
@@ -628,16 +629,12 @@ def ipoib_scenario(entry):
         }
         entry["lib_with_module"] = ib_cni_error(ipoib.create_child, ipr, "ibtmp1", parent, IB_NETDEV, 1, "datagram")
     entry["add_with_module"] = yield Exec("ADD", "ibpod1", netns, ipoib_conf(), plugin=IPOIB_PLUGIN, env=env)
-    entry["del"] = yield Exec("DEL", "ibpod1", netns, ipoib_conf(), plugin=IPOIB_PLUGIN, env=env)
     entry["left_with_module"] = {"host": sorted(set(host_link_names()) - set(before)), "ipam": ipam_ips("vmib"),
                                  "pod": [l["ifname"] for l in json.loads(sh("ip", "-n", "ib-pod", "-j", "link", "show").stdout)]}
     sh("ip", "netns", "del", "ib-pod", check=False)
 
 
-parallel(("ipoib", ipoib_scenario))  # alone: it switches module autoload off for a moment
-
-
-parallel(("plugin", plugin_scenario), ("hd_required", hd_required_scenario))
+parallel(("plugin", plugin_scenario), ("hd_required", hd_required_scenario), ("ipoib", ipoib_scenario))
 
 
 def hd_exclusive_scenario(entry):

@@ -22,7 +22,7 @@ from typing import Any, Optional
 from . import harness
 
 GUEST_SCRIPT = "netns_tests/vm/guest_checks.py"
-TIMEOUT = 300  # qemu start to power-off; the checks take about a minute under TCG on a quiet host
+TIMEOUT = 480  # qemu start to power-off; the checks take 2-4 minutes under TCG, longer on a loaded host
 
 _report: Optional[tuple[dict, harness.VMResult]] = None
 _failure: Optional[str] = None

@@ -82,8 +82,9 @@ class IpoibRdma:
             links.set_attrs(pod, link.index, f"mark {inv.ifname} done",
                             ifalias=attachment_link.marker(inv.container_id, inv.ifname, done=True))
             undo.pop_all()
-            log.info("ADD %s/%s: IPoIB child of %s (pkey %s, %s) in %s", inv.container_id[:12], inv.ifname,
-                     master.name, pkey_text(pkey), mode, inv.netns)
+            port = infiniband.port_of_netdev(master.name, sysfs.default_root()) if rdma.device else None
+            log.info("ADD %s/%s: IPoIB child of %s (pkey %s, %s) in %s%s", inv.container_id[:12], inv.ifname,
+                     master.name, pkey_text(pkey), mode, inv.netns, f", RDMA {port.describe()}" if port else "")
             return result
 
     def delete(self, inv: Invocation) -> None:

@@ -100,9 +100,16 @@ def apply(host, ref: DeviceRef, record: dict, save) -> DeviceRef:
     if record["source"] == KEPT:
         return ref
     guid = parse_guid(record["guid"])
+    pf_index = _pf(host, ref).index
     record["set"] = True  # from here on DEL restores: a kill between the two requests leaves one set
     save()
-    vf_guid.set_guids(host, _pf(host, ref).index, ref.pf_netdev, ref.vf_index, guid, record["source"])
+    try:
+        vf_guid.set_guid(host, pf_index, ref.pf_netdev, ref.vf_index, "node", guid, record["source"])
+    except CNIError:
+        record["set"] = False  # the kernel refused the first request: nothing changed, nothing to restore
+        save()
+        raise
+    vf_guid.set_guid(host, pf_index, ref.pf_netdev, ref.vf_index, "port", guid, record["source"])
     log.info("VF %s (%s of %s): node and port GUID %s (%s)", ref.vf_index, ref.device_id, ref.pf_netdev,
              record["guid"], record["source"])
     return rebind(ref)
@@ -117,25 +124,13 @@ def restore(host, ref: DeviceRef, record: dict, original_name: Optional[str] = N
     for which in ("node", "port"):
         text = record["previous"].get(which)
         value = ALL_ONES_GUID if text is None or int(text.replace(":", ""), 16) == ZERO_GUID else int(text.replace(":", ""), 16)
-        _set_one(host, pf.index, ref, which, value)
+        vf_guid.set_guid(host, pf.index, ref.pf_netdev, ref.vf_index, which, value, "the VF's previous one")
     back = rebind(ref)
     if original_name and back.netdev and back.netdev != original_name:
         link = links.find_link(host, back.netdev)
         if link is not None and links.find_link(host, original_name) is None:
             links.rename(host, link.index, original_name)
     record["set"] = False
-
-
-def _set_one(host, pf_index: int, ref: DeviceRef, which: str, value: int) -> None:
-    from pyroute2.netlink.exceptions import NetlinkError
-    from pyroute2.netlink.rtnl import RTM_NEWLINK
-
-    from cni.linux.netlink_request import send
-
-    try:
-        send(host, vf_guid.guid_request(pf_index, ref.vf_index, which, value), RTM_NEWLINK)
-    except NetlinkError as exc:
-        raise vf_guid.refusal(exc.code, which, value, ref.vf_index, ref.pf_netdev, "the VF's previous one") from None
 
 
 def current_guids(host, pf_index: int, ref: DeviceRef) -> tuple[Optional[int], Optional[int]]:

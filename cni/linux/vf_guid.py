@@ -73,10 +73,15 @@ def set_guids(ipr: Any, pf_index: int, pf: str, vf: int, guid: int, source: str 
     request. CNIError 100 naming the GUID, where it came from (``source``, e.g. "from
     runtimeConfig.infinibandGUID"), the VF and the fix."""
     for which in ("node", "port"):
-        try:
-            send(ipr, guid_request(pf_index, vf, which, guid), RTM_NEWLINK)
-        except NetlinkError as exc:
-            raise refusal(exc.code, which, guid, vf, pf, source) from None
+        set_guid(ipr, pf_index, pf, vf, which, guid, source)
+
+
+def set_guid(ipr: Any, pf_index: int, pf: str, vf: int, which: str, guid: int, source: str = "") -> None:
+    """One request: the ``which`` ("node" or "port") GUID; CNIError 100 as :func:`set_guids`."""
+    try:
+        send(ipr, guid_request(pf_index, vf, which, guid), RTM_NEWLINK)
+    except NetlinkError as exc:
+        raise refusal(exc.code, which, guid, vf, pf, source) from None
 
 
 def refusal(code: int, which: str, guid: int, vf: int, pf: str, source: str = "") -> CNIError:

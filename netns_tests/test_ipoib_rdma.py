@@ -42,13 +42,7 @@ VERSIONS = nt.CNITOOL_VERSIONS
 
 
 def ipoib(master=None, ipam=None, **extra) -> dict:
-    conf: dict = {"type": PLUGIN}
-    if master is not None:
-        conf["master"] = master
-    if ipam is not None:
-        conf["ipam"] = ipam
-    conf.update(extra)
-    return conf
+    return nt.macvlan(master, ipam, type_=PLUGIN, **extra)  # the same plugin-config shape
 
 
 def marker(cid: str, ifname: str = "net1", done: bool = True) -> str:

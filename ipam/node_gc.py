@@ -49,7 +49,14 @@ def remember(settings: Any) -> None:
             _seen[key] = settings
 
 
-def known_settings() -> list[Any]:
+Say = Callable[..., None]  # (event, level="info", **fields): the daemon's structured log line
+
+
+def _log(event: str, level: str = "info", **fields: Any) -> None:
+    log.log(logging.WARNING if level in ("warning", "error") else logging.INFO, "%s %s", event, fields)
+
+
+def known_settings(say: Say = _log) -> list[Any]:
     """Every cluster store this node's GC reaches (see the module docstring), once each."""
     from .kube_config import KubeSettings, kube_settings
 
@@ -63,7 +70,7 @@ def known_settings() -> list[Any]:
         try:
             settings = kube_settings(config)
         except CNIError as err:
-            log.warning("node GC: %s", err.msg)
+            say("node_gc_config", "warning", error=err.msg)
             continue
         if isinstance(settings, KubeSettings):
             found.setdefault((settings.kubeconfig, settings.api_root, settings.namespace), settings)
@@ -74,54 +81,51 @@ def node_name() -> str:
     return os.environ.get("RDMANET_NODE_NAME") or socket.gethostname()
 
 
-def run_once(node: str, grace: float = GRACE, misses: int = MISSES) -> list[Any]:
+def run_once(node: str, grace: float = GRACE, misses: int = MISSES, say: Say = _log) -> list[Any]:
     """One pass over this node's claims in every known store; returns the reconciler's outcomes."""
     from .reconcile import KubeTarget, reconcile_target
 
     outcomes = []
-    for settings in known_settings():
+    for settings in known_settings(say):
         try:
             target = KubeTarget.for_settings(settings, node=node)
             outcome = reconcile_target(target, grace_seconds=grace, misses=misses)
         except CNIError as err:
-            log.warning("node GC of %s in %s: %s", node, settings.kubeconfig or "in-cluster", err.msg)
+            say("node_gc_failed", "warning", node=node, kubeconfig=settings.kubeconfig or "in-cluster", error=err.msg)
             continue
         for action in outcome.actions:
             if action.action in ("freed", "miss", "error", "conflict"):
-                log.warning("node GC %s %s (%s of %s/%s): %s", action.action, action.claim.address, action.claim.pod,
-                            action.claim.container_id[:12], action.claim.ifname, action.reason)
+                c = action.claim
+                say("node_gc_" + action.action, "warning" if action.action in ("error", "conflict") else "info",
+                    address=c.address, pod=c.pod, container=c.container_id, ifname=c.ifname, reason=action.reason)
         outcomes.append(outcome)
     return outcomes
 
 
-def _setting(name: str, default: float) -> float:
+def _setting(name: str, default: float, say: Say) -> float:
     try:
         return float(os.environ.get(name, default))
     except ValueError:
-        log.warning("%s=%r is not a number: using %g", name, os.environ.get(name), default)
+        say("node_gc_setting", "warning", name=name, value=os.environ.get(name), using=default)
         return default
 
 
-def start(stop: threading.Event, report: Optional[Callable[..., None]] = None) -> Optional[threading.Thread]:
-    """In the daemon: run every ``RDMANET_NODE_GC_SECONDS`` until ``stop`` is set (None: turned off)."""
-    interval = _setting("RDMANET_NODE_GC_SECONDS", INTERVAL)
+def start(stop: threading.Event, say: Say = _log) -> Optional[threading.Thread]:
+    """In the daemon: run every ``RDMANET_NODE_GC_SECONDS`` until ``stop`` is set (None: turned off);
+    ``say`` writes the daemon's structured log lines."""
+    interval = _setting("RDMANET_NODE_GC_SECONDS", INTERVAL, say)
     if interval <= 0:
         return None
-    grace = _setting("RDMANET_NODE_GC_GRACE_SECONDS", GRACE)
-    misses = max(1, int(_setting("RDMANET_NODE_GC_MISSES", MISSES)))
+    grace = _setting("RDMANET_NODE_GC_GRACE_SECONDS", GRACE, say)
+    misses = max(1, int(_setting("RDMANET_NODE_GC_MISSES", MISSES, say)))
     node = node_name()
 
     def loop() -> None:
         while not stop.wait(interval):
             try:
-                outcomes = run_once(node, grace, misses)
+                run_once(node, grace, misses, say)
             except Exception as exc:  # noqa: BLE001 - the daemon goes on serving; the next round retries
-                log.error("node GC failed: %s: %s", type(exc).__name__, exc)
-                continue
-            if report is not None:
-                freed = sum(o.count("freed") for o in outcomes)
-                if freed:
-                    report("node_gc", node=node, freed=freed, stores=len(outcomes))
+                say("node_gc_failed", "error", node=node, error=f"{type(exc).__name__}: {exc}")
 
     thread = threading.Thread(target=loop, name="node-gc", daemon=True)
     thread.start()

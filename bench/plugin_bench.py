@@ -316,7 +316,8 @@ class Setup:
 
     def lease(self, tag: str) -> dict:
         prefix = next(self.subnets)
-        return {"type": "lease-ipam", "range": f"{prefix}.0/24", "gateway": f"{prefix}.1",
+        # one node, and the calls carry Multus' K8S_POD_UID: the local store is chosen explicitly
+        return {"type": "lease-ipam", "range": f"{prefix}.0/24", "gateway": f"{prefix}.1", "datastore": "local",
                 "dataDir": os.path.join(self.host.tmp, "data", tag)}
 
     def macvlan_conf(self, type_: str, ipam: dict) -> dict:

@@ -307,6 +307,11 @@ def main(argv: list[str] | None = None) -> int:
     say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.json else (lambda *a: print(*a, flush=True))
     t_begin = time.perf_counter()
     tmp = tempfile.mkdtemp(prefix="ipam-bench-")
+    policy = os.path.join(tmp, "node-policy.json")  # the node policy (cni.linux.roots): stores, kubeconfig in tmp
+    with open(policy, "w") as f:
+        json.dump({"dataRoots": [tmp], "kubeconfigRoots": [tmp]}, f)
+    os.chmod(policy, 0o600)
+    os.environ["RDMANET_NODE_POLICY"] = policy  # the workers inherit it, as plugins their runtime's
     server = KubeAPIServer()
     workers = None
     try:

@@ -88,6 +88,14 @@ class Host:
 
     def __init__(self) -> None:
         self.tmp = tempfile.mkdtemp(prefix=f"{PREFIX}-bench-")
+        # The node policy (cni.linux.roots) the runtime's environment names: stores and
+        # host-device-rdma's state under this run's directory.
+        policy = os.path.join(self.tmp, "node-policy.json")
+        with open(policy, "w") as f:
+            json.dump({"dataRoots": [self.tmp], "logRoots": [self.tmp], "deviceInfoDir": self.tmp,
+                       "hostDeviceStateDir": os.path.join(self.tmp, "hd-state")}, f)
+        os.chmod(policy, 0o600)
+        RUNTIME_ENV["RDMANET_NODE_POLICY"] = policy
         self.daemons: list = []
         self._clean = False
         self._seq = 0
@@ -148,9 +156,12 @@ class Host:
 # --------------------------------------------------------------------------- raw exec
 
 
+RUNTIME_ENV: dict[str, str] = {}  # what the runtime adds for every plugin (the node policy: Host)
+
+
 def cni_env(command: str, cid: str, netns: str, cni_path: str) -> dict:
     """The bare environment a runtime gives a plugin (Multus adds the K8S_POD_* args)."""
-    return {"PATH": BARE_PATH, "CNI_COMMAND": command, "CNI_CONTAINERID": cid,
+    return {**RUNTIME_ENV, "PATH": BARE_PATH, "CNI_COMMAND": command, "CNI_CONTAINERID": cid,
             "CNI_NETNS": f"/run/netns/{netns}" if netns else "", "CNI_IFNAME": "net1", "CNI_PATH": cni_path,
             "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=bench;K8S_POD_NAME={cid};K8S_POD_UID=uid-{cid}"}
 
@@ -329,8 +340,6 @@ class Setup:
         self.host.veth(device, f"{PREFIX}e{index}")
         conf = {"cniVersion": CNI_VERSION, "name": f"{PREFIX}-{ipam['dataDir'].rsplit('/', 1)[-1]}", "type": type_,
                 "device": device, "ipam": ipam}
-        if type_ == "host-device-rdma":
-            conf["stateDir"] = os.path.join(self.host.tmp, "hd-state", str(index))
         return conf
 
     def by_key(self, key: str) -> Optional[Impl]:

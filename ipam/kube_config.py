@@ -18,7 +18,14 @@ the Lease store, as ``"datastore": "kubernetes"`` does)::
 Namespace, first that applies: ``kubernetes.namespace``; the namespace of the kubeconfig's current
 context; in-cluster, the service account's namespace; else ``kube-system`` (whereabouts' default).
 Without ``kubeconfig`` the in-cluster service-account config is used (KUBERNETES_SERVICE_HOST and
-/var/run/secrets/kubernetes.io/serviceaccount), which only works when the plugin runs in a pod.
+/var/run/secrets/kubernetes.io/serviceaccount), which only works when the plugin runs in a pod:
+in a cluster that is the daemon's own service account.
+
+A NAD may be a tenant's: ``kubeconfig`` must lie under the node's kubeconfig roots (default
+``/etc/cni/net.d``, where install.sh's DaemonSet mode writes ``rdmanet.d/rdmanet.kubeconfig`` and
+whereabouts its ``whereabouts.d/whereabouts.kubeconfig``), reached without a symlink
+(cni.linux.roots), and the Leases' namespace must be one the node policy allows
+(``leaseNamespaces``; by default whatever the credentials' RBAC grants).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from cni.core.errors import INVALID_CONFIG, CNIError
+from cni.linux import roots
 
 from .location import KUBERNETES, bad, config_path, ipam_block, store_kind
 
@@ -40,6 +48,8 @@ DEFAULT_TIMEOUT = 20.0
 DEFAULT_REQUEST_TIMEOUT = 5.0
 DEFAULT_GC_GRACE = 60.0
 SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+KUBECONFIG_KEY = "ipam.kubernetes.kubeconfig"
+KUBECONFIG_MAX_BYTES = 1 << 20
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
@@ -118,8 +128,7 @@ def _file_key(path: Optional[str]) -> Optional[str]:
     if not path:
         return None
     try:
-        with open(path, "rb") as fh:
-            return hashlib.sha256(fh.read()).hexdigest()
+        return hashlib.sha256(roots.read_file("kubeconfig", KUBECONFIG_KEY, path, limit=KUBECONFIG_MAX_BYTES)).hexdigest()
     except OSError:
         return None
 
@@ -131,15 +140,18 @@ def connect(settings: KubeSettings) -> Connection:
     install.sh's DaemonSet mode rewrites it by rename), and the old one is dropped from the cache.
     urllib3's own retries are off: the store retries with its own budget and backoff.
     """
+    policy = roots.current()
     key = (settings.kubeconfig, settings.api_root, settings.namespace)
-    digest = _file_key(settings.kubeconfig)
+    digest = _file_key(settings.kubeconfig)  # CNI error 7 when outside the kubeconfig roots or through a symlink
     with _cache_lock:
         cached = _cache.get(key)
         if cached is not None and cached[0] == digest:
-            return cached[1]
-        conn = _connect(settings)
-        _cache[key] = (digest, conn)
-        return conn
+            conn = cached[1]
+        else:
+            conn = _connect(settings)
+            _cache[key] = (digest, conn)
+    policy.check_lease_namespace(conn.namespace)
+    return conn
 
 
 def _connect(settings: KubeSettings) -> Connection:

@@ -40,6 +40,7 @@ from typing import Any, Mapping, Optional
 
 from cni.core.errors import INVALID_CONFIG, CNIError
 from cni.core.invocation import NAME_RE
+from cni.linux import roots
 
 DEFAULT_DATA_DIR = "/var/lib/cni/lease-ipam"
 # whereabouts' flat-file search path, in its order (after configuration_path).
@@ -51,6 +52,7 @@ FLAT_FILES = (
 LOCAL, KUBERNETES = "local", "kubernetes"
 CLUSTER_DOMAIN = "@cluster"  # the Lease domain without network_name (not a valid network_name)
 K8S_POD_UID = "K8S_POD_UID"
+FLAT_MAX_BYTES = 1 << 20
 
 
 def bad(where: str, problem: str, fix: str) -> CNIError:
@@ -58,13 +60,21 @@ def bad(where: str, problem: str, fix: str) -> CNIError:
     return CNIError(INVALID_CONFIG, f"invalid network config: {where}: {problem}", fix)
 
 
+# The node policy's kind of root (cni.linux.roots) for each key that names a path.
+ROOT_KINDS = {"ipam.dataDir": "data", "ipam.log_file": "log", "ipam.kubernetes.kubeconfig": "kubeconfig",
+              "ipam.configuration_path": "config"}
+
+
 def config_path(value: Any, where: str, example: str) -> str:
     """A file or directory path named by a network config (``where`` is its field).
 
-    The one gate for every such path: whatever may restrict what a (possibly tenant-written)
-    config can point the root daemon at belongs here."""
+    The one gate for every such path: it must be absolute, without ``..``, and under the node's
+    roots for that key (cni.linux.roots, docs/security.md), else CNI error 7 naming the key, the
+    path and the roots. Opening it safely (no symlink below the root) is the caller's, through
+    cni.linux.roots."""
     if not isinstance(value, str) or not os.path.isabs(value):
         raise bad(where, f"{value!r} is not an absolute path", f"use an absolute path such as {example!r}")
+    roots.place(where, value, roots.current().roots(ROOT_KINDS[where]))
     return value
 
 
@@ -73,8 +83,11 @@ def config_path(value: Any, where: str, example: str) -> str:
 _flat_cache: dict[str, tuple[tuple[int, int, int], dict]] = {}
 
 
-def _read_flat(path: str) -> Optional[dict]:
-    """The flat file's ipam keys; None when it does not exist. Parsed once per content version."""
+def _read_flat(path: str, named: bool = False) -> Optional[dict]:
+    """The flat file's ipam keys; None when it does not exist. Parsed once per content version.
+
+    A path the config ``named`` (configuration_path) is opened under the config roots without
+    following a symlink (cni.linux.roots); whereabouts' own locations are the node's."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -84,11 +97,17 @@ def _read_flat(path: str) -> Optional[dict]:
                   "make the file readable by root, or remove it") from None
     key = (st.st_ino, st.st_size, st.st_mtime_ns)
     cached = _flat_cache.get(path)
-    if cached is not None and cached[0] == key:
+    if cached is not None and cached[0] == key and not named:
         return cached[1]
     try:
-        with open(path, "rb") as fh:
-            doc = json.loads(fh.read())
+        if named:
+            data = roots.read_file("config", "ipam.configuration_path", path, limit=FLAT_MAX_BYTES)
+        else:
+            with open(path, "rb") as fh:
+                data = fh.read(FLAT_MAX_BYTES + 1)
+        doc = json.loads(data)
+    except FileNotFoundError:
+        return None
     except (OSError, ValueError) as exc:
         raise bad("ipam.configuration_path", f"whereabouts' flat file {path} is not readable JSON: {exc}",
                   'fix the file: a JSON object of ipam keys such as {"kubernetes": {"kubeconfig": "..."}}') from None
@@ -105,8 +124,8 @@ def flat_file(raw: Mapping[str, Any]) -> tuple[Optional[str], dict]:
     named = raw.get("configuration_path")
     if named not in (None, ""):
         paths.insert(0, config_path(named, "ipam.configuration_path", "/etc/cni/net.d/whereabouts.d/whereabouts.conf"))
-    for path in paths:
-        doc = _read_flat(path)
+    for i, path in enumerate(paths):
+        doc = _read_flat(path, named=i == 0 and named not in (None, ""))
         if doc is not None:
             return path, doc
     return None, {}

@@ -15,6 +15,8 @@ Facts relied on (research/cni-contract.md §1, §6):
 from __future__ import annotations
 
 import logging
+import os
+import threading
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -23,6 +25,7 @@ from cni.core.gc import VALID_KEY
 from cni.core.gc import valid_attachments as core_valid_attachments
 from cni.core.invocation import Invocation
 from cni.core.result import IPConfig, Result
+from cni.linux import roots
 
 from .location import KUBERNETES, config_path, from_kubernetes, ipam_block, no_cluster_store, store_kind, store_location
 from .requested import assign, requested_addresses
@@ -38,11 +41,17 @@ log = logging.getLogger("rdmanet.ipam")
 _LEVELS = {"debug": logging.DEBUG, "verbose": logging.INFO, "info": logging.INFO, "error": logging.ERROR,
            "panic": logging.CRITICAL}
 _file_handlers: dict[str, logging.Handler] = {}
+_file_handlers_lock = threading.Lock()
+MAX_LOG_FILES = 64  # distinct ipam.log_file paths one process keeps open (the daemon must not grow)
+DATA_DIR_KEY = "ipam.dataDir"
 
 StoreFactory = Callable[[str, str, Invocation], Store]
 
 
 def local_store(data_dir: str, domain: str, inv: Invocation) -> Store:
+    """The file store in ``<dataDir>/<domain>``: dataDir must lie under the node's data roots
+    (default /var/lib/cni), every existing directory on the way private and no symlink."""
+    roots.check_dir("data", DATA_DIR_KEY, os.path.join(data_dir, domain))  # dataDir passed location.config_path
     return LocalStore(data_dir, domain, crash_at=inv.env.get(CRASH_ENV))
 
 
@@ -73,7 +82,12 @@ def default_store(data_dir: str, domain: str, inv: Invocation) -> Store:
 def configure_logging(config: dict) -> None:
     """Honour ``ipam.log_file``/``ipam.log_level`` for this call only (read leniently: logging
     must never fail a verb). The node daemon serves many networks at once, so the settings live
-    in a context variable that filters records, never in the process-wide logger state."""
+    in a context variable that filters records, never in the process-wide logger state.
+
+    ``log_file`` must lie under the node's log roots (default /var/log/rdmanet): whereabouts NADs
+    commonly say ``/tmp/whereabouts.log``, so a path outside is ignored with a warning (on the
+    daemon's own log, cni.linux.roots.node_log), never written, and never fails the call. The file
+    is created 0600 without following a symlink; at most :data:`MAX_LOG_FILES` are kept open."""
     try:
         raw = ipam_block(config)
     except CNIError:
@@ -82,22 +96,38 @@ def configure_logging(config: dict) -> None:
     level = _LEVELS.get(level.lower()) if isinstance(level, str) else None
     path = raw.get("log_file") if isinstance(raw.get("log_file"), str) and raw.get("log_file") else None
     if path is not None:
-        try:
-            path = config_path(path, "ipam.log_file", "/var/log/lease-ipam.log")
-        except CNIError as err:
-            log.warning("%s", err.msg)
-            path = None
+        path = _open_log_file(path)
     _call_logging.set((level, path))
-    if path is not None and path not in _file_handlers:
+
+
+def _open_log_file(path: str) -> Optional[str]:
+    """Open ``path`` for this process's handlers; None (and a warning) when it is not allowed."""
+    try:
+        config_path(path, "ipam.log_file", "/var/log/rdmanet/lease-ipam.log")
+    except CNIError as exc:
+        roots.node_log.warning("ipam.log_file %s ignored: %s", path, exc.msg)
+        return None
+    with _file_handlers_lock:
+        if path in _file_handlers:
+            return path
+        if len(_file_handlers) >= MAX_LOG_FILES:
+            roots.node_log.warning("ipam.log_file %s ignored: %d log files are open already", path, MAX_LOG_FILES)
+            return None
         try:
-            handler = logging.FileHandler(path)
+            fd = roots.open_file("log", "ipam.log_file", path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode=0o600,
+                                 create_dirs=True)
+        except CNIError as exc:
+            roots.node_log.warning("ipam.log_file %s ignored: %s (%s)", path, exc.msg, exc.details)
+            return None
         except OSError as exc:
-            log.warning("cannot open ipam.log_file %s: %s", path, exc)
-            return
+            roots.node_log.warning("ipam.log_file %s ignored: %s", path, exc)
+            return None
+        handler = logging.StreamHandler(os.fdopen(fd, "a", encoding="utf-8", errors="replace", buffering=1))
         handler.setFormatter(logging.Formatter("%(asctime)s lease-ipam[%(process)d] %(levelname)s %(message)s"))
         handler.addFilter(lambda record, path=path: _call_logging.get()[1] == path)
         _file_handlers[path] = handler
         log.addHandler(handler)
+        return path
 
 
 class _CallLevel(logging.Filter):

@@ -275,6 +275,13 @@ class CniEnv:
     def __post_init__(self) -> None:
         for d in (self.netconfpath, self.cache_dir, self.host_local_dir, self.data_dir):
             d.mkdir(parents=True, exist_ok=True)
+        # The node policy (cni.linux.roots) the runtime hands the plugins: every root is this
+        # test's directory, and host-device-rdma's state lives in hd-state under it.
+        self.policy_env = nt.node_policy_env(self.root)
+
+    def _with_policy(self, kw: dict) -> dict:
+        kw["extra_env"] = {**self.policy_env, **(kw.get("extra_env") or {})}
+        return kw
 
     @property
     def netconfpath(self) -> pathlib.Path:
@@ -320,14 +327,14 @@ class CniEnv:
         kw.setdefault("cni_path", [self.cni_bin])
         kw.setdefault("cache_dir", self.cache_dir)
         path = ns.path if isinstance(ns, Netns) else ns
-        return cc.run(binary, verb, net, path, ifname=ifname, **kw)
+        return cc.run(binary, verb, net, path, ifname=ifname, **self._with_policy(kw))
 
     def exec(self, command: str, stdin: Mapping[str, Any] | str | bytes, *, ns: Netns | str | None = None,
              plugin: str = nt.PLUGIN, cni_path: Optional[list] = None, **kw: Any) -> subprocess.CompletedProcess[str]:
         """Run one plugin from ``cni_bin`` directly (raw exec, bare env)."""
         path = ns.path if isinstance(ns, Netns) else ns
         return nt.raw_exec(self.plugin(plugin), command, stdin, netns=path,
-                           cni_path=cni_path if cni_path is not None else [self.cni_bin], **kw)
+                           cni_path=cni_path if cni_path is not None else [self.cni_bin], **self._with_policy(kw))
 
 
 @pytest.fixture

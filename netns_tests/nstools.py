@@ -129,6 +129,17 @@ def macvlan_mode(entry: dict) -> Optional[str]:
 # --------------------------------------------------------------------------- raw plugin exec
 
 
+def node_policy_env(root: pathlib.Path) -> dict[str, str]:
+    """Write a node policy (cni.linux.roots) whose every root is ``root``, host-device-rdma's
+    state in ``root/hd-state``; returns the environment a runtime hands the plugins for it."""
+    policy = root / "node-policy.json"
+    policy.write_text(json.dumps({
+        "logRoots": [str(root)], "dataRoots": [str(root)], "kubeconfigRoots": [str(root)], "configRoots": [str(root)],
+        "deviceInfoDir": str(root), "hostDeviceStateDir": str(root / "hd-state")}))
+    policy.chmod(0o600)
+    return {"RDMANET_NODE_POLICY": str(policy)}
+
+
 def bare_env(**cni: Optional[str]) -> dict[str, str]:
     env = {"PATH": BARE_PATH}
     env.update({k: v for k, v in cni.items() if v is not None})

@@ -13,7 +13,8 @@ netdev. This kernel has no RDMA core, so the RDMA netns mode reads as unknown.
 
 Conflists at 0.3.1, 0.4.0 and 1.0.0 go through cnitool; 1.1.0, GC and STATUS through a raw exec
 of the plugin with a bare CNI environment, as a runtime would do it. State files live in the
-test's temporary directory (config key ``stateDir``).
+test's temporary directory (the node policy's ``hostDeviceStateDir``, which the runtime's
+environment names: conftest.CniEnv).
 """
 
 from __future__ import annotations
@@ -54,8 +55,9 @@ def state_dir(cni) -> pathlib.Path:
 
 
 def hd(cni, device=None, ipam=None, **extra) -> dict:
-    """A host-device-rdma plugin config with its stateDir in the test's temporary directory."""
-    conf: dict = {"type": PLUGIN, "stateDir": str(state_dir(cni))}
+    """A host-device-rdma plugin config (its state goes to the node policy's hostDeviceStateDir:
+    the test's ``hd-state``, see conftest.CniEnv)."""
+    conf: dict = {"type": PLUGIN}
     if device is not None:
         conf["device"] = device
     if ipam is not None:

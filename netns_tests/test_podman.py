@@ -252,6 +252,7 @@ class Podman:
             "CONTAINERS_CONF": str(conf / "containers.conf"),
             "CONTAINERS_STORAGE_CONF": str(conf / "storage.conf"),
             "CONTAINERS_REGISTRIES_CONF": str(conf / "registries.conf"),
+            **nt.node_policy_env(self.root),  # the node policy: lease-ipam's dataDir is under self.root
         }
 
     def _make_rootfs(self) -> None:

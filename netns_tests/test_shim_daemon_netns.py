@@ -30,6 +30,7 @@ def shim_dir():
     root = pathlib.Path(tempfile.mkdtemp(prefix=f"{PREFIX}-shim-"))
     try:
         write_shims(root / "bin", str(root / "run" / "daemon.sock"))
+        nt.node_policy_env(root)  # the node policy the calls name: roots in this directory
         yield root
     finally:
         import shutil
@@ -47,7 +48,7 @@ def conf(master: str, data_dir: pathlib.Path, prefix: str, version: str = "1.0.0
 
 def run(shim_dir, command, stdin, ns, cid):
     return nt.raw_exec(shim_dir / "bin" / nt.PLUGIN, command, stdin, netns=ns.path, container_id=cid,
-                       cni_path=[shim_dir / "bin"])
+                       cni_path=[shim_dir / "bin"], extra_env={"RDMANET_NODE_POLICY": str(shim_dir / "node-policy.json")})
 
 
 def shape(result: dict) -> dict:

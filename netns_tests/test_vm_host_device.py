@@ -3,7 +3,7 @@
 The SAME boot as test_vm_rdma.py and test_vm_vf.py (vm/shared_boot.py): the guest runs the
 ``hd_*`` sections of ``vm/guest_checks.py`` (its docstring lists them) and these tests assert on
 the report. The plugins are executed as a runtime would (``/work/main/.venv/bin/host-device-rdma``
-with a JSON config on stdin, host-local IPAM, a stateDir in the guest's /tmp).
+with a JSON config on stdin, host-local IPAM, host-device-rdma's state dir (the node policy's) in the guest's /tmp).
 
 RDMA netns modes, with soft-RoCE:
 

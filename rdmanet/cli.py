@@ -39,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     daemon.add_argument("--call-timeout", type=float, default=None, metavar="SECONDS",
                         help="deadline of each call, lock waits and IPAM execs included; keep it below the runtime's "
                              "(default: 50; kubelet gives CRI calls 120)")
+    from .node_policy import register as register_policy
+
+    register_policy(daemon)
 
     doctor = sub.add_parser("doctor", help="read-only checks of this node: RDMA NICs and mode, modules, CNI dirs, daemon, IPAM stores")
     doctor.add_argument("-o", "--output", choices=("table", "json"), default="table", help="output format (default: %(default)s)")
@@ -75,12 +78,20 @@ def main(argv: list[str] | None = None) -> int:
         from shim.daemon import run as run_daemon
 
         from cni.core.deadline import DEFAULT_SECONDS
+        from cni.linux.roots import PolicyError
         from shim.daemon import WORKERS
+
+        from .node_policy import from_args
 
         if (args.workers is not None and args.workers < 1) or (args.call_timeout is not None and args.call_timeout <= 0):
             parser.error("--workers and --call-timeout must be positive")
+        try:
+            policy = from_args(args)
+        except PolicyError as exc:
+            print(f"rdmanet daemon: {exc}", file=sys.stderr)
+            return 2
         return run_daemon(path, allowed_uids=args.allow_uid or (0,), workers=args.workers or WORKERS,
-                          call_timeout=args.call_timeout or DEFAULT_SECONDS)
+                          call_timeout=args.call_timeout or DEFAULT_SECONDS, policy=policy)
     if args.command == "doctor":
         from .doctor import run as run_doctor
 

@@ -141,6 +141,14 @@ class _RequestLevel(logging.Filter):
         return record.levelno >= (logging.WARNING if cap is None else cap.level)
 
 
+class _NodeEvents(logging.Handler):
+    """Records of ``rdmanet.node`` (what the node policy refused or ignored, cni.linux.roots)
+    also go to the daemon's own log, whatever the request's level: the node owner sees them."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        log_event("node_policy", record.levelname.lower(), message=record.getMessage())
+
+
 def _install_logging() -> None:
     sys.stderr = _RoutedStderr()
     handler = logging.StreamHandler(sys.stderr)
@@ -151,6 +159,9 @@ def _install_logging() -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(logging.DEBUG)  # the filter decides, per request
+    node = logging.getLogger("rdmanet.node")
+    node_events = _NodeEvents(logging.WARNING)
+    node.handlers = [h for h in node.handlers if not isinstance(h, _NodeEvents)] + [node_events]
 
 
 def _level_of(env: Mapping[str, str]) -> int:
@@ -534,8 +545,14 @@ def _prepare_socket(path: str) -> None:
 
 
 def run(socket_path: str = DEFAULT_SOCKET, allowed_uids: Iterable[int] = (0,), workers: int = WORKERS,
-        call_timeout: float = call_deadline.DEFAULT_SECONDS) -> int:
+        call_timeout: float = call_deadline.DEFAULT_SECONDS, policy: Optional[Any] = None) -> int:
+    """Serve until SIGTERM/SIGINT. ``policy``: the node policy (cni.linux.roots.NodePolicy) from
+    the daemon's flags, for calls whose environment names no policy file."""
     _install_logging()
+    if policy is not None:
+        from cni.linux import roots
+
+        roots.set_process_policy(policy)
     t0 = time.monotonic()
     nofile = raise_nofile()
     plugins = load_plugins()
@@ -557,7 +574,8 @@ def run(socket_path: str = DEFAULT_SOCKET, allowed_uids: Iterable[int] = (0,), w
     del_journal.start(socket_path, plugins, stop)  # DELs the shims could not get done (Multus swallows them)
     node_gc.start(stop, log_event)  # this node's claims whose pod is gone
     log_event("started", socket=socket_path, pid=os.getpid(), import_ms=round((time.monotonic() - t0) * 1000, 1),
-              allowed_uids=sorted(server.allowed_uids), workers=workers, call_timeout=call_timeout, nofile=nofile)
+              allowed_uids=sorted(server.allowed_uids), workers=workers, call_timeout=call_timeout, nofile=nofile,
+              node_policy=getattr(policy, "source", None))
     try:
         while not stop.wait(1.0):
             pass

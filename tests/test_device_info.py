@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from cni.core.errors import IO_FAILURE, CNIError
+from cni.core.errors import INVALID_CONFIG, IO_FAILURE, CNIError
 from cni.linux.device_info import read_device_info, write_rdma_device_info
 
 # what the SR-IOV device plugin writes and Multus copies (mode 0444) before calling us
@@ -126,11 +126,13 @@ def test_malformed_existing_file_is_io_failure(tmp_path, content):
 
 
 def test_path_is_a_directory(tmp_path):
+    # the path comes from the config: not a regular file is the config's error (7), named
     path = tmp_path / "d"
     path.mkdir()
     with pytest.raises(CNIError) as e:
         write_rdma_device_info(str(path), pci_address=None, rdma_device="mlx5_0")
-    assert e.value.code == IO_FAILURE and str(path) in e.value.msg
+    assert e.value.code == INVALID_CONFIG and str(path) in e.value.msg
+    assert "CNIDeviceInfoFile" in e.value.msg
 
 
 def test_directory_cannot_be_created(tmp_path):
@@ -139,7 +141,7 @@ def test_directory_cannot_be_created(tmp_path):
     path = blocker / "sub" / "f"
     with pytest.raises(CNIError) as e:
         write_rdma_device_info(str(path), pci_address=None, rdma_device="mlx5_0")
-    assert e.value.code == IO_FAILURE and str(path) in e.value.msg
+    assert e.value.code == INVALID_CONFIG and str(path) in e.value.msg and "not a directory" in e.value.msg
 
 
 def test_failed_rename_leaves_no_temp_file_and_old_content(tmp_path, monkeypatch):
@@ -149,11 +151,11 @@ def test_failed_rename_leaves_no_temp_file_and_old_content(tmp_path, monkeypatch
     def refuse(src, dst):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(os, "replace", refuse)
+    monkeypatch.setattr(os, "rename", lambda src, dst, **kw: refuse(src, dst))
     with pytest.raises(CNIError) as e:
         write_rdma_device_info(str(path), pci_address=None, rdma_device="mlx5_0")
     assert e.value.code == IO_FAILURE and str(path) in e.value.msg
-    assert "No space left" in e.value.details
+    assert "No space left" in e.value.msg
     assert leftovers(tmp_path) == []
     assert load(path) == DP_FILE
 

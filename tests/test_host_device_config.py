@@ -8,6 +8,8 @@ from cni.core.errors import CNIError
 from cni.core.invocation import Invocation
 from cni.core.rdma_policy import EXCLUSIVE, EXCLUSIVE_MODE_FIX, SHARED, decide_exclusive
 from cni.host_device_rdma.config import DEFAULT_STATE_DIR, effective_mac, load_conf
+from cni.linux import roots
+from conftest import write_policy
 
 
 def inv(config=None, args=None):
@@ -25,10 +27,26 @@ def error_of(config):
 # --------------------------------------------------------------------------- the config model
 
 
-def test_defaults():
+def test_defaults(monkeypatch):
+    monkeypatch.delenv(roots.POLICY_ENV)  # no node policy file: the built-in defaults
+    monkeypatch.setattr(roots, "DEFAULT_POLICY_FILE", "/nonexistent/rdmanet-node-policy.json")
     conf = load_conf(inv())
     assert (conf.mtu, conf.rdma, conf.stateDir, conf.mac) == (0, "auto", DEFAULT_STATE_DIR, None)
+    assert DEFAULT_STATE_DIR == "/var/lib/cni/host-device-rdma"
     assert not conf.vf_knobs_set()
+
+
+def test_state_dir_is_the_nodes_and_a_config_cannot_move_it(tmp_path, monkeypatch):
+    node_dir = tmp_path / "node-hd"
+    monkeypatch.setenv(roots.POLICY_ENV, str(write_policy(tmp_path / "policy.json", hostDeviceStateDir=str(node_dir))))
+    assert load_conf(inv()).stateDir == str(node_dir)
+    assert load_conf(inv({"stateDir": str(node_dir) + "/"})).stateDir == str(node_dir)  # the same directory: accepted
+    err = error_of({"stateDir": "/proc/1/root/tmp/tenant"})
+    assert err.code == 7 and "stateDir" in err.msg and "/proc/1/root/tmp/tenant" in err.msg and str(node_dir) in err.msg
+    assert "remove stateDir" in err.details
+    # DEL must still undo an ADD: the config's stateDir is ignored, the node's directory used
+    deleting = Invocation(command="DEL", config={**inv().config, "stateDir": "/tmp/tenant"})
+    assert load_conf(deleting).stateDir == str(node_dir)
 
 
 def test_what_multus_injects_is_accepted():
@@ -40,7 +58,7 @@ def test_what_multus_injects_is_accepted():
 def test_valid_vf_knobs():
     conf = load_conf(inv({"vlan": 4094, "vlanQoS": 7, "vlanProto": "802.1AD", "spoofchk": "off", "trust": "on",
                           "link_state": "enable", "min_tx_rate": 0, "max_tx_rate": 1000, "mtu": 9000,
-                          "stateDir": "/run/hd", "mac": "0A-58-0A-01-01-05"}))
+                          "mac": "0A-58-0A-01-01-05"}))
     assert conf.vlanProto == "802.1ad" and conf.mac == "0a:58:0a:01:01:05"
     assert conf.vf_knobs_set()
 
@@ -58,8 +76,8 @@ def test_valid_vf_knobs():
     pytest.param({"mac": "01:00:5e:00:00:01"}, "mac", "unicast", id="mac-multicast"),
     pytest.param({"mac": "zz:00:00:00:00:01"}, "mac", "unicast", id="mac-garbage"),
     pytest.param({"hwaddr": "ff:ff:ff:ff:ff:ff"}, "hwaddr", "MAC", id="hwaddr-broadcast"),
-    pytest.param({"stateDir": "var/lib/cni/hd"}, "stateDir", "absolute", id="stateDir-relative"),
-    pytest.param({"stateDir": 5}, "stateDir", "absolute", id="stateDir-number"),
+    pytest.param({"stateDir": "var/lib/cni/hd"}, "stateDir", "remove stateDir", id="stateDir-relative"),
+    pytest.param({"stateDir": 5}, "stateDir", "node owner", id="stateDir-number"),
     pytest.param({"rdma": "yes"}, "rdma", '"required"', id="rdma-yes"),
     pytest.param({"device": "a" * 16}, "device", "interface name", id="device-too-long"),
     pytest.param({"min_tx_rate": -5}, "min_tx_rate", "Mbps", id="min_tx_rate-negative"),
@@ -80,7 +98,7 @@ def test_multicast_mac_message_says_why():
 
 
 def test_every_bad_field_is_named():
-    err = error_of({"vlan": 5000, "spoofchk": "yes", "stateDir": "rel"})
+    err = error_of({"vlan": 5000, "spoofchk": "yes", "stateDir": 5})
     for field in ("vlan", "spoofchk", "stateDir"):
         assert f" {field}:" in err.msg, err.msg
 

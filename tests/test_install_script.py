@@ -98,7 +98,8 @@ class Node:
         (self.sa / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\nZmFrZSBDQQ==\n-----END CERTIFICATE-----\n")
         (self.sa / "namespace").write_text(NAMESPACE)
         self.env = {"PATH": os.environ.get("PATH", BARE_PATH), "KUBERNETES_SERVICE_HOST": "10.96.0.1",
-                    "KUBERNETES_SERVICE_PORT": "443", "RDMANET_KUBECONFIG_REFRESH_SECONDS": "1"}
+                    "KUBERNETES_SERVICE_PORT": "443", "RDMANET_KUBECONFIG_REFRESH_SECONDS": "1",
+                    "RDMANET_NODE_POLICY": os.environ["RDMANET_NODE_POLICY"]}  # roots in the temp dir: conftest.py
         self.procs: list[subprocess.Popen] = []
         self.loop_pids: set[int] = set()
         self.logs: list[pathlib.Path] = []

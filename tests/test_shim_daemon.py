@@ -54,7 +54,9 @@ def ipam_conf(data_dir: pathlib.Path, name: str = "shimnet", subnet: str = "10.7
 
 
 def ipam_env(bin_dir: pathlib.Path, cid: str) -> dict:
-    return {"CNI_CONTAINERID": cid, "CNI_NETNS": "/proc/self/ns/net", "CNI_IFNAME": "net1", "CNI_PATH": str(bin_dir)}
+    # the runtime's environment also names the node policy (tests/conftest.py: roots in the temp dir)
+    return {"CNI_CONTAINERID": cid, "CNI_NETNS": "/proc/self/ns/net", "CNI_IFNAME": "net1", "CNI_PATH": str(bin_dir),
+            "RDMANET_NODE_POLICY": os.environ["RDMANET_NODE_POLICY"]}
 
 
 # --------------------------------------------------------------------------- launcher alone

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from . import limits
 from .args import parse_cni_args
 from .errors import (
     DECODING_FAILURE,
@@ -109,12 +110,17 @@ def command_from(environ: Mapping[str, str]) -> str:
 
 
 def decode_config(stdin: bytes) -> dict[str, Any]:
+    """The stdin config as a dict, within :mod:`cni.core.limits` (size, depth, entries)."""
+    limits.check_size(stdin)
     try:
         config = json.loads(stdin)
     except (ValueError, UnicodeDecodeError) as exc:
         raise CNIError(DECODING_FAILURE, f"network config on stdin is not valid JSON: {exc}", "pass the network configuration as a JSON object on stdin") from exc
+    except RecursionError:
+        raise CNIError(INVALID_CONFIG, f"invalid network config: nested deeper than {limits.MAX_DEPTH} levels", limits.FIX) from None
     if not isinstance(config, dict):
         raise CNIError(DECODING_FAILURE, "network config on stdin must be a JSON object", f"got {type(config).__name__}")
+    limits.check_shape(config)
     return config
 
 

@@ -18,6 +18,7 @@ from typing import IO, Mapping, Protocol
 
 from . import deadline as call_deadline
 from . import env as request_env
+from . import limits
 from .errors import INTERNAL, TRY_AGAIN_LATER, CNIError
 from .invocation import Invocation, command_from, parse_invocation
 from .result import Result
@@ -36,6 +37,8 @@ class Plugin(Protocol):
 
 def _error_version(stdin: bytes) -> str:
     """Errors are rendered in the config's version when we can read it, else the latest."""
+    if len(stdin) > limits.MAX_CONFIG_BYTES:
+        return LATEST
     try:
         version = json.loads(stdin).get("cniVersion")
     except Exception:
@@ -107,10 +110,19 @@ def configure_logging(environ: Mapping[str, str]) -> None:
 
 
 def read_stdin(environ: Mapping[str, str], stdin: IO[bytes] | None = None) -> bytes:
-    """The call's stdin; VERSION ignores it (it may be a tty)."""
+    """The call's stdin; VERSION ignores it (it may be a tty). At most one byte more than
+    :data:`limits.MAX_CONFIG_BYTES` is read: a larger config is refused without being held."""
     if environ.get("CNI_COMMAND") == "VERSION":
         return b""
-    return (stdin or sys.stdin.buffer).read()
+    source = stdin or sys.stdin.buffer
+    chunks, size = [], 0
+    while size <= limits.MAX_CONFIG_BYTES:
+        chunk = source.read(limits.MAX_CONFIG_BYTES + 1 - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
 
 
 def render(document: dict | None) -> str:

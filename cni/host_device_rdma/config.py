@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Literal, Optional, Union
 
 from pydantic import Field, field_validator
 
 from cni.core import macaddr
+from cni.core.errors import INVALID_CONFIG, CNIError
 from cni.core.infiniband import parse_pkey
 from cni.core.invocation import Invocation
 from cni.core.netconf import NetConf, load
+from cni.linux import roots
 
-DEFAULT_STATE_DIR = "/var/lib/cni/host-device-rdma"
+DEFAULT_STATE_DIR = roots.NodePolicy().host_device_state_dir  # the node policy's hostDeviceStateDir
+log = logging.getLogger("rdmanet.host-device-rdma")
 
 
 class HostDeviceConf(NetConf):
@@ -37,7 +42,9 @@ class HostDeviceConf(NetConf):
                                 "(runtimeConfig.infinibandGUID, the infinibandGUID capability, wins)")
     pkey: Optional[Union[int, str]] = Field(None, description='pkey is the IB VF\'s partition key such as "0x8001", for '
                                             "the subnet manager (ib-kubernetes); the plugin validates and records it")
-    stateDir: str = Field(DEFAULT_STATE_DIR, min_length=2, pattern=r"^/", description="stateDir is an absolute directory")
+    # Not the config's to choose: state, locks and allocation records live in the node's one
+    # directory (the node policy's hostDeviceStateDir). A config may only repeat that directory.
+    stateDir: Optional[str] = Field(None, description="stateDir is set by the node owner (node policy hostDeviceStateDir); remove it")
 
     @field_validator("mac", "hwaddr")
     @classmethod
@@ -63,12 +70,29 @@ class HostDeviceConf(NetConf):
 
 def state_root(conf: HostDeviceConf) -> str:
     """Where this plugin keeps its state files, locks and allocation records: the one place that
-    decides it (every verb and helper takes the directory from here)."""
-    return conf.stateDir
+    decides it (every verb and helper takes the directory from here). It is the node's
+    (:func:`load_conf` put the node policy's hostDeviceStateDir in ``conf.stateDir``), made 0700
+    or checked (a real directory, root's, closed to others: cni.linux.roots)."""
+    return roots.ensure_dir(conf.stateDir)
 
 
 def load_conf(inv: Invocation) -> HostDeviceConf:
-    return load(HostDeviceConf, inv.config)
+    """The config, with ``stateDir`` set to the node's state directory.
+
+    A config naming another directory is CNI error 7, except on DEL, which must still undo what
+    ADD did: there it is ignored with a warning (the node's directory is used)."""
+    conf = load(HostDeviceConf, inv.config)
+    node_dir = roots.current().host_device_state_dir
+    named = conf.stateDir
+    if named is not None and (not isinstance(named, str) or os.path.normpath(named) != node_dir):
+        if inv.command != "DEL":
+            raise CNIError(INVALID_CONFIG, f"invalid network config: stateDir: {named!r} is not this node's host-device-rdma "
+                           f"state directory ({node_dir})",
+                           "remove stateDir from the network config: state, locks and allocation records live in one "
+                           "node-wide directory the node owner sets (node policy hostDeviceStateDir, docs/security.md)")
+        log.warning("DEL: stateDir %r in the network config is ignored; the node's %s is used", named, node_dir)
+    conf.stateDir = node_dir
+    return conf
 
 
 def effective_mac(conf: HostDeviceConf, inv: Invocation) -> Optional[str]:

@@ -49,7 +49,7 @@ from cni.core.ipam_exec import IPAM
 from cni.core.rdma_policy import decide_exclusive
 from cni.core.result import DNS, Interface, Result
 from cni.core.rollback import Undo
-from cni.linux import links, netns, sysfs
+from cni.linux import device_info, links, netns, sysfs
 from cni.linux.state import StateDir
 
 from . import device_lock, ib_vf
@@ -66,6 +66,7 @@ class HostDeviceRdma:
         conf = load_conf(inv)
         mac = effective_mac(conf, inv)
         netns.refuse_own(inv.netns, inv.env)
+        device_info.check_path(conf.runtimeConfig.CNIDeviceInfoFile)
         root = state_root(conf)
         states = StateDir(root)
         key = states.key(inv.network_name, inv.container_id, inv.ifname)
@@ -578,7 +579,5 @@ def _write_device_info(conf: HostDeviceConf, ref: DeviceRef, rdma_device: Option
     path = conf.runtimeConfig.CNIDeviceInfoFile
     if not path or not (rdma_device or ref.kind == "pci"):
         return
-    from cni.linux import device_info
-
     device_info.write_rdma_device_info(path, pci_address=ref.device_id if ref.kind == "pci" else None,
                                        rdma_device=rdma_device, pf_pci_address=ref.pf_pci)

@@ -43,7 +43,7 @@ class StateDir:
             atomic_write(self._path(key), json.dumps(data, indent=1, sort_keys=True).encode())
         except OSError as exc:
             raise CNIError(IO_FAILURE, f"cannot write state file {self._path(key)}: {exc}",
-                           f"make {self.root} writable by root (stateDir in the config)") from None
+                           f"make {self.root} writable by root (the node policy's hostDeviceStateDir)") from None
 
     def remove(self, key: str) -> None:
         try:

@@ -29,7 +29,7 @@ from cni.core.check import previous
 from cni.core.invocation import Invocation
 from cni.core.ipam_exec import IPAM
 from cni.core.result import DNS, Interface, Result
-from cni.linux import attachment_link, links, netns, shared_rdma, sysfs
+from cni.linux import attachment_link, device_info, links, netns, shared_rdma, sysfs
 from cni.linux import pod as pod_ns
 from cni.linux.links import Link
 from cni.linux.pod import check_addresses, check_routes
@@ -44,6 +44,7 @@ class MacvlanRdma:
         conf = load_conf(inv)
         mac = effective_mac(conf, inv)
         netns.refuse_own(inv.netns, inv.env)
+        device_info.check_path(conf.runtimeConfig.CNIDeviceInfoFile)
         with ExitStack() as stack:
             host = stack.enter_context(links.rtnl_in())
             pod = stack.enter_context(pod_ns.rtnl(inv.netns))

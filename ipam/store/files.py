@@ -71,7 +71,7 @@ def read_json(path: str) -> Any:
 def atomic_write(directory: str, name: str, data: bytes, durable: bool = True) -> None:
     """Replace ``directory/name`` with ``data`` via a temp file and rename (the caller holds the lock)."""
     tmp = os.path.join(directory, f"{TMP_PREFIX}{name}.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, FILE_MODE)
     try:
         os.write(fd, data)
         if durable:

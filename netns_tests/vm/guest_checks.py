@@ -87,7 +87,7 @@ DEVINFO = os.path.join(RESULTS, "devinfo", "vmpod1-net1.json")
 DEVINFO_EXCL = os.path.join(RESULTS, "devinfo", "vmpod2-net1.json")
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 HD_PLUGIN = os.path.join(VENV_BIN, "host-device-rdma")
-HD_STATE = "/tmp/rdmanet-vm-hd"  # one stateDir per scenario below it
+HD_STATE = "/tmp/rdmanet-vm-hd"  # one state dir (node policy hostDeviceStateDir) per network below it
 FAKESYS = "/tmp/rdmanet-vm-fakesys"  # RDMANET_SYSFS_ROOT of the host-device-rdma scenarios
 HD_NETDEV, HD_PEER, HD_MTU = "hdv0", "hdv1", 1400  # rxe0's parent in the fake tree
 VF_NETDEV, VF_PEER = "vfnet0", "vfnet1"  # the "VF netdev" of VF 0 in the fake tree
@@ -153,13 +153,29 @@ def plugin_env(command: str, container: str, netns: str, extra: dict | None = No
     }
 
 
+def hd_state(conf: dict) -> str:
+    """host-device-rdma's state dir of a scenario: the node policy's, one per network name."""
+    return f"{HD_STATE}/{conf['name']}"
+
+
+def node_policy(conf: dict) -> dict:
+    """The node policy (cni.linux.roots) the runtime's environment names for a call of ``conf``:
+    stores in /tmp, device-info files in RESULTS/devinfo, host-device state in hd_state(conf)."""
+    path = f"/tmp/rdmanet-vm-policy-{conf['name']}.json"
+    with open(path, "w") as f:
+        json.dump({"dataRoots": ["/tmp"], "logRoots": ["/tmp"], "deviceInfoDir": os.path.join(RESULTS, "devinfo"),
+                   "hostDeviceStateDir": hd_state(conf)}, f)
+    os.chmod(path, 0o600)
+    return {"RDMANET_NODE_POLICY": path}
+
+
 class Exec:
     """One plugin call, started and finished separately so that several run at once."""
 
     def __init__(self, command: str, container: str, netns: str, conf: dict, *, plugin: str = PLUGIN,
                  env: dict | None = None) -> None:
         self.argv = [plugin]
-        self.env = plugin_env(command, container, netns, env)
+        self.env = plugin_env(command, container, netns, {**node_policy(conf), **(env or {})})
         self.stdin = json.dumps(conf)
         self.proc: subprocess.Popen | None = None
 
@@ -423,7 +439,6 @@ def hd_conf(name: str, **fields) -> dict:
         "cniVersion": "1.0.0",
         "name": name,
         "type": "host-device-rdma",
-        "stateDir": f"{HD_STATE}/{name}",
         "ipam": {"type": "host-local", "dataDir": IPAM_DIR, "ranges": [[{"subnet": subnet}]]},
         **fields,
     }
@@ -475,7 +490,7 @@ def hd_required_scenario(entry):
     conf = hd_conf("hdreq", device=HD_NETDEV, rdma="required")
     entry["add"] = yield hd_exec("ADD", "hdreq", "/run/netns/hd-pod-shared", conf)
     entry["after"], entry["reads"] = settled(HD_NETDEV, before)
-    entry["state_files"] = files_under(conf["stateDir"])
+    entry["state_files"] = files_under(hd_state(conf))
     entry["pod_links"] = [l["ifname"] for l in json.loads(sh("ip", "-n", "hd-pod-shared", "-j", "link", "show").stdout)]
     entry["ipam"] = ipam_ips("hdreq")
     entry["rdma_devs"] = rdma_devs()
@@ -652,7 +667,7 @@ def hd_exclusive_scenario(entry):
     auto = hd_conf("hdexcl", rdma="auto", **common)
     entry["auto_add"] = yield hd_exec("ADD", "hdauto", netns, auto)
     entry["auto_after"], entry["auto_reads"] = settled(HD_NETDEV, before)
-    entry["auto_state_files"] = files_under(auto["stateDir"])
+    entry["auto_state_files"] = files_under(hd_state(auto))
     entry["auto_ipam"] = ipam_ips("hdexcl")
     entry["auto_pod_links"] = [l["ifname"] for l in json.loads(sh("ip", "-n", "hd-pod-excl", "-j", "link", "show").stdout)]
     rxe = rn.device_by_name(RXE)
@@ -671,7 +686,7 @@ def hd_exclusive_scenario(entry):
     entry["off_host_link"] = link_json(HD_NETDEV)
     entry["off_pod_link"] = link_json("net1", "hd-pod-excl")
     entry["off_pod_addrs"] = link_in("hd-pod-excl", "net1")
-    entry["off_state_files"] = files_under(off["stateDir"])
+    entry["off_state_files"] = files_under(hd_state(off))
     entry["off_ipam"] = ipam_ips("hdexcl")
     entry["off_rdma_host"] = rdma_devs()
     entry["off_rdma_pod"] = rdma_devs("hd-pod-excl")
@@ -679,7 +694,7 @@ def hd_exclusive_scenario(entry):
         return
     entry["off_del"] = yield hd_exec("DEL", "hdoff", netns, off)
     entry["del_after"], entry["del_reads"] = settled(HD_NETDEV, before)
-    entry["del_state_files"] = files_under(off["stateDir"])
+    entry["del_state_files"] = files_under(hd_state(off))
     entry["del_ipam"] = ipam_ips("hdexcl")
     entry["del_pod_links"] = [l["ifname"] for l in json.loads(sh("ip", "-n", "hd-pod-excl", "-j", "link", "show").stdout)]
     entry["del_rdma_host"] = rdma_devs()
@@ -712,7 +727,7 @@ def hd_vf_scenario(entry):
     entry["pod_link"] = link_json("net1", "hd-pod-vf")
     entry["pod_addrs"] = link_in("hd-pod-vf", "net1")
     entry["host_link_after_add"] = link_json(VF_NETDEV)
-    entry["state_files"] = files_under(conf["stateDir"])
+    entry["state_files"] = files_under(hd_state(conf))
     entry["ipam"] = ipam_ips("hdvf")
     if add["rc"] != 0:
         return
@@ -720,7 +735,7 @@ def hd_vf_scenario(entry):
     entry["del"] = yield hd_exec("DEL", "hdvf", netns, conf)
     entry["vfinfo_after_del"] = vfinfo(pf)
     entry["del_after"], entry["del_reads"] = settled(VF_NETDEV, before)
-    entry["del_state_files"] = files_under(conf["stateDir"])
+    entry["del_state_files"] = files_under(hd_state(conf))
     entry["del_ipam"] = ipam_ips("hdvf")
     entry["del_pod_links"] = [l["ifname"] for l in json.loads(sh("ip", "-n", "hd-pod-vf", "-j", "link", "show").stdout)]
 

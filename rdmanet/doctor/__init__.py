@@ -8,6 +8,7 @@ Kubernetes lease-ipam store, GETs one Lease.
 
 Modules: ``host_facts`` (reading the host) and ``host_checks`` (judging it), ``cni_checks`` (bin
 dir, conf dir, the networks that use our plugins), ``service_checks`` (daemon, lease-ipam stores),
+``policy_checks`` (the node policy's roots: files others may write there; paths networks name),
 ``nic_models`` (PCI ids), ``findings`` (the Finding record and the table / JSON output).
 """
 
@@ -62,7 +63,7 @@ def _guarded(findings: list[Finding], what: str, fn, *args, default=None):
 def diagnose(options: Options) -> Report:
     from shim.launcher import DEFAULT_SOCKET, SOCKET_ENV
 
-    from . import cni_checks, host_checks, host_facts, service_checks
+    from . import cni_checks, host_checks, host_facts, policy_checks, service_checks
 
     socket_path = options.socket or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
     out: list[Finding] = []
@@ -106,6 +107,11 @@ def diagnose(options: Options) -> Report:
         out += _guarded(out, "network", cni_checks.check_networks, uses, net_facts, host, bin_names,
                         options.cni_bin_dir, default=[])
     inventory["networks"] = [{"source": u.source, "network": u.network, "plugin": u.plugin, "ipam": u.ipam} for u in uses]
+    out += _guarded(out, "network", policy_checks.check_networks, uses, default=[])
+    policy = _guarded(out, "policy", policy_checks.gather, options.euid)
+    if policy is not None:
+        out += _guarded(out, "policy", policy_checks.check, policy, default=[])
+        inventory["policy"] = asdict(policy)
 
     daemon = _guarded(out, "daemon", service_checks.gather_daemon, socket_path, options.timeout)
     if daemon is not None:

@@ -1,0 +1,75 @@
+"""``rdmanet doctor`` and the node policy: files others may write under the roots, and networks
+whose paths the plugins will refuse or ignore (rdmanet.doctor.policy_checks)."""
+
+from __future__ import annotations
+
+import os
+
+from cni.linux import roots
+from rdmanet.doctor import policy_checks
+from rdmanet.doctor.cni_checks import NetworkUse
+
+
+def policy_in(tmp_path) -> roots.NodePolicy:
+    r = tmp_path / "roots"
+    return roots.NodePolicy(log_roots=(str(r / "log"),), data_roots=(str(r / "data"),), kubeconfig_roots=(str(r / "kube"),),
+                            config_roots=(str(r / "kube"),), device_info_dir=str(r / "devinfo"),
+                            host_device_state_dir=str(r / "data" / "hd"))
+
+
+def test_world_writable_foreign_owned_and_symlinks_under_the_roots_are_reported(tmp_path):
+    policy = policy_in(tmp_path)
+    data = tmp_path / "roots" / "data"
+    (data / "lease-ipam" / "net").mkdir(parents=True)
+    (data / "lease-ipam" / "net" / "10.0.0.2").write_text("{}")
+    os.chmod(data / "lease-ipam" / "net" / "10.0.0.2", 0o666)
+    (data / "tenant").mkdir()
+    os.chown(data / "tenant", 1000, 1000)
+    (data / "link").symlink_to("/etc")
+    (tmp_path / "roots" / "log").mkdir(parents=True)
+    (tmp_path / "roots" / "log" / "fine.log").write_text("")
+    findings = policy_checks.check(policy_checks.gather(0, policy))
+    by_subject = {f.subject: f for f in findings}
+    ww = by_subject[str(data / "lease-ipam" / "net" / "10.0.0.2")]
+    assert ww.severity == "error" and "writable by others (mode 666)" in ww.message and ww.fix.startswith("chown root:root")
+    foreign = by_subject[str(data / "tenant")]
+    assert foreign.severity == "error" and "owned by uid 1000" in foreign.message
+    assert by_subject[str(data / "link")].severity == "warn"
+    assert by_subject[str(tmp_path / "roots" / "log")].severity == "ok"
+    assert not any(f.subject.startswith("/etc") for f in findings), "the walk followed a symlink"
+
+
+def test_a_root_everyone_may_write_is_a_warning_and_not_scanned(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    (shared / "x").write_text("")
+    os.chmod(shared / "x", 0o666)
+    findings = policy_checks.check(policy_checks.gather(0, roots.NodePolicy(log_roots=(str(shared),))))
+    (f,) = [f for f in findings if f.subject == str(shared)]
+    assert f.severity == "warn" and "writable by everyone" in f.message
+    assert not any(f.subject == str(shared / "x") for f in findings)
+
+
+def use(config, plugin="macvlan-rdma"):
+    return NetworkUse(source="nad.conf", network=config["name"], plugin=plugin, ipam="lease-ipam", config=config)
+
+
+def test_networks_paths_outside_the_roots(tmp_path):
+    policy = policy_in(tmp_path)
+    whereabouts = use({"name": "wb", "type": "macvlan-rdma",
+                       "ipam": {"type": "lease-ipam", "log_file": "/tmp/whereabouts.log", "dataDir": "/etc/x",
+                                "kubernetes": {"kubeconfig": "/etc/kubernetes/admin.conf"}},
+                       "runtimeConfig": {"CNIDeviceInfoFile": "/etc/passwd"}})
+    hd = use({"name": "hd", "type": "host-device-rdma", "stateDir": "/tmp/tenant"}, plugin="host-device-rdma")
+    fine = use({"name": "ok", "type": "macvlan-rdma",
+                "ipam": {"type": "lease-ipam", "log_file": str(tmp_path / "roots" / "log" / "a.log")}})
+    findings = policy_checks.check_networks([whereabouts, hd, fine], policy)
+    wb = [f for f in findings if f.subject == "nad.conf: wb"]
+    assert [f.severity for f in wb] == ["warn", "error", "error", "error"]
+    assert "ipam.log_file" in wb[0].message and "ignored" in wb[0].message
+    assert "ipam.dataDir" in wb[1].message and "ipam.kubernetes.kubeconfig" in wb[2].message
+    assert "CNIDeviceInfoFile" in wb[3].message
+    (h,) = [f for f in findings if f.subject == "nad.conf: hd"]
+    assert h.severity == "error" and "stateDir" in h.message
+    assert not [f for f in findings if f.subject == "nad.conf: ok"]

@@ -49,7 +49,7 @@ DaemonSet's container (privileged, hostPID; the node's --bin-dir, --conf-dir and
      parent every second). It only refreshes: once the kubeconfig is gone (--uninstall) it
      writes nothing more and exits. No service account mounted: skipped, with a log line.
      A NAD uses it as "kubernetes": {"kubeconfig": "/etc/cni/net.d/rdmanet.d/rdmanet.kubeconfig"}.
-  4. Execs `rdmanet daemon --socket SOCKET` in the foreground: the daemon is the container's main
+  4. Execs `rdmanet daemon --socket SOCKET [--node-policy FILE]` in the foreground: the daemon is the container's main
      process and gets its signals itself (SIGTERM: finish the calls in flight, remove the socket,
      exit 0).
   Why the shims have no in-process fallback in this mode: they run on the node, under the node's
@@ -86,6 +86,9 @@ Options (an environment variable, where named, sets the same; a flag wins):
   --serviceaccount-dir DIR   DaemonSet mode: token, ca.crt, namespace
                              (default /var/run/secrets/kubernetes.io/serviceaccount)
                                                                           RDMANET_SERVICEACCOUNT_DIR
+  --node-policy FILE         DaemonSet mode: the daemon's node policy, the only place the roots a
+                             NAD's paths may use are widened (docs/security.md; a path in the
+                             container, e.g. a mounted ConfigMap; default: the built-in roots)
   -h, --help                 this text
 Environment read in DaemonSet mode besides the above:
   KUBERNETES_SERVICE_HOST, KUBERNETES_SERVICE_PORT (default 443)  the API server (the kubelet
@@ -176,6 +179,7 @@ HOST_ROOT=${RDMANET_HOST_ROOT:-/proc/1/root}
 SA_DIR=${RDMANET_SERVICEACCOUNT_DIR:-/var/run/secrets/kubernetes.io/serviceaccount}
 REFRESH=${RDMANET_KUBECONFIG_REFRESH_SECONDS:-60}
 PREFIX=
+NODE_POLICY=
 LINK_DIR=/usr/local/bin
 UNINSTALL=0
 HOST_ONLY=     # flags given that only host mode takes
@@ -191,7 +195,7 @@ while [ $# -gt 0 ]; do
     case "$opt" in
         --daemonset|--uninstall|-h|--help)
             [ "$inline" -eq 0 ] || usage_error "$opt takes no value" ;;
-        --prefix|--bin-dir|--socket|--link-dir|--conf-dir|--host-python|--host-root|--serviceaccount-dir)
+        --prefix|--bin-dir|--socket|--link-dir|--conf-dir|--host-python|--host-root|--serviceaccount-dir|--node-policy)
             if [ "$inline" -eq 0 ]; then
                 [ $# -ge 2 ] || usage_error "$opt needs a value"
                 val=$2
@@ -214,6 +218,7 @@ while [ $# -gt 0 ]; do
         --host-python) HOST_PYTHON=$val; DS_ONLY="$DS_ONLY $opt" ;;
         --host-root) HOST_ROOT=$val; DS_ONLY="$DS_ONLY $opt" ;;
         --serviceaccount-dir) SA_DIR=$val; DS_ONLY="$DS_ONLY $opt" ;;
+        --node-policy) NODE_POLICY=$val; DS_ONLY="$DS_ONLY $opt" ;;
         *) usage_error "unknown argument '$opt'" ;;
     esac
     shift
@@ -443,8 +448,9 @@ daemonset_install() {
     esac
 
     # 4. the daemon, in the foreground, as this very process
-    say --event daemon_starting "starting rdmanet daemon on $SOCKET" socket "$SOCKET"
-    exec "$PREFIX/bin/rdmanet" daemon --socket "$SOCKET"
+    say --event daemon_starting "starting rdmanet daemon on $SOCKET${NODE_POLICY:+ with node policy $NODE_POLICY}" \
+        socket "$SOCKET" node_policy "${NODE_POLICY:-}"
+    exec "$PREFIX/bin/rdmanet" daemon --socket "$SOCKET" ${NODE_POLICY:+--node-policy "$NODE_POLICY"}
 }
 
 # ------------------------------------------------------------------------------------ main

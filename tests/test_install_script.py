@@ -233,6 +233,8 @@ def test_help_documents_both_modes_every_flag_and_env():
     ([], {"RDMANET_INSTALL_MODE": "daemonset", "RDMANET_HOST_PYTHON": "python3"}),
     (["--daemonset"], {"RDMANET_KUBECONFIG_REFRESH_SECONDS": "0"}),
     (["--daemonset"], {"RDMANET_KUBECONFIG_REFRESH_SECONDS": "soon"}),
+    (["--node-policy", "/etc/rdmanet/node-policy.json"], {}),  # DaemonSet mode only
+    (["--daemonset", "--node-policy", "node-policy.json"], {}),
 ])
 def test_bad_usage_exits_2(tmp_path, argv, env):
     proc = subprocess.run([str(INSTALL), *argv], env={"PATH": BARE_PATH, **env}, capture_output=True, text=True,
@@ -248,6 +250,23 @@ def test_bad_usage_exits_2(tmp_path, argv, env):
 
 
 # --------------------------------------------------------------------------- DaemonSet mode
+
+
+@needs_root
+def test_daemonset_node_policy_reaches_the_daemon(node):
+    """--node-policy FILE: the daemon's calls use that policy (docs/security.md), whatever the
+    daemon's own environment says."""
+    allowed = node.base / "allowed"
+    policy = node.base / "node-policy.json"
+    policy.write_text(json.dumps({"dataRoots": [str(allowed)]}))
+    policy.chmod(0o600)
+    node.start("--node-policy", str(policy))
+    assert f"with node policy {policy}" in node.log()
+    add = shim_call(node, "lease-ipam", "ADD", local_conf(node.base / "ipam-data"), **ipam_env(node, "c1"))
+    err = json.loads(add.stdout)
+    assert add.returncode == 1 and err["code"] == 7 and "ipam.dataDir" in err["msg"] and str(allowed) in err["msg"]
+    add = shim_call(node, "lease-ipam", "ADD", local_conf(allowed / "ipam"), **ipam_env(node, "c1"))
+    assert add.returncode == 0, add.stdout
 
 
 @needs_root

@@ -61,6 +61,7 @@ def node():
         return daemons[-1]
 
     (root / "bin").mkdir()
+    nt.node_policy_env(root)  # the node policy the calls name (cni.linux.roots): the store under root
     try:
         yield shims, start
     finally:
@@ -77,7 +78,7 @@ def _conf(master: str, data_dir: pathlib.Path, prefix: str) -> dict:
 
 def _run(root: pathlib.Path, command: str, stdin: dict, ns, cid: str):
     return nt.raw_exec(root / "bin" / nt.PLUGIN, command, stdin, netns=ns.path, container_id=cid,
-                       cni_path=[root / "bin"], timeout=120)
+                       cni_path=[root / "bin"], timeout=120, extra_env={"RDMANET_NODE_POLICY": str(root / "node-policy.json")})
 
 
 def _burst_with_daemon_dying(root, start, stdin, namespaces, how: str, rng: random.Random):

@@ -25,6 +25,7 @@ from cni.core import skel
 from cni.core.errors import (ADDRESS_UNAVAILABLE, CHECK_FAILED, DEVICE_BUSY, IPAM_FAILURE, LINK_FAILURE,
                              POOL_EXHAUSTED, RDMA_MISMATCH)
 from cni.host_device_rdma.plugin import HostDeviceRdma
+from cni.ipoib_rdma.plugin import IpoibRdma
 from cni.linux import roots
 from cni.macvlan_rdma.plugin import MacvlanRdma
 from conftest import write_policy
@@ -142,6 +143,13 @@ def host_device_configs(tree):
         "stateDir": paths(tree), "vlan": junk, "spoofchk": junk, "rdma": junk, "mtu": junk})
 
 
+def ipoib_configs(tree):
+    return base_config(tree, "ipoib-rdma", {
+        "master": link_names(), "pkey": mostly(st.sampled_from(["0x8001", "0x7fff", 32769, "0x0000", "x"])),
+        "mode": mostly(st.sampled_from(["datagram", "connected"])), "mtu": junk,
+        "rdma": mostly(st.sampled_from(["auto", "required", "off"]))})
+
+
 def lease_configs(tree):
     return base_config(tree, "lease-ipam", {})
 
@@ -196,13 +204,19 @@ def test_fuzz_host_device_rdma(tree, data):
 
 @FUZZ
 @given(data=st.data())
+def test_fuzz_ipoib_rdma(tree, data):
+    run_one(IpoibRdma(), tree, data.draw(envs(tree)), data.draw(ipoib_configs(tree)))
+
+
+@FUZZ
+@given(data=st.data())
 def test_fuzz_lease_ipam(tree, data):
     run_one(LeaseIPAM(), tree, data.draw(envs(tree)), data.draw(lease_configs(tree)))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(raw=st.one_of(st.binary(max_size=200), st.text(max_size=200).map(str.encode)),
-       plugin=st.sampled_from([MacvlanRdma, HostDeviceRdma, LeaseIPAM]),
+       plugin=st.sampled_from([MacvlanRdma, HostDeviceRdma, IpoibRdma, LeaseIPAM]),
        command=st.sampled_from(["ADD", "DEL", "CHECK", "GC", "STATUS"]))
 def test_fuzz_raw_stdin(tree, raw, plugin, command):
     env = {"CNI_COMMAND": command, "CNI_CONTAINERID": "fz", "CNI_NETNS": "/nonexistent/netns", "CNI_IFNAME": "net1",

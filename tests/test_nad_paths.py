@@ -191,6 +191,17 @@ def test_macvlan_add_refuses_a_device_info_path_outside_before_touching_anything
     assert sorted(os.listdir(outside)) == ["victim.json"]
 
 
+def test_ipoib_add_refuses_a_device_info_path_outside_before_touching_anything(tree):
+    from cni.ipoib_rdma.plugin import IpoibRdma
+
+    _, outside, _, penv = tree
+    conf = {"cniVersion": "1.0.0", "name": "n", "type": "ipoib-rdma", "master": "rdt-nonexist0",
+            "runtimeConfig": {"CNIDeviceInfoFile": str(outside / "devinfo")}}
+    code, out = call(IpoibRdma(), "ADD", conf, penv)
+    assert out["code"] == 7 and "CNIDeviceInfoFile" in out["msg"], out
+    assert sorted(os.listdir(outside)) == ["victim.json"]
+
+
 def test_host_device_add_refuses_a_state_dir_and_device_info_path_from_the_nad(tree):
     from cni.host_device_rdma.plugin import HostDeviceRdma
 

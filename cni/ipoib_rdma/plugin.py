@@ -37,7 +37,7 @@ from cni.core.infiniband import MIN_MTU, PKEY_MASK, connected_capable, mtu_limit
 from cni.core.invocation import Invocation
 from cni.core.ipam_exec import IPAM
 from cni.core.result import DNS, Interface, Result
-from cni.linux import attachment_link, infiniband, ipoib, links, netns, shared_rdma, sysctl, sysfs
+from cni.linux import attachment_link, device_info, infiniband, ipoib, links, netns, shared_rdma, sysctl, sysfs
 from cni.linux import pod as pod_ns
 from cni.linux.links import Link
 from cni.linux.pod import check_addresses, check_routes
@@ -51,6 +51,7 @@ class IpoibRdma:
     def add(self, inv: Invocation) -> Result:
         conf = load_conf(inv)
         netns.refuse_own(inv.netns, inv.env)
+        device_info.check_path(conf.runtimeConfig.CNIDeviceInfoFile)
         with ExitStack() as stack:
             host = stack.enter_context(links.rtnl_in())
             pod = stack.enter_context(pod_ns.rtnl(inv.netns))

@@ -2,7 +2,8 @@
 
 Debian 12's podman 4.3 with its CNI backend (libcni 1.x) runs a busybox container on a network
 whose conflist holds only our plugins: ``macvlan-rdma`` on a veth the test creates, with
-``lease-ipam`` allocating from a random /24 of 198.18.0.0/16 into a private dataDir. The
+``lease-ipam`` allocating from a random /24 of 198.18.0.0/16 into a private dataDir under the
+default data root ``/var/lib/cni`` (no node policy: the DEL podman runs at exit gets none). The
 container sees the address lease-ipam allocated, the link in its netns is a macvlan on our
 master, and when the container exits podman runs DEL: the lease is released and the macvlan,
 the netns and libcni's cached result are gone. The plugins run as the ``cni_bin`` fixture
@@ -13,7 +14,7 @@ Nothing is pulled: ``--rootfs`` points at a directory holding a static busybox a
 links. podman is isolated from the machine's own configuration and state: ``CONTAINERS_CONF``,
 ``CONTAINERS_STORAGE_CONF`` and ``CONTAINERS_REGISTRIES_CONF`` name files in a private
 temporary directory that also holds the storage (vfs driver), podman's tmp dir (file locks,
-exit files, events), the CNI config dir and the lease-ipam dataDir; containers get a cgroup
+exit files, events) and the CNI config dir; containers get a cgroup
 parent of their own. Everything is removed at teardown, even after a failure.
 
 What podman 4.3 needs on these machines:
@@ -201,7 +202,9 @@ class Podman:
         self.cgroup_parent = f"/{nt.PREFIX}-podman{next(_worlds)}"
         self.rootfs = self.root / "rootfs"
         self.net_dir = self.root / "net.d"
-        self.data_dir = self.root / "lease-ipam"
+        # Under the default data root: podman's cleanup process (conmon's exit command) runs the
+        # DEL without our environment, so the node policy is the built-in one (cni.linux.roots).
+        self.data_dir = pathlib.Path("/var/lib/cni") / f"{self.root.name}-lease-ipam"
         self.networks: list[str] = []
         self.sandboxes: set[str] = set()
         self.conmon_pids: set[int] = set()
@@ -209,6 +212,7 @@ class Podman:
             self.env = self._configure(cni_plugin_dirs)
         except BaseException:
             shutil.rmtree(self.root, ignore_errors=True)
+            shutil.rmtree(self.data_dir, ignore_errors=True)
             raise
         self.subreaper = _Subreaper()
 
@@ -252,7 +256,6 @@ class Podman:
             "CONTAINERS_CONF": str(conf / "containers.conf"),
             "CONTAINERS_STORAGE_CONF": str(conf / "storage.conf"),
             "CONTAINERS_REGISTRIES_CONF": str(conf / "registries.conf"),
-            **nt.node_policy_env(self.root),  # the node policy: lease-ipam's dataDir is under self.root
         }
 
     def _make_rootfs(self) -> None:
@@ -333,6 +336,7 @@ class Podman:
             finally:
                 self.subreaper.restore()
                 shutil.rmtree(self.root, ignore_errors=True)
+                shutil.rmtree(self.data_dir, ignore_errors=True)
         return forced
 
     def _reap_conmons(self) -> list[str]:

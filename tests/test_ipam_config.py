@@ -96,7 +96,7 @@ def test_network_name_routes_dns_and_whereabouts_keys():
         "range": "10.1.1.0/24", "network_name": "dom1", "routes": [{"dst": "0.0.0.0/0", "gw": "10.1.1.1"}, {"dst": "10.9.0.0/16"}],
         "dns": {"nameservers": ["10.1.1.53"], "search": ["example"]},
         "kubernetes": {"kubeconfig": "/etc/cni/net.d/whereabouts.d/whereabouts.kubeconfig"},
-        "enable_overlapping_ranges": False, "configuration_path": "/x", "leader_lease_duration": 1500,
+        "enable_overlapping_ranges": False, "configuration_path": "/etc/cni/net.d/x.conf", "leader_lease_duration": 1500,
         "leader_renew_deadline": 1000, "leader_retry_period": 500, "log_file": "/tmp/l", "log_level": "debug",
     }))
     assert c.domain == "dom1@ranges:10.1.1.0/24"  # overlapping ranges off: the named domain, per range
@@ -105,7 +105,7 @@ def test_network_name_routes_dns_and_whereabouts_keys():
 
 
 def test_store_location_is_lenient_about_ranges():
-    assert store_location(conf({"range": "garbage", "dataDir": "/d"})) == ("/d", "net-a")
+    assert store_location(conf({"range": "garbage", "dataDir": "/var/lib/cni/d"})) == ("/var/lib/cni/d", "net-a")
     assert store_location(conf({"network_name": "x"})) == (DEFAULT_DATA_DIR, "x")
 
 

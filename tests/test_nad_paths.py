@@ -249,3 +249,27 @@ def test_example_nads_and_a_whereabouts_nad_pass_the_default_roots():
     roots.place("ipam.kubernetes.kubeconfig", whereabouts["ipam"]["kubernetes"]["kubeconfig"],
                 roots.NodePolicy().kubeconfig_roots)
     roots.place("ipam.configuration_path", whereabouts["ipam"]["configuration_path"], roots.NodePolicy().config_roots)
+
+
+def test_daemon_logs_an_ignored_log_file_on_its_own_log(tree, tmp_path):
+    """In the daemon the warning reaches the node owner: the daemon's own log (JSON events),
+    whatever log level the call asked for."""
+    from shim.launcher import call as daemon_call
+    from shim.testing import Daemon
+
+    root, outside, _, penv = tree
+    d = Daemon(str(tmp_path / "run" / "daemon.sock"), allow_uids=[os.getuid()])
+    try:
+        conf = ipam_conf(dataDir=str(root / "data"), log_file=str(outside / "whereabouts.log"))
+        env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/var/run/netns/x", "CNI_IFNAME": "net1",
+               "CNI_PATH": "/opt/cni/bin", "RDMANET_LOG_LEVEL": "ERROR", **penv}
+        code, out, _ = daemon_call(d.socket, "lease-ipam", {k.encode(): v.encode() for k, v in env.items()},
+                                   json.dumps(conf).encode(), timeout=30)
+        assert code == 0, out
+        events = [json.loads(line) for line in d.log().splitlines() if line.startswith("{")]
+        ignored = [e for e in events if e.get("event") == "node_policy"]
+        assert ignored and "ipam.log_file" in ignored[0]["message"] and str(outside) in ignored[0]["message"]
+        assert ignored[0]["level"] == "warning"
+        assert not (outside / "whereabouts.log").exists()
+    finally:
+        d.cleanup()

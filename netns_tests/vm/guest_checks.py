@@ -959,11 +959,11 @@ def _hd_vf_stale(entry):
     entry["del_a"] = hd_call("DEL", "stale-a", "/run/netns/hd-stale-a", conf_a)
     entry["vf_after_stale_del"] = vf_mac_vlan(pf, HD_VF)
     entry["pod_b_after_stale_del"] = link_json("net1", "hd-stale-b")
-    entry["state_files_after_stale_del"] = files_under(conf_a["stateDir"])
+    entry["state_files_after_stale_del"] = files_under(hd_state(conf_a))
     entry["del_b"] = hd_call("DEL", "stale-b", "/run/netns/hd-stale-b", conf_b)
     entry["vfinfo_after_del_b"] = vfinfo(pf)
     entry["host_after"], _ = settled(VF_NETDEV, host_before)
-    entry["state_files_after"] = files_under(conf_a["stateDir"])
+    entry["state_files_after"] = files_under(hd_state(conf_a))
     entry["ipam_after"] = ipam_ips("hdvf")
     sh("ip", "netns", "del", "hd-stale-b")
 
@@ -980,7 +980,7 @@ def _hd_vf_gone(entry):
     entry["vfinfo_after_numvfs_0"] = vfinfo(pf)
     entry["del"] = hd_call("DEL", "gone", "/run/netns/hd-gone", conf)
     entry["host_after"] = link_json(VF_NETDEV)
-    entry["state_files_after"] = files_under(conf["stateDir"])
+    entry["state_files_after"] = files_under(hd_state(conf))
     entry["ipam_after"] = ipam_ips("hdvf")
 
 out["total_seconds"] = round(time.monotonic() - T0, 2)

@@ -74,8 +74,9 @@ class Node:
     """Shims for this test in a bin dir of their own (with the Go plugins and the test IPAMs),
     answered by a daemon of their own."""
 
-    def __init__(self, root: pathlib.Path, venv_python: str) -> None:
+    def __init__(self, root: pathlib.Path, venv_python: str, policy_env: dict) -> None:
         self.root = root
+        self.policy_env = policy_env  # the runtime's node policy: the test's (conftest.CniEnv)
         self.bin = root / "bin"
         self.socket = str(root / "run" / "daemon.sock")
         write_shims(self.bin, self.socket, python=venv_python)
@@ -95,7 +96,7 @@ class Node:
 
     def env(self, command: str, ns: str, cid: str, **extra: str) -> dict:
         return nt.bare_env(CNI_COMMAND=command, CNI_CONTAINERID=cid, CNI_NETNS=ns, CNI_IFNAME="net1",
-                           CNI_PATH=str(self.bin), SLOW_IPAM_DIR=str(self.ipam_dir), **extra)
+                           CNI_PATH=str(self.bin), SLOW_IPAM_DIR=str(self.ipam_dir), **{**self.policy_env, **extra})
 
     def spawn(self, command: str, stdin: dict, ns: str, cid: str, **extra: str) -> subprocess.Popen:
         proc = subprocess.Popen([str(self.bin / PLUGIN)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -119,9 +120,9 @@ class Node:
 
 
 @pytest.fixture
-def node(cni_bin):
+def node(cni_bin, cni):
     root = pathlib.Path(tempfile.mkdtemp(prefix=f"{nt.PREFIX}-node-"))
-    n = Node(root, sys.executable)
+    n = Node(root, sys.executable, cni.policy_env)
     try:
         yield n
     finally:
@@ -446,7 +447,7 @@ def test_an_incomplete_rollback_keeps_the_state_for_del(cni, node, netns, master
     stdin = slow_conf(cni, node, m.name, prefix, ipam_type="clash-ipam")
     clash = {"CLASH_NAME": m.name, "CLASH_PEER": f"{m.name[:-1]}c"}
     proc = nt.raw_exec(cni.plugin(PLUGIN), "ADD", stdin, netns=ns.path, container_id="c1",
-                       cni_path=[cni.cni_bin, node.bin], extra_env=clash)
+                       cni_path=[cni.cni_bin, node.bin], extra_env={**cni.policy_env, **clash})
     err = nt.cni_error(proc)
     assert err["code"] == 11 and "rollback could not undo everything" in err["details"], err
     [state] = state_files(cni).values()

@@ -909,13 +909,13 @@ def hd_ib_vf_scenario(entry):
         entry["lib"] = ib_cni_error(vf_guid.set_guids, ipr, index, pf, vf, 0x0200000000000003, "from guid")
         entry["read_back"] = list(vf_guid.read_guids(ipr, index, vf))
     sh("ip", "netns", "add", "hd-pod-ibvf")
-    conf = {"cniVersion": "1.0.0", "name": "hdibvf", "type": "host-device-rdma", "stateDir": f"{HD_STATE}/hdibvf",
+    conf = {"cniVersion": "1.0.0", "name": "hdibvf", "type": "host-device-rdma",
             "deviceID": vf_pci, "rdma": "off", "runtimeConfig": {"infinibandGUID": "02:00:00:00:00:00:00:03"},
             "ipam": {"type": "host-local", "dataDir": IPAM_DIR, "ranges": [[{"subnet": "198.18.10.0/24"}]]}}
     entry["add"] = yield Exec("ADD", "hdibvf", "/run/netns/hd-pod-ibvf", conf, plugin=HD_PLUGIN, env={"RDMANET_SYSFS_ROOT": IBSYS})
     entry["vfinfo_after"] = vfinfo(pf)
     entry["veth_after"], _ = settled("ibvf0", before)
-    entry["state_files"] = files_under(conf["stateDir"])
+    entry["state_files"] = files_under(hd_state(conf))
     entry["ipam"] = ipam_ips("hdibvf")
     entry["rebind_files"] = files_under(f"{IBSYS}/sys/bus/pci/drivers")
     entry["pod_links"] = [l["ifname"] for l in json.loads(sh("ip", "-n", "hd-pod-ibvf", "-j", "link", "show").stdout)]

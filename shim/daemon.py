@@ -571,11 +571,11 @@ def run(socket_path: str = DEFAULT_SOCKET, allowed_uids: Iterable[int] = (0,), w
     signal.signal(signal.SIGINT, on_signal)
     loop = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="accept", daemon=True)
     loop.start()
-    del_journal.start(socket_path, plugins, stop)  # DELs the shims could not get done (Multus swallows them)
-    node_gc.start(stop, log_event)  # this node's claims whose pod is gone
     log_event("started", socket=socket_path, pid=os.getpid(), import_ms=round((time.monotonic() - t0) * 1000, 1),
               allowed_uids=sorted(server.allowed_uids), workers=workers, call_timeout=call_timeout, nofile=nofile,
               node_policy=getattr(policy, "source", None))
+    del_journal.start(socket_path, plugins, stop)  # DELs the shims could not get done (Multus swallows them)
+    node_gc.start(stop, log_event)  # this node's claims whose pod is gone
     try:
         while not stop.wait(1.0):
             pass

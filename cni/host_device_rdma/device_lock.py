@@ -1,8 +1,8 @@
 """Two calls never work on one attachment or one device at once, and two pods never get the same
 device: per-attachment and per-device locks, and an allocation record per device.
 
-- **Locks** (filelock flocks under ``<root>/locks``): ADD, DEL and GC of one attachment hold its
-  attachment lock for their whole run, so a DEL that arrives while its ADD is still running waits
+- **Locks** (flocks under ``<root>/locks``, cni.linux.attachment_lock): ADD, DEL and GC of one
+  attachment hold its attachment lock for their whole run, so a DEL that arrives while its ADD is still running waits
   for that ADD to finish or give up (and undo). Whoever touches a device (ADD, DEL, GC, the undo of
   an interrupted ADD) holds its device lock. Order: attachment, then device, one of each at a
   time: no deadlock. Attachment locks are 256 stripes (files) chosen by a hash of the attachment,
@@ -23,60 +23,27 @@ from __future__ import annotations
 import json
 import os
 import time
-import zlib
 from contextlib import contextmanager
 from typing import Iterator, Optional
 
-from filelock import FileLock, Timeout
-
-from cni.core import deadline as call_deadline
-from cni.core.errors import DEVICE_BUSY, IO_FAILURE, TRY_AGAIN_LATER, CNIError
-from cni.linux import netns
+from cni.core.errors import DEVICE_BUSY, IO_FAILURE, CNIError
+from cni.linux import attachment_lock, netns
 from cni.linux.files import atomic_write
-
-ATTACHMENT_STRIPES = 256
-POLL = 0.05
-
 
 def _safe(key: str) -> str:
     return key.replace("/", "_")
 
 
 @contextmanager
-def _locked(path: str, what: str) -> Iterator[None]:
-    """Hold the flock at ``path``; waits until the call's deadline (CNI error 11 past it)."""
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    lock = FileLock(path)
-    deadline = call_deadline.current()
-    while True:
-        try:
-            lock.acquire(timeout=min(POLL * 4, deadline.remaining()), poll_interval=POLL)
-            break
-        except Timeout:
-            if deadline.remaining() <= 0:
-                raise CNIError(TRY_AGAIN_LATER, f"{what} is locked by another CNI operation that did not finish in time",
-                               "the runtime retries; if it persists, look for a hung call in the rdmanet daemon log") from None
-            if deadline.caller_gone():  # nobody waits for this call any more: do not queue behind others
-                raise call_deadline.Abandoned(f"the caller went away while waiting for the lock of {what}") from None
-    try:
-        yield
-    finally:
-        lock.release()
-
-
-@contextmanager
 def held(root: str, key: str) -> Iterator[None]:
     """The device lock of ``key`` (DeviceRef.lock_key)."""
-    with _locked(os.path.join(root, "locks", _safe(key) + ".lock"), f"device {key}"):
+    with attachment_lock.locked(os.path.join(root, "locks", _safe(key) + ".lock"), f"device {key}"):
         yield
 
 
-@contextmanager
-def attachment_held(root: str, attachment: str) -> Iterator[None]:
+def attachment_held(root: str, attachment: str):
     """The attachment lock of ``attachment`` ("<network>/<containerID>/<ifname>")."""
-    stripe = zlib.crc32(attachment.encode()) % ATTACHMENT_STRIPES
-    with _locked(os.path.join(root, "locks", f"attachment-{stripe:03d}.lock"), f"attachment {attachment}"):
-        yield
+    return attachment_lock.held(os.path.join(root, "locks"), attachment)
 
 
 def _record_path(root: str, key: str) -> str:

@@ -30,6 +30,7 @@ from typing import Iterator, Optional
 
 from pyroute2.netlink.exceptions import NetlinkError
 
+from cni.core import deadline as call_deadline
 from cni.core.check import previous
 from cni.core.errors import INVALID_CONFIG, INVALID_ENVIRONMENT, NOT_AVAILABLE, CNIError, check_failed
 from cni.core.gc import valid_attachments
@@ -37,7 +38,7 @@ from cni.core.infiniband import MIN_MTU, PKEY_MASK, connected_capable, mtu_limit
 from cni.core.invocation import Invocation
 from cni.core.ipam_exec import IPAM
 from cni.core.result import DNS, Interface, Result
-from cni.linux import attachment_link, device_info, infiniband, ipoib, links, netns, shared_rdma, sysctl, sysfs
+from cni.linux import attachment_link, attachment_lock, device_info, infiniband, ipoib, links, netns, shared_rdma, sysctl, sysfs
 from cni.linux import pod as pod_ns
 from cni.linux.links import Link
 from cni.linux.pod import check_addresses, check_routes
@@ -48,6 +49,7 @@ log = logging.getLogger("rdmanet.ipoib-rdma")
 
 
 class IpoibRdma:
+    @attachment_lock.serialised
     def add(self, inv: Invocation) -> Result:
         conf = load_conf(inv)
         netns.refuse_own(inv.netns, inv.env)
@@ -66,9 +68,11 @@ class IpoibRdma:
             undo.callback(_remove_owned, host, inv, "host", leftovers_only=True)
             undo.callback(_remove_owned, pod, inv, "pod", leftovers_only=True)
             link = _create(inv, host, pod, pod_fd, master, pkey, mode)
+            call_deadline.check("creating the IPoIB child")
             result = Result(interfaces=[Interface(name=inv.ifname, mac=link.mac, sandbox=inv.netns)])
             if conf.ipam:
                 IPAM(conf.ipam.type, inv).add_into(result, undo)
+                call_deadline.check("allocating the addresses")
             if finished is not None:
                 links.delete(pod, finished.index)
             link = _rename(conf, inv, pod, pod_fd, link)
@@ -88,6 +92,7 @@ class IpoibRdma:
                      master.name, pkey_text(pkey), mode, inv.netns, f", RDMA {port.describe()}" if port else "")
             return result
 
+    @attachment_lock.serialised
     def delete(self, inv: Invocation) -> None:
         conf = load_conf(inv)
         if conf.ipam:

@@ -25,11 +25,12 @@ from cni.core.errors import (
     CNIError,
     check_failed,
 )
+from cni.core import deadline as call_deadline
 from cni.core.check import previous
 from cni.core.invocation import Invocation
 from cni.core.ipam_exec import IPAM
 from cni.core.result import DNS, Interface, Result
-from cni.linux import attachment_link, device_info, links, netns, shared_rdma, sysfs
+from cni.linux import attachment_link, attachment_lock, device_info, links, netns, shared_rdma, sysfs
 from cni.linux import pod as pod_ns
 from cni.linux.links import Link
 from cni.linux.pod import check_addresses, check_routes
@@ -40,6 +41,7 @@ log = logging.getLogger("rdmanet.macvlan-rdma")
 
 
 class MacvlanRdma:
+    @attachment_lock.serialised
     def add(self, inv: Invocation) -> Result:
         conf = load_conf(inv)
         mac = effective_mac(conf, inv)
@@ -55,9 +57,11 @@ class MacvlanRdma:
             undo = stack.enter_context(ExitStack())
             link = _create(conf, inv, host if not conf.linkInContainer else pod, pod, master, mac)
             undo.callback(links.delete, pod, link.index)
+            call_deadline.check("creating the macvlan")
             result = Result(interfaces=[Interface(name=inv.ifname, mac=link.mac, sandbox=inv.netns, mtu=link.mtu)])
             if conf.ipam:
                 IPAM(conf.ipam.type, inv).add_into(result, undo)
+                call_deadline.check("allocating the addresses")
             if previous is not None:
                 links.delete(pod, previous.index)
             links.set_attrs(pod, link.index, f"rename {link.name} to {inv.ifname}", ifname=inv.ifname,
@@ -77,6 +81,7 @@ class MacvlanRdma:
             undo.pop_all()
             return result
 
+    @attachment_lock.serialised
     def delete(self, inv: Invocation) -> None:
         conf = load_conf(inv)
         if conf.ipam:

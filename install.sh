@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # rdmanet installer, two modes (see usage below):
-#   host mode (default): a venv with rdmanet from this checkout, the three plugins in the CNI bin
+#   host mode (default): a venv with rdmanet from this checkout, the plugins in the CNI bin
 #     dir as shims that fall back to running the plugin in-process, `rdmanet` on PATH;
 #   DaemonSet mode (--daemonset): the DaemonSet container's entry point: daemon-only shims for the
 #     node, a kubeconfig from the pod's service account (kept fresh), then `rdmanet daemon`.
@@ -21,7 +21,7 @@ Idempotent: run it again to upgrade or repair. --uninstall removes exactly what 
 Host mode (default): from this checkout, on Debian 12.
   - A Python venv in --prefix (default /opt/cni/rdmanet) on /usr/bin/python3 with rdmanet in it
     (python3, python3-venv and iproute2 are installed with apt-get when missing).
-  - The three plugins in --bin-dir as stdlib-only shims: each forwards the call to
+  - The plugins in --bin-dir as stdlib-only shims: each forwards the call to
     `rdmanet daemon` on --socket when it runs, and otherwise runs the plugin in-process from the
     venv, with the same output. Each is written by write + rename and checked to answer VERSION.
   - The link --link-dir/rdmanet (default /usr/local/bin/rdmanet).
@@ -33,7 +33,7 @@ DaemonSet's container (privileged, hostPID; the node's --bin-dir, --conf-dir and
 --socket mounted at the same paths). rdmanet is already installed in the image's venv --prefix
 (default /opt/rdmanet): nothing is downloaded or installed. In order:
   1. Checks that --host-python runs under --host-root and is Python >= 3.6.
-  2. Writes the three shims into --bin-dir by write + rename (a temporary ".<name>.*.tmp" in the
+  2. Writes the shims into --bin-dir by write + rename (a temporary ".<name>.*.tmp" in the
      same directory, then a rename: the kubelet never execs a half-written file), with
      --host-python as their interpreter; checks that each is the very file the node has at that
      path (the same inode under --host-root: a --bin-dir whose hostPath is mounted at another path
@@ -60,7 +60,7 @@ DaemonSet's container (privileged, hostPID; the node's --bin-dir, --conf-dir and
   runtime retries the ADD or DEL once the pod is back. VERSION is answered by the shim itself
   when the daemon is down.
   --uninstall (for a cleanup Job, a preStop hook, or `kubectl exec` into the pod): removes the
-  three shims (only while they are rdmanet shims) and the files it writes in CONF_DIR/rdmanet.d
+  shims (only while they are rdmanet shims) and the files it writes in CONF_DIR/rdmanet.d
   (then the directory, if empty); nothing else. The pod's refresh loop does not write the
   kubeconfig back (it takes the directory's lock for each round, as --uninstall does). It does not
   stop a running daemon.

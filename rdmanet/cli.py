@@ -56,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="also check this network config (a NAD's spec.config, a conflist or a NAD object); repeatable")
     doctor.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
                         help="for each shim's VERSION, the daemon and the API server (default: %(default)s)")
+    doctor.add_argument("--node-policy", metavar="FILE", default=None,
+                        help="judge the roots and networks by this node policy file, e.g. the one the daemon's "
+                             "--node-policy names (default: $RDMANET_NODE_POLICY, /etc/rdmanet/node-policy.json, built-in)")
 
     version = sub.add_parser("version", help="print rdmanet's version, the interpreter's and every dependency's")
     version.add_argument("-o", "--output", choices=("text", "json"), default="text")

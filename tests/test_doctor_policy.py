@@ -73,3 +73,30 @@ def test_networks_paths_outside_the_roots(tmp_path):
     (h,) = [f for f in findings if f.subject == "nad.conf: hd"]
     assert h.severity == "error" and "stateDir" in h.message
     assert not [f for f in findings if f.subject == "nad.conf: ok"]
+
+
+def test_doctor_cli_judges_by_the_node_policy_it_is_given(tmp_path, capsys):
+    import json
+
+    from rdmanet.cli import main
+
+    root = tmp_path / "roots" / "data"
+    (root / "store").mkdir(parents=True)
+    os.chmod(root / "store", 0o777)
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"dataRoots": [str(root)], "logRoots": [], "kubeconfigRoots": [], "configRoots": [],
+                                  "deviceInfoDir": str(tmp_path / "devinfo"), "hostDeviceStateDir": str(root / "hd")}))
+    os.chmod(policy, 0o600)
+    argv = ["doctor", "-o", "json", "--sysfs-root", str(tmp_path / "host"), "--proc-root", str(tmp_path / "host"),
+            "--dev-root", str(tmp_path / "host"), "--cni-bin-dir", str(tmp_path / "bin"), "--cni-conf-dir",
+            str(tmp_path / "net.d"), "--socket", str(tmp_path / "sock"), "--timeout", "1", "--node-policy", str(policy)]
+    main(argv)
+    doc = json.loads(capsys.readouterr().out)
+    policy_findings = {f["subject"]: f for f in doc["findings"] if f["area"] == "policy"}
+    assert policy_findings["node policy"]["message"] == f"roots from {policy}"
+    assert policy_findings[str(root / "store")]["severity"] == "error"
+    os.chmod(policy, 0o666)  # a policy others may write is refused, and said so
+    main(argv)
+    doc = json.loads(capsys.readouterr().out)
+    (bad,) = [f for f in doc["findings"] if f["area"] == "policy"]
+    assert bad["severity"] == "error" and "writable by nobody else" in bad["message"]

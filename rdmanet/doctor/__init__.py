@@ -38,6 +38,7 @@ class Options:
     timeout: float = DEFAULT_TIMEOUT
     netns_mode_reader: Optional[Callable] = None  # () -> host_facts.ModeReading; None: RDMA netlink
     euid: int = field(default_factory=os.geteuid)
+    node_policy: str = ""  # a node policy file (cni.linux.roots); "" -> the one a call would use
 
 
 @dataclass
@@ -107,8 +108,9 @@ def diagnose(options: Options) -> Report:
         out += _guarded(out, "network", cni_checks.check_networks, uses, net_facts, host, bin_names,
                         options.cni_bin_dir, default=[])
     inventory["networks"] = [{"source": u.source, "network": u.network, "plugin": u.plugin, "ipam": u.ipam} for u in uses]
-    out += _guarded(out, "network", policy_checks.check_networks, uses, default=[])
-    policy = _guarded(out, "policy", policy_checks.gather, options.euid)
+    node_policy = policy_checks.load(options.node_policy) if options.node_policy else None
+    out += _guarded(out, "network", policy_checks.check_networks, uses, node_policy, default=[])
+    policy = _guarded(out, "policy", policy_checks.gather, options.euid, node_policy, options.node_policy)
     if policy is not None:
         out += _guarded(out, "policy", policy_checks.check, policy, default=[])
         inventory["policy"] = asdict(policy)
@@ -143,6 +145,7 @@ def run(args, out=None) -> int:
         socket=args.socket or "",
         network_configs=args.network_config or (),
         timeout=args.timeout,
+        node_policy=getattr(args, "node_policy", None) or "",
     )
     report = diagnose(options)
     out.write(render_json(report.findings, report.inventory) if args.output == "json" else render_table(report.findings))

@@ -90,9 +90,21 @@ def scan(what: str, top: str, euid: int, max_entries: int = MAX_ENTRIES) -> Root
     return facts
 
 
-def gather(euid: int, policy: Optional[roots.NodePolicy] = None) -> PolicyFacts:
+def load(path: str) -> Optional[roots.NodePolicy]:
+    """The policy in ``path`` (``rdmanet doctor --node-policy``); None when unusable (gather says why)."""
     try:
+        return roots.load_policy_file(path)
+    except roots.PolicyError:
+        return None
+
+
+def gather(euid: int, policy: Optional[roots.NodePolicy] = None, path: str = "") -> PolicyFacts:
+    try:
+        if policy is None and path:
+            roots.load_policy_file(path)  # raises: say why
         policy = policy or roots.current()
+    except roots.PolicyError as exc:
+        return PolicyFacts(source=path, error=f"node policy: {exc}")
     except CNIError as exc:
         return PolicyFacts(source="", error=exc.msg)
     facts = PolicyFacts(source=policy.source)

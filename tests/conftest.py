@@ -3,29 +3,23 @@
 The node policy (cni.linux.roots): the tests put stores, state, log and device-info files in
 temporary directories, so the session runs under a policy whose roots are the temporary
 directory besides the built-in ones (``RDMANET_NODE_POLICY``, as a runtime would set it for the
-plugins it runs; child processes inherit it). Tests of the policy itself write their own (:func:`write_policy`).
+plugins it runs; child processes inherit it). Tests of the policy itself write their own (``policy_file.write_policy``).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import pathlib
 import tempfile
 
 import pytest
 
 from cni.linux import roots
+from policy_file import write_policy
 
 
-def write_policy(path: pathlib.Path, **keys) -> pathlib.Path:
-    """A node policy file (0600) with the given keys (logRoots=[...], hostDeviceStateDir=...)."""
-    path.write_text(json.dumps(keys))
-    os.chmod(path, 0o600)
-    return path
-
-
-@pytest.fixture(scope="session", autouse=True)
+# Module scope: the whole suite runs tests/ and netns_tests/ in one session, and the netns tests
+# must not inherit this policy (they hand the plugins their own, as a runtime does).
+@pytest.fixture(scope="module", autouse=True)
 def _session_node_policy(tmp_path_factory) -> None:
     tmp = tempfile.gettempdir()
     base = tmp_path_factory.getbasetemp()

@@ -28,7 +28,7 @@ from cni.host_device_rdma.plugin import HostDeviceRdma
 from cni.ipoib_rdma.plugin import IpoibRdma
 from cni.linux import roots
 from cni.macvlan_rdma.plugin import MacvlanRdma
-from conftest import write_policy
+from policy_file import write_policy
 from ipam.plugin import LeaseIPAM
 
 SPEC_CODES = set(range(1, 12)) | {50, 51}

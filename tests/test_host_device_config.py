@@ -9,7 +9,7 @@ from cni.core.invocation import Invocation
 from cni.core.rdma_policy import EXCLUSIVE, EXCLUSIVE_MODE_FIX, SHARED, decide_exclusive
 from cni.host_device_rdma.config import DEFAULT_STATE_DIR, effective_mac, load_conf
 from cni.linux import roots
-from conftest import write_policy
+from policy_file import write_policy
 
 
 def inv(config=None, args=None):

@@ -17,7 +17,7 @@ import pytest
 
 from cni.core import skel
 from cni.linux import roots
-from conftest import write_policy
+from policy_file import write_policy
 from ipam.plugin import LeaseIPAM
 
 

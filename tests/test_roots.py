@@ -15,7 +15,7 @@ import pytest
 
 from cni.core.errors import INVALID_CONFIG, CNIError
 from cni.linux import roots
-from conftest import write_policy
+from policy_file import write_policy
 
 
 def mode_of(path) -> int:

@@ -124,21 +124,27 @@ def _del_all(root, stdin, namespaces, data_dir: pathlib.Path, where: str) -> Non
     assert nt.owners(data_dir) == {}, f"{where}: reservations left {nt.owners(data_dir)}"
 
 
-@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
-def test_daemon_dies_during_a_burst_fallback_shims(node, netns, master, how):
-    """Host-mode shims (with an in-process fallback): ADDs cut off by the daemon's death answer
-    11; on SIGTERM the daemon finishes the calls it took, and the rest run in-process."""
+def _burst(node, netns, master, how: str, fallback: bool):
+    """Shims of one kind, a burst of ADDs with the daemon dying in it, the outcomes checked."""
     shims, start = node
-    root = shims(fallback=True)
+    root = shims(fallback=fallback)
     m = master()
     prefix, _ = nt.random_subnet()
     data_dir = root / "data"
     stdin = _conf(m.name, data_dir, prefix)
     namespaces = [netns() for _ in range(BURST)]
-    rng = random.Random(f"{SEED}/{how}/fallback")
+    rng = random.Random(f"{SEED}/{how}/{'fallback' if fallback else 'daemon-only'}")
     adds, delay = _burst_with_daemon_dying(root, start, stdin, namespaces, how, rng)
     where = f"seed {SEED}: daemon {how} {delay * 1000:.0f} ms into the burst"
     granted = _check_outcomes(adds, namespaces, data_dir, where)
+    return root, stdin, namespaces, data_dir, where, adds, granted
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_daemon_dies_during_a_burst_fallback_shims(node, netns, master, how):
+    """Host-mode shims (with an in-process fallback): ADDs cut off by the daemon's death answer
+    11; on SIGTERM the daemon finishes the calls it took, and the rest run in-process."""
+    root, stdin, namespaces, data_dir, where, adds, granted = _burst(node, netns, master, how, fallback=True)
     if how == "SIGTERM":
         assert len(granted) == BURST, f"{where}: a SIGTERMed daemon finishes what it took: {[a.stdout for a in adds]}"
     _del_all(root, stdin, namespaces, data_dir, where)
@@ -148,22 +154,13 @@ def test_daemon_dies_during_a_burst_fallback_shims(node, netns, master, how):
 def test_daemon_dies_during_a_burst_daemon_only_shims(node, netns, master, how):
     """DaemonSet shims (no fallback): while the daemon is down every ADD and DEL answers 11 and
     changes nothing; after the restart the runtime's retried DELs repair everything."""
-    shims, start = node
-    root = shims(fallback=False)
-    m = master()
-    prefix, _ = nt.random_subnet()
-    data_dir = root / "data"
-    stdin = _conf(m.name, data_dir, prefix)
-    namespaces = [netns() for _ in range(BURST)]
-    rng = random.Random(f"{SEED}/{how}/daemon-only")
-    adds, delay = _burst_with_daemon_dying(root, start, stdin, namespaces, how, rng)
-    where = f"seed {SEED}: daemon {how} {delay * 1000:.0f} ms into the burst"
-    granted = _check_outcomes(adds, namespaces, data_dir, where)
+    root, stdin, namespaces, data_dir, where, _, granted = _burst(node, netns, master, how, fallback=False)
     owners = nt.owners(data_dir)
     proc = _run(root, "DEL", stdin, namespaces[0], "cid-0")
     assert nt.cni_error(proc)["code"] == 11, f"{where}: DEL without a daemon must not report success"
     assert nt.owners(data_dir) == owners, f"{where}: a DEL without the daemon changed the store"
     for i in granted:
         assert nt.addresses(namespaces[i].name, "net1"), f"{where}: pod {i} lost its address"
+    _, start = node
     start()
     _del_all(root, stdin, namespaces, data_dir, where)

@@ -25,6 +25,7 @@ from typing import Optional
 
 import pytest
 
+from cni.linux import roots
 from shim import launcher
 from shim.testing import health
 
@@ -607,10 +608,12 @@ def test_host_mode_twice_then_uninstall(tmp_path):
     assert {p: (bin_dir / p).read_bytes() for p in PLUGINS} == shims
     assert (prefix / "installed-files").read_text() == manifest
     assert sorted(os.listdir(bin_dir)) == sorted(["bridge", *PLUGINS])
-    # no daemon: the shim runs the plugin in-process
+    # no daemon: the shim runs the plugin in-process (under the node policy a runtime hands it:
+    # the session's, whose data roots include the temporary directory)
     add = subprocess.run([str(bin_dir / "lease-ipam")], input=local_conf(tmp_path / "data"), capture_output=True,
                          env={"PATH": BARE_PATH, "CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1",
-                              "CNI_NETNS": "/proc/self/ns/net", "CNI_IFNAME": "net1", "CNI_PATH": str(bin_dir)})
+                              "CNI_NETNS": "/proc/self/ns/net", "CNI_IFNAME": "net1", "CNI_PATH": str(bin_dir),
+                              roots.POLICY_ENV: os.environ[roots.POLICY_ENV]})
     assert add.returncode == 0 and json.loads(add.stdout)["ips"][0]["address"] == "10.79.0.2/24"
     install("--bin-dir", str(bin2))  # another bin dir: both are remembered
     assert len((prefix / "installed-files").read_text().split()) == 2 * len(PLUGINS) + 1  # two bin dirs + the link

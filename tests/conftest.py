@@ -14,6 +14,7 @@ import tempfile
 import pytest
 
 from cni.linux import roots
+from kube_api_server import KubeAPIServer
 from policy_file import write_policy
 
 
@@ -35,3 +36,10 @@ def _session_node_policy(tmp_path_factory) -> None:
         os.environ.pop(roots.POLICY_ENV, None)
     else:
         os.environ[roots.POLICY_ENV] = old
+
+
+@pytest.fixture
+def server():
+    """A fake Kubernetes API server for one test (tests/kube_api_server.py)."""
+    with KubeAPIServer() as srv:
+        yield srv

@@ -702,13 +702,6 @@ def test_daemon_health_from_a_real_daemon(env, tmp_path):
 # =========================================================================== lease-ipam Kubernetes store
 
 
-@pytest.fixture
-def server():
-    srv = KubeAPIServer()
-    yield srv
-    srv.stop()
-
-
 def kube_net(kubeconfig, name="kube-net", **kube):
     return {"cniVersion": "1.0.0", "name": name, "type": "macvlan-rdma", "master": "eno1",
             "ipam": {"type": "lease-ipam", "range": "10.3.0.0/24",

@@ -19,16 +19,10 @@ from ipam.store.kube import domain_hash
 from rdmanet.cli import main
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kube_api_server import KubeAPIServer, write_kubeconfig  # noqa: E402
+from kube_api_server import write_kubeconfig  # noqa: E402
 
 NS = "rdmanet-ipam"
 MISSES = reconcile.MISSES_ANNOTATION
-
-
-@pytest.fixture
-def server():
-    with KubeAPIServer() as srv:
-        yield srv
 
 
 @pytest.fixture

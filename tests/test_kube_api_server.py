@@ -26,12 +26,6 @@ NS = "rdma"
 
 
 @pytest.fixture
-def server():
-    with KubeAPIServer() as srv:
-        yield srv
-
-
-@pytest.fixture
 def api_client(server):
     cfg = client.Configuration(host=server.url)
     cfg.retries = False  # see the raw status codes; no urllib3 retries

@@ -25,17 +25,10 @@ from ipam.plugin import LeaseIPAM
 from ipam.store.kube import ApiClientTransport, domain_hash, lease_name
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kube_api_server import KubeAPIServer, write_kubeconfig  # noqa: E402
+from kube_api_server import write_kubeconfig  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NS = "ipam"
-
-
-@pytest.fixture
-def server():
-    srv = KubeAPIServer()
-    yield srv
-    srv.stop()
 
 
 @pytest.fixture

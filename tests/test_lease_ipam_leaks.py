@@ -27,16 +27,10 @@ from shim.launcher import journal_del, journal_path, write_shim
 from shim.testing import Daemon, ScriptedDaemon
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kube_api_server import KubeAPIServer, write_kubeconfig  # noqa: E402
+from kube_api_server import write_kubeconfig  # noqa: E402
 
 NS = "rdmanet-system"
 BARE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
-
-
-@pytest.fixture
-def server():
-    with KubeAPIServer() as srv:
-        yield srv
 
 
 @pytest.fixture

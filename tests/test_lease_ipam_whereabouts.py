@@ -24,16 +24,9 @@ from ipam import location
 from ipam.plugin import LeaseIPAM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kube_api_server import KubeAPIServer, write_kubeconfig  # noqa: E402
+from kube_api_server import write_kubeconfig  # noqa: E402
 
 NS = "kube-system"  # whereabouts' default namespace: the kubeconfig context names none
-
-
-@pytest.fixture
-def server():
-    srv = KubeAPIServer()
-    yield srv
-    srv.stop()
 
 
 @pytest.fixture

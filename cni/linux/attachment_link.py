@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 
 from . import links
+
 IFNAMSIZ = 15  # usable characters of a Linux interface name
 MARKER_PREFIX = "rdmanet:"
 DONE_SUFFIX = " done"

@@ -11,7 +11,8 @@ it relies on (one ``coordination.k8s.io/v1`` Lease per address, made by ADD in `
 Rules (research/ipam-anchors.md §1.5, §2, §8.6; the anchors' bugs each rule avoids in brackets):
 - Only the store's namespace is listed, with the domain's label selector (never every Lease of
   the cluster: kube-node-lease alone is one per node, renewed every 10 s).
-- A claim is judged by its pod's **UID**: GET the pod by namespace/name and compare UIDs. A pod
+- A claim is judged by its pod's **UID**: the pod by namespace/name, from one paginated List of
+  the namespace's pods per run (of the node's pods, for the node daemon's GC), and compare UIDs. A pod
   that is missing (404) or has another UID is a miss; never a decision by name alone
   [whereabouts #176/#182: StatefulSet name reuse freed the new pod's IP] and never from the
   network-status annotation [whereabouts #162/#207]. A static pod's claim carries the kubelet's
@@ -41,10 +42,10 @@ bodies, so the Lease documents are written back exactly as read, apart from the 
 
 from __future__ import annotations
 
-import json
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 from urllib.parse import quote
 
 from cni.core.errors import INVALID_CONFIG, NOT_AVAILABLE, CNIError
@@ -67,6 +68,8 @@ from .store.kube import (
 MISSES_ANNOTATION = f"{GROUP}/reconcile-misses"
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 PODS = "/api/v1/namespaces/{namespace}/pods/{name}"
+PODS_OF = "/api/v1/namespaces/{namespace}/pods"
+LIST_PAGE = 500
 A_POD_NAMESPACE = f"{GROUP}/pod-namespace"
 A_POD_NAME = f"{GROUP}/pod-name"
 A_POD_UID = f"{GROUP}/pod-uid"
@@ -101,9 +104,9 @@ def _text(doc: dict, key: str) -> str:
 
 @dataclass
 class LeaseClaim:
-    """One Lease as the reconciler and ``rdmanet ipam ls`` see it; ``raw`` is the document as read."""
+    """One Lease as the reconciler and ``rdmanet ipam ls`` see it (not the document: a run over
+    100,000 claims keeps these few fields each; a write re-reads the one Lease it changes)."""
 
-    raw: dict
     name: str
     uid: str
     resource_version: str
@@ -134,7 +137,6 @@ class LeaseClaim:
         ip = ip_of_name(name, labels.get(L_DOMAIN, ""))
         uid_label = labels.get(L_POD_UID) or ""
         return cls(
-            raw=raw,
             name=name,
             uid=str(meta.get("uid") or ""),
             resource_version=str(meta.get("resourceVersion") or ""),
@@ -204,12 +206,22 @@ class KubeAPI:
 @dataclass
 class KubeTarget:
     """Claims in the Lease store: which namespace, which selector, which client. By default one
-    domain's; ``selector`` widens it (every domain, or every domain's claims of one node)."""
+    domain's; ``selector`` widens it (every domain, or every domain's claims of one node).
+
+    Pods are read once per run (:meth:`begin_run`), not once per claim: with ``node`` set (the
+    node daemon's GC: only that node's claims) one List of the pods bound to the node
+    (``fieldSelector=spec.nodeName``, every namespace); else one List per namespace that holds a
+    claim to judge. Both paginated; of each pod only its UID and mirror annotation are kept.
+    Credentials that may ``get`` but not ``list`` pods (an older install's RBAC) fall back to one
+    GET per claim."""
 
     api: KubeAPI
     namespace: str
     domain: str
     selector: str = ""
+    node: Optional[str] = None
+    _pods: dict = field(default_factory=dict, repr=False)  # namespace (or "" for the node's) -> {name: pod}
+    _no_pod_list: bool = field(default=False, repr=False)
 
     @classmethod
     def for_settings(cls, settings: Any, node: Optional[str] = None) -> "KubeTarget":
@@ -222,7 +234,7 @@ class KubeTarget:
         if node is not None:
             selector, what = f"{L_DOMAIN},{L_NODE}={label_value(node)}", f"node {node}"
         return cls(KubeAPI(ApiClientTransport(conn.api_client, conn.host), settings.request_timeout), conn.namespace,
-                   what, selector)
+                   what, selector, node)
 
     @classmethod
     def from_config(cls, config: dict) -> "KubeTarget":
@@ -241,33 +253,88 @@ class KubeTarget:
     def leases(self) -> str:
         return LEASES_PATH.format(namespace=quote(self.namespace, safe=""))
 
-    def list_leases(self) -> list[dict]:
-        out, cont = [], None
+    def _pages(self, path: str, query: list, each: Callable[[dict], None], restart: Callable[[], None]) -> None:
+        """``each(item)`` for every item of a List, page by page (``limit=LIST_PAGE``); a continue
+        token that expired (410) calls ``restart()`` and starts over, a few times at most."""
+        cont, restarts = None, 0
         while True:
-            query = [("labelSelector", self.selector or domain_selector(self.domain)), ("limit", "500")]
-            if cont:
-                query.append(("continue", cont))
+            page = [*query, ("limit", str(LIST_PAGE))] + ([("continue", cont)] if cont else [])
             try:
-                doc = self.api.request("GET", self.leases, query)
+                doc = self.api.request("GET", path, page)
             except ApiError as err:
-                raise CNIError(NOT_AVAILABLE, f"cannot list Leases in namespace {self.namespace}: {err}",
-                               "check that the credentials may list leases in that namespace (RBAC)") from None
-            out += [item for item in doc.get("items") or [] if isinstance(item, dict)]
+                if err.status == 410 and cont and restarts < 3:
+                    restarts, cont = restarts + 1, None
+                    restart()
+                    continue
+                raise
+            for item in doc.get("items") or []:
+                if isinstance(item, dict):
+                    each(item)
             cont = (doc.get("metadata") or {}).get("continue")
             if not cont:
-                return out
+                return
 
     def list_claims(self) -> list[LeaseClaim]:
-        """The claims (objects whose name is not a claim name of their own domain label are ignored)."""
-        out = []
-        for raw in self.list_leases():
+        """The claims (objects whose name is not a claim name of their own domain label are
+        ignored), parsed page by page."""
+        out: list[LeaseClaim] = []
+
+        def each(raw: dict) -> None:
             md = raw.get("metadata") or {}
             dhash = (md.get("labels") or {}).get(L_DOMAIN) or ""
             if ip_of_name(str(md.get("name") or ""), dhash) is not None:
                 out.append(LeaseClaim.from_lease(raw))
+
+        try:
+            self._pages(self.leases, [("labelSelector", self.selector or domain_selector(self.domain))], each, out.clear)
+        except ApiError as err:
+            raise CNIError(NOT_AVAILABLE, f"cannot list Leases in namespace {self.namespace}: {err}",
+                           "check that the credentials may list leases in that namespace (RBAC)") from None
         return out
 
+    def begin_run(self) -> None:
+        """Forget the pods read by an earlier run (each run reads them afresh, once)."""
+        self._pods = {}
+
+    def _index_pods(self, namespace: str) -> dict:
+        key = "" if self.node is not None else namespace
+        index = self._pods.get(key)
+        if isinstance(index, ApiError):
+            raise index  # this run's List of them failed: the claims there are errors, not one List each
+        if index is not None:
+            return index
+        index = {}
+
+        def each(pod: dict) -> None:
+            md = pod.get("metadata") or {}
+            notes = md.get("annotations") or {}
+            mirror = notes.get(MIRROR_ANNOTATION)
+            slim = {"uid": md.get("uid")}
+            if mirror:
+                slim["annotations"] = {MIRROR_ANNOTATION: mirror}
+            index[(md.get("namespace") or namespace, md.get("name"))] = {"metadata": slim}
+
+        try:
+            if self.node is not None:
+                self._pages("/api/v1/pods", [("fieldSelector", f"spec.nodeName={self.node}")], each, index.clear)
+            else:
+                self._pages(PODS_OF.format(namespace=quote(namespace, safe="")), [], each, index.clear)
+        except ApiError as err:
+            if err.status != 403:
+                self._pods[key] = err
+            raise
+        self._pods[key] = index
+        return index
+
     def get_pod(self, namespace: str, name: str) -> Optional[dict]:
+        """The pod (its UID and mirror annotation) as this run read it; None when it is not there."""
+        if not self._no_pod_list:
+            try:
+                return self._index_pods(namespace).get((namespace, name))
+            except ApiError as err:
+                if err.status != 403:
+                    raise
+                self._no_pod_list = True  # may get but not list pods: one GET per claim, as before
         try:
             return self.api.request("GET", PODS.format(namespace=quote(namespace, safe=""), name=quote(name, safe="")))
         except ApiError as err:
@@ -276,11 +343,15 @@ class KubeTarget:
             raise
 
     def write_misses(self, claim: LeaseClaim, misses: int) -> dict:
-        """PUT the Lease as read with the miss count set (0 removes it); 409 if it changed since."""
-        body = json.loads(json.dumps(claim.raw))
+        """PUT the Lease, re-read just now, with the miss count set (0 removes it); 409 when it
+        changed since the List (re-read with another UID or resourceVersion) or since the read."""
+        path = f"{self.leases}/{quote(claim.name, safe='')}"
+        body = self.api.request("GET", path)
+        meta = body.setdefault("metadata", {})
+        if str(meta.get("uid") or "") != claim.uid or str(meta.get("resourceVersion") or "") != claim.resource_version:
+            raise ApiError(409, f"lease {claim.name} changed since it was listed")
         body.setdefault("apiVersion", "coordination.k8s.io/v1")
         body.setdefault("kind", "Lease")
-        meta = body.setdefault("metadata", {})
         ann = dict(meta.get("annotations") or {})
         if misses:
             ann[MISSES_ANNOTATION] = str(misses)
@@ -288,7 +359,7 @@ class KubeTarget:
             ann.pop(MISSES_ANNOTATION, None)
         meta["annotations"] = ann
         meta["resourceVersion"] = claim.resource_version
-        return self.api.request("PUT", f"{self.leases}/{quote(claim.name, safe='')}", body=body)
+        return self.api.request("PUT", path, body=body)
 
     def delete(self, claim: LeaseClaim) -> None:
         body = {"apiVersion": "v1", "kind": "DeleteOptions",
@@ -308,6 +379,7 @@ NO_POD = "no-pod-identity"  # no pod UID/namespace/name: left alone
 CONFLICT = "conflict"      # the Lease changed (or was re-made) since the list: left for the next run
 GONE = "gone"              # the Lease vanished since the list (a DEL): nothing to do
 ERROR = "error"            # an API failure for this claim
+LATE = "skipped-deadline"  # the run's deadline passed before this claim was judged
 
 
 @dataclass
@@ -405,12 +477,21 @@ def superseded(claims: list[LeaseClaim]) -> dict[str, LeaseClaim]:
 
 
 def reconcile_target(target: KubeTarget, *, grace_seconds: float = 300.0, misses: int = 3, dry_run: bool = False,
-                     now: Optional[datetime] = None) -> Outcome:
+                     now: Optional[datetime] = None, deadline_seconds: Optional[float] = None) -> Outcome:
+    """One pass. Requests: the claims' List (pages of 500), the pods' List once per namespace
+    (or once for a node), and one write per claim whose count changes (a GET and a PUT) or that
+    is freed (a DELETE); nothing for a claim whose pod is present. ``deadline_seconds``: claims
+    not judged by then are left for the next run (reported as ``skipped-deadline``)."""
     outcome = Outcome(target.domain, target.namespace, dry_run, grace_seconds, misses)
+    end = None if deadline_seconds is None else time.monotonic() + deadline_seconds
+    target.begin_run()
     claims = sorted(target.list_claims(), key=lambda c: c.name)
     replaced = superseded(claims)
     for claim in claims:
         when = now or datetime.now(timezone.utc)
+        if end is not None and time.monotonic() >= end:
+            outcome.actions.append(Action(claim, LATE, claim.misses, f"the run's {deadline_seconds:g} s deadline passed"))
+            continue
         try:
             if claim.name in replaced and (claim.age(when) or 0) >= grace_seconds:
                 newer = replaced[claim.name]
@@ -433,18 +514,21 @@ def reconcile_target(target: KubeTarget, *, grace_seconds: float = 300.0, misses
     return outcome
 
 
-def reconcile(config: dict, *, grace_seconds: float = 300.0, misses: int = 3, dry_run: bool = False) -> Outcome:
+def reconcile(config: dict, *, grace_seconds: float = 300.0, misses: int = 3, dry_run: bool = False,
+              deadline_seconds: Optional[float] = None) -> Outcome:
     """One reconciler pass over the network config's Lease-store domain."""
-    return reconcile_target(KubeTarget.from_config(config), grace_seconds=grace_seconds, misses=misses, dry_run=dry_run)
+    return reconcile_target(KubeTarget.from_config(config), grace_seconds=grace_seconds, misses=misses, dry_run=dry_run,
+                            deadline_seconds=deadline_seconds)
 
 
-def reconcile_all(config: dict, *, grace_seconds: float = 300.0, misses: int = 3, dry_run: bool = False) -> Outcome:
+def reconcile_all(config: dict, *, grace_seconds: float = 300.0, misses: int = 3, dry_run: bool = False,
+                  deadline_seconds: Optional[float] = None) -> Outcome:
     """One reconciler pass over every lease-ipam claim, of every domain, in the namespace the
     config's ``kubernetes`` settings reach (the default install's CronJob)."""
     from .kube_config import kube_settings
 
     return reconcile_target(KubeTarget.for_settings(kube_settings(config)), grace_seconds=grace_seconds, misses=misses,
-                            dry_run=dry_run)
+                            dry_run=dry_run, deadline_seconds=deadline_seconds)
 
 
 def render_table(outcome: Outcome) -> str:

@@ -66,6 +66,9 @@ def register(sub: "argparse._SubParsersAction") -> None:
     rec.add_argument("--misses", type=int, default=3,
                      help="consecutive runs a claim's pod must be missing before it is freed (default: %(default)s)")
     rec.add_argument("--dry-run", action="store_true", help="report what would be done; change nothing")
+    rec.add_argument("--deadline-seconds", type=float, default=480.0,
+                     help="leave claims not judged by then for the next run (default: %(default)s, under the "
+                          "CronJob's activeDeadlineSeconds)")
     rec.add_argument("-o", "--output", choices=("table", "json"), default="table", help="output format (default: %(default)s)")
 
 
@@ -87,10 +90,12 @@ def run(args: argparse.Namespace, out=None) -> int:
             if args.namespace:
                 kube["namespace"] = args.namespace
             outcome = reconcile.reconcile_all({"ipam": {"type": "lease-ipam", "kubernetes": kube}},
-                                              grace_seconds=args.grace_seconds, misses=args.misses, dry_run=args.dry_run)
+                                              grace_seconds=args.grace_seconds, misses=args.misses, dry_run=args.dry_run,
+                                              deadline_seconds=args.deadline_seconds)
         else:
             config = load_network_config(args.network_config)
-            outcome = reconcile.reconcile(config, grace_seconds=args.grace_seconds, misses=args.misses, dry_run=args.dry_run)
+            outcome = reconcile.reconcile(config, grace_seconds=args.grace_seconds, misses=args.misses, dry_run=args.dry_run,
+                                          deadline_seconds=args.deadline_seconds)
         out.write(json.dumps(outcome.to_json(), indent=2) + "\n" if args.output == "json" else reconcile.render_table(outcome))
         return 1 if outcome.errors else 0
     except CNIError as err:

@@ -84,7 +84,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import partial
-from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Optional, Sequence, TypeVar
 
 from cni.core.errors import (
     ADDRESS_UNAVAILABLE,
@@ -119,6 +119,8 @@ _BACKOFF_BASE = 0.05
 _BACKOFF_CAP = 1.0
 _ROLLBACK_BUDGET = 10.0
 NODE_WINDOW = 64  # a node's first candidate passes over fewer free addresses than this
+LIST_PAGE = 500  # Leases per List page: a List holds one page's JSON at a time
+_T = TypeVar("_T")
 
 
 # -- names and labels -----------------------------------------------------------------------------
@@ -388,6 +390,36 @@ def latest_by_range(claims: Iterable[Claim]) -> dict[str, Claim]:
     return out
 
 
+class DomainScan:
+    """What an ADD keeps of a List of its domain, folded page by page: the used addresses (as
+    ints), the attachment's own claims, the round-robin cursor per range, and the holders of the
+    requested addresses. Never the whole List."""
+
+    def __init__(self, attachment: Optional[Attachment], wanted: set) -> None:
+        self.attachment = attachment
+        self.wanted = wanted
+        self.used: dict[int, list[int]] = {4: [], 6: []}
+        self.mine: list[Claim] = []
+        self.by_ip: dict[IPAddress, Claim] = {}
+        self.latest: dict[str, Claim] = {}
+
+    def add(self, c: Claim) -> None:
+        self.used[c.ip.version].append(int(c.ip))
+        if self.attachment is not None and c.attachment == self.attachment:
+            self.mine.append(c)
+        if c.ip in self.wanted:
+            self.by_ip[c.ip] = c
+        if c.time is not None and c.range:
+            best = self.latest.get(c.range)
+            if best is None or (c.time, int(c.ip)) > (best.time, int(best.ip)):
+                self.latest[c.range] = c
+
+    def sorted_used(self) -> dict[int, list[int]]:
+        for values in self.used.values():
+            values.sort()
+        return self.used
+
+
 CacheSource = Callable[[bool], Optional[LeaseCache]]
 
 
@@ -498,15 +530,41 @@ class KubeStore(Store):
         return ",".join(f"{k}={v}" for k, v in labels.items())
 
     def _list(self, selector: str, deadline: float, what: str) -> list[Claim]:
-        resp, _ = self._call("GET", self.path, what, deadline, query=[("labelSelector", selector)])
-        if resp.status != 200 or not isinstance(resp.doc, dict):
-            raise self._refused(resp, what)
-        out = []
-        for item in resp.doc.get("items") or []:
-            claim = self._parse(item)
-            if claim is not None:
-                out.append(claim)
-        return out
+        return self._fold(selector, deadline, what, list, list.append)
+
+    def _fold(self, selector: str, deadline: float, what: str, start: Callable[[], _T],
+              add: Callable[[_T, Claim], Any]) -> _T:
+        """``add(acc, claim)`` for each claim the selector matches, ``acc`` made by ``start()``;
+        the List is paginated (``limit=LIST_PAGE``) and parsed page by page, so only one page's
+        JSON is held at once whatever the domain's size. A continue token that expired (410:
+        the server compacted the List's snapshot) starts the List over with a fresh ``acc``;
+        every attempt stays within the verb's deadline."""
+        acc, cont = start(), ""
+        while True:
+            query = [("labelSelector", selector), ("limit", str(LIST_PAGE))]
+            if cont:
+                query.append(("continue", cont))
+            resp, _ = self._call("GET", self.path, what, deadline, query=query)
+            if resp.status == 410 and cont:
+                log.info("%s: the continue token expired (HTTP 410): listing again from the start", what)
+                self.calls["relist"] = self.calls.get("relist", 0) + 1
+                acc, cont = start(), ""
+                continue
+            if resp.status != 200 or not isinstance(resp.doc, dict):
+                raise self._refused(resp, what)
+            for item in resp.doc.get("items") or []:
+                claim = self._parse(item)
+                if claim is not None:
+                    add(acc, claim)
+            cont = (resp.doc.get("metadata") or {}).get("continue") or ""
+            if not isinstance(cont, str) or not cont:
+                return acc
+
+    def _used(self, deadline: float) -> dict[int, list[int]]:
+        """The domain's used addresses per IP version, sorted (a paginated List kept as ints)."""
+        scan = self._fold(self._selector(), deadline, f"list leases of domain {self.domain}",
+                          lambda: DomainScan(None, set()), DomainScan.add)
+        return scan.sorted_used()
 
     def _parse(self, item: Any) -> Optional[Claim]:
         return parse_claim(item, self.dhash)
@@ -641,15 +699,11 @@ class KubeStore(Store):
         if cache is not None:
             with self._holding(cache, attachment, deadline):
                 return self._allocate_cached(cache, attachment, network, range_sets, requested, deadline)
-        claims = self._list(self._selector(), deadline, f"list leases of domain {self.domain}")
-        used: dict[int, list[int]] = {4: [], 6: []}
-        for c in claims:
-            used[c.ip.version].append(int(c.ip))
-        for values in used.values():
-            values.sort()
-        mine = [c for c in claims if c.attachment == attachment]
-        return self._allocate(attachment, network, range_sets, requested, deadline, mine, used,
-                              {c.ip: c for c in claims}, None, latest_by_range(claims))
+        wanted = set(requested.values())
+        scan = self._fold(self._selector(), deadline, f"list leases of domain {self.domain}",
+                          lambda: DomainScan(attachment, wanted), DomainScan.add)
+        return self._allocate(attachment, network, range_sets, requested, deadline, scan.mine, scan.sorted_used(),
+                              scan.by_ip, None, scan.latest)
 
     def _allocate_cached(self, cache: LeaseCache, attachment: Attachment, network: str,
                          range_sets: Sequence[RangeSet], requested: Mapping[int, IPAddress],
@@ -782,8 +836,7 @@ class KubeStore(Store):
                 # The cache's used set may hold addresses freed since (a lagging watch, a 409
                 # placeholder outliving its Lease): "exhausted" is only said after a List.
                 from_cache = False
-                claims = self._list(self._selector(), deadline, f"list leases of domain {self.domain}")
-                used[:] = sorted(int(c.ip) for c in claims if c.ip.version == rs.family)
+                used[:] = self._used(deadline)[rs.family]
                 candidate = self._next(rs, used, cursor, skip)
             if candidate is None:
                 raced = f" ({taken} candidates were claimed concurrently or held by whereabouts)" if taken else ""
@@ -968,14 +1021,9 @@ class KubeStore(Store):
             if all(free):  # "full" is only said after a List (the cache may lag behind a release)
                 return free
         try:
-            claims = self._list(self._selector(), self._deadline(), f"list leases of domain {self.domain}")
+            used = self._used(self._deadline())
         except CNIError as err:
             raise CNIError(NOT_AVAILABLE, f"lease-ipam cannot reach its Lease store: {err.msg}", err.details) from None
-        used: dict[int, list[int]] = {4: [], 6: []}
-        for c in claims:
-            used[c.ip.version].append(int(c.ip))
-        for values in used.values():
-            values.sort()
         return [rs.count_free(used[rs.family]) for rs in range_sets]
 
 

@@ -412,8 +412,7 @@ class LeaseCache:
                 return  # an older incarnation of a name we have written since
             self._put(Entry(name, claim.ip, claim, uid, True))
 
-    def _replace(self, items: list[Any], rv: str) -> None:
-        parsed = [c for c in (self.parse(item) for item in items) if c is not None]
+    def _replace(self, parsed: list[Any], rv: str) -> None:
         with self._cond:
             listed = {c.uid for c in parsed}
             for uid, confirmed in list(self._dead.items()):
@@ -492,6 +491,8 @@ class LeaseCache:
                 self.on_exit(self)
 
     def _list(self) -> None:
+        """List the domain page by page (only one page's JSON held at once: the parsed claims are
+        kept), then replace the cache's state; a continue token that expired (410) starts over."""
         items: list[Any] = []
         cont, rv, restarts = "", "", 0
         while True:
@@ -505,7 +506,7 @@ class LeaseCache:
                 continue
             if resp.status != 200 or not isinstance(resp.doc, dict):
                 raise Failed(resp.status, _message(resp.doc))
-            items.extend(resp.doc.get("items") or [])
+            items.extend(c for c in (self.parse(item) for item in resp.doc.get("items") or []) if c is not None)
             md = resp.doc.get("metadata") or {}
             if not cont:
                 rv = str(md.get("resourceVersion") or "")

@@ -1,0 +1,245 @@
+"""lease-ipam's Kubernetes store keeps its memory and its load on the API server bounded (issue 17 item 8).
+
+Against the fake API server over real HTTP, with the real plugin and store code. Every assertion
+is on requests the server saw (their count, their query) and on outcomes, never on timing:
+- no verb makes an unpaginated List of a whole domain (``limit`` on every List; pages parsed
+  one at a time); a continue token that expires (410) starts the List over;
+- the node daemon's watch cache: a lagging watch does not turn every ADD into a List of the
+  domain; a rotated token is taken in place (the watch is not restarted, no re-List); a 410
+  re-List backs off;
+- the reconciler Lists pods once per namespace per run instead of one GET per claim.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import math
+import os
+import sys
+import time
+
+import pytest
+
+from cni.core import skel
+from ipam.location import CLUSTER_DOMAIN
+from ipam.plugin import LeaseIPAM
+from ipam.store import lease_cache
+from ipam.store.kube import (
+    GROUP,
+    L_ATTACHMENT,
+    L_DOMAIN,
+    L_NETWORK,
+    L_NODE,
+    L_POD_UID,
+    LIST_PAGE,
+    ApiClientTransport,
+    Transport,
+    attachment_hash,
+    domain_hash,
+    lease_name,
+    use_watch_cache,
+)
+from ipam.store.base import Attachment
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kube_api_server import RESOURCES, KubeAPIServer, write_kubeconfig  # noqa: E402
+
+NS = "ipam"
+
+
+@pytest.fixture
+def kubeconfig(server, tmp_path):
+    return write_kubeconfig(tmp_path / "kubeconfig", server.url, namespace=NS)
+
+
+def netconf(kubeconfig, name="net-a", rng="10.0.0.0/20", **kube):
+    return {"cniVersion": "1.1.0", "name": name, "type": "macvlan",
+            "ipam": {"type": "lease-ipam", "range": rng, "kubernetes": {"kubeconfig": str(kubeconfig), **kube}}}
+
+
+def env(command, cid, ifname="net1", node="node-a", pod_ns="default"):
+    return {"CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": "/var/run/netns/x", "CNI_IFNAME": ifname,
+            "CNI_PATH": "/opt/cni/bin", "RDMANET_NODE_NAME": node,
+            "CNI_ARGS": f"K8S_POD_NAMESPACE={pod_ns};K8S_POD_NAME={cid};K8S_POD_UID=uid-{cid}"}
+
+
+def call(command, conf, cid, **kw):
+    return skel.handle(LeaseIPAM(), env(command, cid, **kw), json.dumps(conf).encode())
+
+
+def seed_claims(server, count, subnet="10.0.0.0/20", network="net-a", node="node-z", pod_ns=("default",),
+                age_seconds=0.0):
+    """``count`` claims as ADD makes them, written straight into the fake server (fast). Pods are
+    named after their container IDs, spread over the namespaces ``pod_ns``."""
+    dhash = domain_hash(CLUSTER_DOMAIN)
+    rt = RESOURCES["leases"]
+    hosts = ipaddress.ip_network(subnet).hosts()
+    when = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() - age_seconds))
+    made = []
+    for i in range(count):
+        ip = next(hosts)
+        cid = f"seed{i:06d}"
+        ns = pod_ns[i % len(pod_ns)]
+        att = Attachment(cid, "net1")
+        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": lease_name(dhash, ip), "namespace": NS,
+                             "labels": {L_DOMAIN: dhash, L_NETWORK: network, L_NODE: node,
+                                        L_ATTACHMENT: attachment_hash(att), L_POD_UID: f"uid-{cid}"},
+                             "annotations": {f"{GROUP}/{k}": v for k, v in {
+                                 "ipam-domain": CLUSTER_DOMAIN, "network": network, "range": subnet, "ip": str(ip),
+                                 "container-id": cid, "ifname": "net1", "node": node, "pod-namespace": ns,
+                                 "pod-name": cid, "pod-uid": f"uid-{cid}"}.items()}},
+                "spec": {"holderIdentity": f"{cid}/net1", "acquireTime": when + ".000000Z"}}
+        server.api_create(rt, NS, body, False)
+        made.append((ns, cid, str(ip)))
+    if age_seconds:
+        with server._cond:  # creationTimestamp as if made age_seconds ago (the reconciler's grace)
+            for (ns_, name), obj in server._store["leases"].items():
+                obj["metadata"]["creationTimestamp"] = when + "Z"
+    return made
+
+
+def lists(server, selector_has=""):
+    """The List requests of leases the server saw (their queries)."""
+    return [e["query"] for e in server.request_log()
+            if e["verb"] == "list" and e["resource"] == "leases" and selector_has in e["query"].get("labelSelector", "")]
+
+
+def held_ips(server):
+    return [o["metadata"]["annotations"][f"{GROUP}/ip"] for o in server.objects("leases", NS)]
+
+
+# -- paginated Lists ---------------------------------------------------------------------------------
+
+def test_no_verb_lists_a_whole_domain_in_one_answer(server, kubeconfig):
+    """ADD, CHECK, DEL, STATUS and GC of the in-process plugin over a domain of 1,200 claims: every
+    List carries ``limit`` and the domain comes in ceil(n / page) pages, none larger than a page."""
+    seed_claims(server, 1200)
+    conf = netconf(kubeconfig)
+    server.reset_counts()
+    code, out = call("ADD", conf, "new1")
+    assert code == 0, out
+    got = out["ips"][0]["address"].split("/")[0]
+    assert held_ips(server).count(got) == 1
+    domain_lists = lists(server)
+    assert len(domain_lists) == math.ceil(1200 / LIST_PAGE), domain_lists
+    for verb in ("CHECK", "DEL"):
+        conf_v = dict(conf, prevResult=out) if verb == "CHECK" else conf
+        code, res = call(verb, conf_v, "new1")
+        assert code == 0, res
+    code, res = call("STATUS", conf, "x")
+    assert code == 0, res
+    code, res = call("GC", dict(conf, **{"cni.dev/valid-attachments": []}), "x")
+    assert code == 0, res
+    every = lists(server)
+    assert every and all(q.get("limit") == str(LIST_PAGE) for q in every), every
+
+
+class CompactAfterFirstPage(Transport):
+    """The store's own transport; after the first page of a List the server compacts (the List's
+    snapshot is gone: the next page's continue token meets 410, as after an API server restart)."""
+
+    def __init__(self, inner, server):
+        self.inner, self.server, self.host, self.done = inner, server, inner.host, False
+
+    def request(self, method, path, query, body, timeout):
+        resp = self.inner.request(method, path, query, body, timeout)
+        if not self.done and method == "GET" and dict(query).get("limit") and (resp.doc or {}).get("metadata", {}).get("continue"):
+            self.done = True
+            self.server.compact()
+        return resp
+
+    def watch(self, path, query, timeout):
+        return self.inner.watch(path, query, timeout)
+
+
+def test_an_expired_continue_token_starts_the_list_over(server, kubeconfig, monkeypatch):
+    seed_claims(server, 1100)
+    conf = netconf(kubeconfig)
+    from ipam.store import kube as kube_mod
+
+    made = []
+    orig_for = kube_mod.KubeStore.for_invocation.__func__
+
+    def for_invocation(cls, settings, domain, inv):
+        store = orig_for(cls, settings, domain, inv)
+        store.transport = CompactAfterFirstPage(store.transport, server)
+        made.append(store)
+        return store
+
+    monkeypatch.setattr(kube_mod.KubeStore, "for_invocation", classmethod(for_invocation))
+    server.reset_counts()
+    code, out = call("ADD", conf, "new1")
+    assert code == 0, out
+    got = out["ips"][0]["address"].split("/")[0]
+    assert held_ips(server).count(got) == 1 and len(held_ips(server)) == 1101
+    statuses = [(bool(e["query"].get("continue")), e["status"]) for e in server.request_log() if e["verb"] == "list"]
+    # page 1, then its continue meets 410, then the whole List again: 3 pages
+    assert statuses == [(False, 200), (True, 410), (False, 200), (True, 200), (True, 200)], statuses
+    assert made[0].calls.get("relist") == 1
+
+
+# -- the reconciler ----------------------------------------------------------------------------------
+
+def _reconcile_conf(kubeconfig):
+    return {"cniVersion": "1.0.0", "name": "net-a", "type": "macvlan",
+            "ipam": {"type": "lease-ipam", "range": "10.0.0.0/20", "kubernetes": {"kubeconfig": str(kubeconfig)}}}
+
+
+def test_the_reconciler_lists_pods_once_per_namespace_and_writes_only_what_changes(server, kubeconfig):
+    """3,000 claims over 4 namespaces, 100 of whose pods are gone. The run's requests are
+    computed, not timed: the claims' List in pages of 500, one paginated pod List per namespace,
+    a GET + PUT per miss recorded, and nothing per claim whose pod is there. At 100,000 claims
+    the same arithmetic gives 200 + pod pages + writes (docs/lease-ipam.md)."""
+    from ipam import reconcile
+
+    namespaces = ("ns-a", "ns-b", "ns-c", "ns-d")
+    made = seed_claims(server, 3000, pod_ns=namespaces, age_seconds=3600)
+    gone = {cid for _, cid, _ in made[::30]}  # 100 pods that are no longer there
+    per_ns = {ns: 0 for ns in namespaces}
+    for ns, cid, _ in made:
+        if cid not in gone:
+            server.add_pod(ns, cid, uid=f"uid-{cid}")
+            per_ns[ns] += 1
+    target = reconcile.KubeTarget.from_config(_reconcile_conf(kubeconfig))
+    server.reset_counts()
+    outcome = reconcile.reconcile_target(target, grace_seconds=60, misses=3)
+    assert outcome.count(reconcile.KEPT) == 2900 and outcome.count(reconcile.MISS) == 100, outcome.to_json()["summary"]
+    expected = {("list", "leases"): math.ceil(3000 / 500),
+                ("list", "pods"): sum(math.ceil(n / 500) for n in per_ns.values()),
+                ("get", "leases"): 100, ("update", "leases"): 100}
+    assert server.counts() == expected, server.counts()
+    assert ("get", "pods") not in server.counts()  # main GETs every claim's pod: 3,000 GETs
+
+    # a second run: the same pod Lists again (read afresh per run), the misses go to 2
+    server.reset_counts()
+    outcome = reconcile.reconcile_target(target, grace_seconds=60, misses=3)
+    assert outcome.count(reconcile.MISS) == 100 and server.counts()[("list", "pods")] == expected[("list", "pods")]
+
+
+def test_the_node_gc_lists_only_the_pods_bound_to_its_node(server, kubeconfig):
+    from ipam import reconcile
+    from ipam.kube_config import kube_settings
+
+    made = seed_claims(server, 600, node="node-a", pod_ns=("ns-a", "ns-b", "ns-c"), age_seconds=3600)
+    for ns, cid, _ in made[1:]:
+        server.add_pod(ns, cid, uid=f"uid-{cid}", node="node-a")
+    for i in range(50):
+        server.add_pod("ns-a", f"elsewhere{i}", node="node-b")
+    target = reconcile.KubeTarget.for_settings(kube_settings(_reconcile_conf(kubeconfig)), node="node-a")
+    server.reset_counts()
+    outcome = reconcile.reconcile_target(target, grace_seconds=60, misses=3)
+    assert outcome.count(reconcile.KEPT) == 599 and outcome.count(reconcile.MISS) == 1
+    pod_lists = [e for e in server.request_log() if e["resource"] == "pods"]
+    assert [e["verb"] for e in pod_lists] == ["list", "list"], pod_lists  # 599 pods: 2 pages, every namespace
+    assert all(e["query"].get("fieldSelector") == "spec.nodeName=node-a" and e["namespace"] is None for e in pod_lists)
+
+
+def test_the_reconciler_leaves_what_it_could_not_judge_by_its_deadline(server, kubeconfig):
+    from ipam import reconcile
+
+    seed_claims(server, 20, age_seconds=3600)
+    target = reconcile.KubeTarget.from_config(_reconcile_conf(kubeconfig))
+    outcome = reconcile.reconcile_target(target, grace_seconds=60, misses=1, deadline_seconds=0)
+    assert outcome.count(reconcile.LATE) == 20 and len(server.objects("leases", NS)) == 20

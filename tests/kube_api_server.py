@@ -61,6 +61,17 @@ The same controls are reachable over HTTP for other processes (not counted):
 ``DELETE /_control/pods/{namespace}/{name}``, ``POST /_control/watches`` ``{"paused"}``,
 ``POST /_control/drop_watches``.
 
+In-process access (benchmarks simulating thousands of clients in one process, no HTTP):
+``handle(method, path, query, body_bytes, client)`` serves one request (a watch answers an
+:class:`InProcessWatch` whose ``lines()`` yield the event lines); :class:`InProcessApiClient`
+puts it under ``ipam.store.kube.ApiClientTransport`` in place of the ``kubernetes`` ApiClient.
+Bodies are real JSON bytes. ``client_stats()`` counts per client: requests by verb, bytes in and
+out, watch events and bytes delivered (HTTP requests too, under the ``X-Rdmanet-Client`` header,
+else ``http``). In-process watches with the same selectors form one group, indexed by one of the
+selector's ``key=value`` requirements, so delivering an event costs one match per group whose
+indexed label the object carries, not one per watch; ``hold_watch()`` registers a watch nobody
+reads (still counted per event); ``restart_watches()`` drops history and every stream.
+
 Run standalone: ``python tests/kube_api_server.py --port 8080 [--kubeconfig PATH]``.
 """
 
@@ -535,6 +546,189 @@ class _Fault:
                 and (self.resource is None or self.resource == resource))
 
 
+def _fault_error(fault: _Fault, rt: ResourceType, name: str | None) -> ApiError:
+    """The Status an injected (non-drop) fault answers, as the HTTP handler sends it."""
+    code = int(fault.status)
+    headers = {}
+    retry_after = fault.retry_after
+    if retry_after is None and code == 429:
+        retry_after = 1
+    details = _details(rt, name)
+    if retry_after is not None:
+        ra = int(retry_after) if float(retry_after).is_integer() else retry_after
+        headers["Retry-After"] = str(ra)
+        details["retryAfterSeconds"] = int(max(1, round(float(retry_after))))
+    msg = {429: "Too many requests, please try again later.",
+           500: "Internal error occurred: injected fault",
+           503: "the server is currently unable to handle the request",
+           504: "the server was unable to return a response in the time allotted, "
+                "but may still be processing the request"}.get(code, "injected fault")
+    return ApiError(code, msg, details=details, headers=headers)
+
+
+# --------------------------------------------------------------------------
+# In-process access: many simulated clients in one process, without HTTP
+# --------------------------------------------------------------------------
+
+_EQUALITY_RE = re.compile(r"^\s*([^\s!=<>(),]+)\s*(==|=)\s*([^\s!=<>(),]*)\s*$")
+
+
+def _equalities(selector: str | None) -> list[tuple[str, str]]:
+    """The ``key=value`` requirements of a label selector (those an event's labels must carry)."""
+    if not selector or not selector.strip():
+        return []
+    out = []
+    for part in _split_top_level(selector):
+        m = _EQUALITY_RE.match(part)
+        if m:
+            out.append((m.group(1), m.group(3)))
+    return out
+
+
+class _WatchGroup:
+    """Watches of one (resource, namespace, label selector, field selector): they all receive the
+    same events, so each event is matched and serialised once per group, not once per watch.
+    ``live`` watches get the event lines; ``held`` clients (a watch nobody reads: a simulated node
+    that is idle) are only counted, from the group's running totals since they joined."""
+
+    def __init__(self, key: tuple, rt: ResourceType, ns: str | None, lsel: Matcher, fsel: Matcher,
+                 index_key: tuple[str, str, str] | None) -> None:
+        self.key = key
+        self.rt = rt
+        self.ns = ns
+        self.lsel = lsel
+        self.fsel = fsel
+        self.index_key = index_key
+        self.live: list[InProcessWatch] = []
+        self.held: dict[str, tuple[int, int]] = {}  # client -> (events, bytes) of the group when it joined
+        self.events = 0  # delivered to each member since the group was made
+        self.bytes = 0
+
+
+class InProcessWatch:
+    """An open in-process watch: the event lines (JSON + newline, bytes) the server delivers to it."""
+
+    _BROKEN = object()
+
+    def __init__(self, server: "KubeAPIServer", client: str, group: _WatchGroup, timeout: float) -> None:
+        import queue
+
+        self.server = server
+        self.client = client
+        self.group = group
+        self.deadline = time.monotonic() + timeout
+        self.queue: Any = queue.SimpleQueue()
+        self.open = True
+
+    def lines(self) -> Any:
+        """Yield event lines until ``timeoutSeconds`` (a clean end), :meth:`close` or the server's
+        end; raises ConnectionResetError when the server dropped it (:meth:`KubeAPIServer.restart_watches`)."""
+        import queue
+
+        try:
+            while True:
+                left = self.deadline - time.monotonic()
+                if left <= 0:
+                    return
+                try:
+                    item = self.queue.get(timeout=left)
+                except queue.Empty:
+                    return
+                if item is None:
+                    return
+                if item is InProcessWatch._BROKEN:
+                    raise ConnectionResetError("watch connection dropped by the API server")
+                yield item
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.open:
+            self.open = False
+            self.server._unwatch(self)
+            self.queue.put(None)
+
+    def drop(self) -> None:
+        if self.open:
+            self.open = False
+            self.server._unwatch(self)
+            self.queue.put(InProcessWatch._BROKEN)
+
+
+class _InProcessResponse:
+    """What ``kubernetes.client.ApiClient.call_api`` answers, as lease-ipam's transport reads it."""
+
+    def __init__(self, status: int, headers: dict, data: bytes = b"", watch: InProcessWatch | None = None) -> None:
+        self.status = status
+        self.headers = headers
+        self.data = data
+        self.response = _InProcessRaw(data, watch)
+
+    def read(self) -> bytes:
+        return self.data
+
+
+class _InProcessRaw:
+    """The urllib3 response under it (what a watch stream is read from)."""
+
+    def __init__(self, data: bytes, watch: InProcessWatch | None) -> None:
+        self.data = data
+        self.watch = watch
+        self.chunked = watch is not None
+
+    def stream(self, amt: Any = None) -> Any:
+        return self.watch.lines() if self.watch is not None else iter((self.data,))
+
+    def read1(self, amt: int = -1) -> bytes:
+        data, self.data = self.data, b""
+        return data
+
+    def read(self) -> bytes:
+        return self.read1()
+
+    def shutdown(self) -> None:
+        if self.watch is not None:
+            self.watch.close()
+
+    def close(self) -> None:
+        if self.watch is not None:
+            self.watch.close()
+
+    def release_conn(self) -> None:
+        pass
+
+
+class InProcessApiClient:
+    """A stand-in for ``kubernetes.client.ApiClient`` that calls :meth:`KubeAPIServer.handle`:
+    the request and answer bodies are real JSON bytes (counted per client), but there is no
+    HTTP, socket or thread per request. Only ``param_serialize`` and ``call_api`` are provided
+    (what ``ipam.store.kube.ApiClientTransport`` uses). ``client`` names the caller in the
+    server's per-client accounting; ``who``, when given, is called per request and, when it
+    answers a name, attributes that request to it instead (a shared connection used by many
+    simulated nodes)."""
+
+    def __init__(self, server: "KubeAPIServer", client: str, who: Callable[[], str | None] | None = None) -> None:
+        import types
+
+        self.server = server
+        self.client = client
+        self.who = who
+        self.configuration = types.SimpleNamespace(host=f"inprocess://{client}")
+
+    def param_serialize(self, method: str, resource_path: str, query_params: Any = None,
+                        header_params: Any = None, body: Any = None, **_: Any) -> tuple:
+        data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        return (method, resource_path, list(query_params or ()), data)
+
+    def call_api(self, method: str, path: str, query: list, data: bytes | None,
+                 _request_timeout: Any = None) -> _InProcessResponse:
+        client = (self.who() if self.who is not None else None) or self.client
+        status, headers, answer = self.server.handle(method, path, query, data, client)
+        if isinstance(answer, InProcessWatch):
+            return _InProcessResponse(status, headers, watch=answer)
+        return _InProcessResponse(status, headers, answer)
+
+
 # --------------------------------------------------------------------------
 # The server
 # --------------------------------------------------------------------------
@@ -601,6 +795,11 @@ class KubeAPIServer:
         self._watch_sockets: set[socket.socket] = set()
         self._watch_paused = False
         self.bookmark_interval = float(bookmark_interval)
+        # in-process access (see "In-process access" below): per-client accounting and watches
+        self._client_stats: dict[str, Counter] = {}
+        self._wgroups: dict[tuple, _WatchGroup] = {}  # (resource, ns, label sel, field sel) -> group
+        self._windex: dict[tuple[str, str, str], set[_WatchGroup]] = {}  # (resource, key, value) -> groups
+        self._wscan: set[_WatchGroup] = set()  # groups with no equality requirement to index by
 
         self.token = token
         self.verbose = verbose
@@ -838,6 +1037,297 @@ class KubeAPIServer:
             self._snapshots.clear()
             self._snapshot_order.clear()
 
+    # -- in-process access (benchmarks: thousands of simulated clients in one process) ---------
+
+    def handle(self, method: str, path: str, query: Any = (), body: bytes | None = None,
+               client: str = "in-process") -> tuple[int, dict, Any]:
+        """Serve one API request without HTTP: ``(status, headers, answer)``, ``answer`` being the
+        JSON bytes of the response, or an :class:`InProcessWatch` for a 200 watch. Counted like an
+        HTTP request (``counts()``, ``request_log()``, latency and fault injection; a ``"drop"``
+        fault raises ConnectionResetError) and per ``client`` (:meth:`client_stats`): requests by
+        verb, bytes received and sent, watch events and bytes delivered."""
+        t0 = time.monotonic()
+        q = {str(k): str(v) for k, v in (query.items() if isinstance(query, dict) else query)}
+        self._account(client, bytes_in=len(body or b""))
+        entry = {"method": method, "path": path, "query": q, "verb": None, "resource": None,
+                 "namespace": None, "name": None, "status": None, "injected": False}
+
+        def answer(code: int, obj: Any, headers: dict | None = None) -> tuple[int, dict, bytes]:
+            data = json.dumps(obj, separators=(",", ":")).encode()
+            self._account(client, bytes_out=len(data))
+            entry["status"], entry["seconds"] = code, time.monotonic() - t0
+            with self._stats_lock:
+                self._log.append(entry)
+            return code, {"Content-Type": "application/json", **(headers or {})}, data
+
+        route = self._route(path)
+        if route is None:
+            entry["verb"] = entry["resource"] = "unknown"
+            self._count_request(client, "unknown", "unknown")
+            return answer(404, ApiError(404, "the server could not find the requested resource", details={}).status())
+        rt, ns, name = route
+        watch = q.get("watch", "").lower() in ("true", "1")
+        verb = _Handler._verb(method, name, watch, ns)
+        entry.update(verb=verb or method.lower(), resource=rt.plural, namespace=ns, name=name)
+        self._count_request(client, verb or method.lower(), rt.plural)
+        try:
+            if verb is None:
+                raise ApiError(405, "the server does not allow this method on the requested resource",
+                               details=_details(rt, name))
+            delay = self._latency_for(verb, rt.plural)
+            if delay > 0:
+                time.sleep(delay)
+            fault = self._pick_fault(verb, rt.plural)
+            if fault is not None:
+                entry["injected"] = True
+                if fault.status == "drop":
+                    raise ConnectionResetError("connection dropped by an injected fault")
+                raise _fault_error(fault, rt, name)
+            try:
+                doc: Any = json.loads(body) if body else None
+            except ValueError:
+                raise ApiError(400, "the body of the request was in an unknown format - "
+                                    "accepted media types include: application/json") from None
+            dry_run = q.get("dryRun") == "All"
+            if verb == "watch":
+                w = self._open_inprocess_watch(rt, ns, q, client)
+                entry["status"], entry["seconds"] = 200, time.monotonic() - t0
+                with self._stats_lock:
+                    self._log.append(entry)
+                return 200, {"Content-Type": "application/json", "Transfer-Encoding": "chunked"}, w
+            if verb == "create":
+                code, obj = self.api_create(rt, ns, doc, dry_run)
+            elif verb == "get":
+                code, obj = self.api_get(rt, ns, name)
+            elif verb == "list":
+                code, obj = self.api_list(rt, ns, q)
+            elif verb == "update":
+                code, obj = self.api_update(rt, ns, name, doc, dry_run)
+            elif verb == "patch":
+                code, obj = self.api_patch(rt, ns, name, doc, "application/merge-patch+json", dry_run)
+            elif verb == "delete":
+                code, obj = self.api_delete(rt, ns, name, doc, dry_run)
+            else:
+                code, obj = self.api_deletecollection(rt, ns, q, dry_run)
+        except ApiError as e:
+            return answer(e.code, e.status(), e.headers)
+        return answer(code, obj)
+
+    @staticmethod
+    def _route(path: str) -> tuple[ResourceType, str | None, str | None] | None:
+        for rx, resource, namespaced in _ROUTES:
+            m = rx.match(path)
+            if m:
+                return RESOURCES[resource], (m.group(1) if namespaced else None), (m.group(2) if namespaced else None)
+        return None
+
+    def _account(self, client: str, **amounts: int) -> None:
+        with self._stats_lock:
+            stats = self._client_stats.get(client)
+            if stats is None:
+                stats = self._client_stats[client] = Counter()
+            for k, v in amounts.items():
+                stats[k] += v
+
+    def _count_request(self, client: str, verb: str, resource: str) -> None:
+        with self._stats_lock:
+            self._counts[(verb, resource)] += 1
+            stats = self._client_stats.get(client)
+            if stats is None:
+                stats = self._client_stats[client] = Counter()
+            stats["requests"] += 1
+            stats[f"req:{verb}"] += 1
+
+    def client_stats(self) -> dict[str, Counter]:
+        """Per client: ``requests``, ``req:<verb>``, ``bytes_in`` (request bodies), ``bytes_out``
+        (response bodies, watch streams excluded), ``watch_events`` and ``watch_bytes`` (event lines
+        delivered to its watches, held ones included). HTTP requests count under the
+        ``X-Rdmanet-Client`` header's value, else ``http``."""
+        with self._cond:
+            with self._stats_lock:
+                out = {c: Counter(s) for c, s in self._client_stats.items()}
+            for g in self._wgroups.values():
+                for client, (e0, b0) in g.held.items():
+                    s = out.setdefault(client, Counter())
+                    s["watch_events"] += g.events - e0
+                    s["watch_bytes"] += g.bytes - b0
+        return out
+
+    def reset_client_stats(self) -> None:
+        with self._cond:
+            with self._stats_lock:
+                self._client_stats.clear()
+            for g in self._wgroups.values():
+                for client in g.held:
+                    g.held[client] = (g.events, g.bytes)
+
+    def watch_totals(self) -> dict[str, int]:
+        """Open in-process watches (``live``), held ones (``held``) and their groups (``groups``)."""
+        with self._cond:
+            groups = list(self._wgroups.values())
+            return {"groups": len(groups), "live": sum(len(g.live) for g in groups),
+                    "held": sum(len(g.held) for g in groups)}
+
+    def watches_of(self, client: str) -> list[tuple[str, str | None, str, str]]:
+        """(resource, namespace, label selector, field selector) of each in-process watch ``client``
+        has open or holds."""
+        with self._cond:
+            return sorted(g.key for g in self._wgroups.values()
+                          if client in g.held or any(w.client == client for w in g.live))
+
+    def hold_watch(self, client: str, path: str, query: Any) -> None:
+        """Register a watch for ``client`` that nobody reads: every event its selectors match is
+        counted as delivered to it (:meth:`client_stats`), at the cost of one group update per
+        event whatever the number of such clients. For a simulated node whose daemon is idle."""
+        q = {str(k): str(v) for k, v in (query.items() if isinstance(query, dict) else query)}
+        route = self._route(path)
+        if route is None:
+            raise ValueError(f"no resource at {path}")
+        rt, ns, _ = route
+        lsel, fsel = self._matchers(rt, q)
+        with self._cond:
+            g = self._group(rt, ns, q.get("labelSelector", ""), q.get("fieldSelector", ""), lsel, fsel)
+            g.held.setdefault(client, (g.events, g.bytes))
+
+    def release_held(self, client: str) -> None:
+        """End ``client``'s held watches (what they were delivered stays counted)."""
+        with self._cond:
+            for g in list(self._wgroups.values()):
+                start = g.held.pop(client, None)
+                if start is not None:
+                    self._account(client, watch_events=g.events - start[0], watch_bytes=g.bytes - start[1])
+                    self._drop_group_if_empty(g)
+
+    def restart_watches(self) -> int:
+        """An API server restart as its watchers see it: the watch history is gone (``compact``)
+        and every open watch stream breaks (in-process and HTTP), so a re-watch from an earlier
+        resourceVersion is answered 410 and the client Lists again. Held watches stay (they are
+        nobody's stream). Returns the number of streams broken."""
+        with self._cond:
+            self.compact()
+            live = [w for g in self._wgroups.values() for w in g.live]
+        for w in live:
+            w.drop()
+        return len(live) + self.drop_watches()
+
+    def _group(self, rt: ResourceType, ns: str | None, lstr: str, fstr: str, lsel: Matcher,
+               fsel: Matcher) -> _WatchGroup:
+        key = (rt.plural, ns, lstr, fstr)
+        g = self._wgroups.get(key)
+        if g is not None:
+            return g
+        # index by the equality requirement fewest groups share (a node-scoped one, typically)
+        best = None
+        for k, v in _equalities(lstr):
+            ik = (rt.plural, k, v)
+            if best is None or len(self._windex.get(ik, ())) <= len(self._windex.get(best, ())):
+                best = ik
+        g = self._wgroups[key] = _WatchGroup(key, rt, ns, lsel, fsel, best)
+        if best is None:
+            self._wscan.add(g)
+        else:
+            self._windex.setdefault(best, set()).add(g)
+        return g
+
+    def _drop_group_if_empty(self, g: _WatchGroup) -> None:
+        if g.live or g.held or self._wgroups.get(g.key) is not g:
+            return
+        del self._wgroups[g.key]
+        if g.index_key is None:
+            self._wscan.discard(g)
+        else:
+            groups = self._windex.get(g.index_key)
+            if groups is not None:
+                groups.discard(g)
+                if not groups:
+                    del self._windex[g.index_key]
+
+    def _unwatch(self, w: InProcessWatch) -> None:
+        with self._cond:
+            try:
+                w.group.live.remove(w)
+            except ValueError:
+                return
+            self._drop_group_if_empty(w.group)
+
+    @staticmethod
+    def _event_line(rt: ResourceType, etype: str, obj: dict) -> bytes:
+        out = {"kind": rt.kind, "apiVersion": rt.api_version}
+        out.update({k: v for k, v in obj.items() if k not in ("kind", "apiVersion")})
+        return json.dumps({"type": etype, "object": out}, separators=(",", ":")).encode() + b"\n"
+
+    def _open_inprocess_watch(self, rt: ResourceType, ns: str | None, q: dict, client: str) -> InProcessWatch:
+        lsel, fsel = self._matchers(rt, q)
+        try:
+            timeout = float(q["timeoutSeconds"]) if q.get("timeoutSeconds") else 1800.0
+        except ValueError:
+            raise ApiError(400, f"invalid timeoutSeconds {q['timeoutSeconds']!r}") from None
+        rv_param = q.get("resourceVersion", "")
+        send_initial = q.get("sendInitialEvents", "").lower() in ("true", "1")
+        with self._cond:
+            g = self._group(rt, ns, q.get("labelSelector", ""), q.get("fieldSelector", ""), lsel, fsel)
+            w = InProcessWatch(self, client, g, timeout)
+            lines: list[bytes] = []
+            if rv_param in ("", "0") or send_initial:
+                lines = [self._event_line(rt, "ADDED", o) for _, o in sorted(self._store[rt.plural].items())
+                         if self._matches(o, ns, lsel, fsel)]
+                if send_initial:
+                    lines.append(self._event_line(rt, "BOOKMARK", {"metadata": {
+                        "resourceVersion": str(self._rv), "annotations": {"k8s.io/initial-events-end": "true"}}}))
+            else:
+                try:
+                    last_rv = int(rv_param)
+                except ValueError:
+                    self._drop_group_if_empty(g)
+                    raise ApiError(400, f"invalid resource version {rv_param!r}") from None
+                if last_rv < self._compacted_rv:
+                    line = json.dumps({"type": "ERROR", "object": ApiError(
+                        410, f"too old resource version: {last_rv} ({self._compacted_rv})",
+                        reason="Expired").status()}, separators=(",", ":")).encode() + b"\n"
+                    self._account(client, watch_bytes=len(line))
+                    w.queue.put(line)
+                    w.open = False
+                    w.queue.put(None)
+                    self._drop_group_if_empty(g)
+                    return w
+                i = bisect.bisect_right(self._events, last_rv, key=lambda e: e[0])
+                for _, resource, etype, obj, prev in self._events[i:]:
+                    if resource == rt.plural:
+                        ev = self._watch_event(rt, etype, obj, prev, ns, lsel, fsel)
+                        if ev is not None:
+                            lines.append(self._event_line(rt, ev[0], ev[1]))
+            for line in lines:
+                w.queue.put(line)
+            self._account(client, watch_events=len(lines), watch_bytes=sum(len(x) for x in lines))
+            g.live.append(w)
+            return w
+
+    def _deliver(self, resource: str, etype: str, obj: dict, prev: dict | None) -> None:
+        """Hand one change to every in-process watch (and held watch) whose selectors match it
+        (call with ``_cond`` held). Only the groups indexed under one of the object's labels
+        (old or new) and the unindexed ones are looked at."""
+        groups: set[_WatchGroup] = set()
+        for o in (obj, prev):
+            if o:
+                for k, v in ((o.get("metadata") or {}).get("labels") or {}).items():
+                    found = self._windex.get((resource, k, v))
+                    if found:
+                        groups |= found
+        groups |= {g for g in self._wscan if g.rt.plural == resource}
+        lines: dict[tuple[str, int], bytes] = {}
+        for g in groups:
+            ev = self._watch_event(g.rt, etype, obj, prev, g.ns, g.lsel, g.fsel)
+            if ev is None:
+                continue
+            line = lines.get((ev[0], id(ev[1])))
+            if line is None:
+                line = lines[(ev[0], id(ev[1]))] = self._event_line(g.rt, ev[0], ev[1])
+            g.events += 1
+            g.bytes += len(line)
+            for w in g.live:
+                w.queue.put(line)
+                self._account(w.client, watch_events=1, watch_bytes=len(line))
+
     # -- store internals (call with self._cond held) ----------------------------
 
     @staticmethod
@@ -853,6 +1343,8 @@ class KubeAPIServer:
     def _record(self, resource: str, etype: str, obj: dict, prev: dict | None) -> None:
         self._events.append((self._rv, resource, etype, copy.deepcopy(obj),
                              copy.deepcopy(prev) if prev else None))
+        if self._wgroups:
+            self._deliver(resource, etype, obj, prev)
         if len(self._events) > self._max_events:
             drop = len(self._events) - self._max_events // 2
             self._compacted_rv = self._events[drop - 1][0]
@@ -1169,6 +1661,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send_json(self, code: int, obj: Any, headers: dict | None = None) -> None:
         data = json.dumps(obj, separators=(",", ":")).encode()
+        self.server_obj._account(self._client_name(), bytes_out=len(data))
         head = [f"HTTP/1.1 {code} {_PHRASES.get(code, 'Unknown')}",
                 "Content-Type: application/json",
                 f"Content-Length: {len(data)}",
@@ -1181,6 +1674,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._status = code
         self._record()  # before the client can see the answer, so request_log() never lags it
         self.wfile.write(("\r\n".join(head) + "\r\n\r\n").encode() + data)
+
+    def _client_name(self) -> str:
+        headers = getattr(self, "headers", None)
+        return (headers.get("X-Rdmanet-Client") if headers is not None else None) or "http"
 
     def _send_error(self, err: ApiError) -> None:
         self._send_json(err.code, err.status(), err.headers)
@@ -1391,6 +1888,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _chunk(self, obj: dict) -> None:
         data = json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+        self.server_obj._account(self._client_name(), watch_events=1, watch_bytes=len(data))
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
 
     def _watch(self, rt: ResourceType, ns: str | None, q: dict) -> None:

@@ -16,6 +16,7 @@ from kubernetes.client.rest import ApiException
 sys.path.insert(0, os.path.dirname(__file__))
 from kube_api_server import (
     RESOURCES,
+    InProcessApiClient,
     KubeAPIServer,
     parse_field_selector,
     parse_label_selector,
@@ -689,3 +690,85 @@ def test_watch_bookmarks_and_initial_events_end(leases):
             w.stop()
     assert types[:2] == ["ADDED", "BOOKMARK"] and types[-1] == "BOOKMARK"
     assert int(w.resource_version) >= 1001
+
+
+# -- in-process access (bench/ipam_scale_sim.py) ------------------------------------------------
+
+
+LEASES = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases"
+
+
+def inproc(client, method, path, query=(), body=None):
+    resp = client.call_api(*client.param_serialize(method, path, query_params=list(query), body=body))
+    if resp.response.watch is not None:
+        return resp.status, resp.response.watch
+    return resp.status, json.loads(resp.read())
+
+
+def lease_body(name, node):
+    return {"metadata": {"name": name, "labels": {"domain": "d1", "node": node}}, "spec": {"holderIdentity": name}}
+
+
+def test_inprocess_requests_are_served_and_counted_per_client():
+    srv = KubeAPIServer(start=False)
+    a, b = InProcessApiClient(srv, "node-a"), InProcessApiClient(srv, "node-b")
+    status, created = inproc(a, "POST", LEASES, body=lease_body("l1", "node-a"))
+    assert status == 201 and created["metadata"]["uid"]
+    status, dup = inproc(b, "POST", LEASES, body=lease_body("l1", "node-b"))
+    assert status == 409 and dup["reason"] == "AlreadyExists"
+    status, listed = inproc(b, "GET", LEASES, [("labelSelector", "domain=d1")])
+    assert status == 200 and [i["metadata"]["name"] for i in listed["items"]] == ["l1"]
+    stats = srv.client_stats()
+    assert stats["node-a"]["req:create"] == 1 and stats["node-a"]["requests"] == 1
+    assert stats["node-b"]["req:create"] == 1 and stats["node-b"]["req:list"] == 1
+    assert stats["node-b"]["bytes_out"] == len(json.dumps(dup, separators=(",", ":"))) + \
+        len(json.dumps(listed, separators=(",", ":")))
+    assert srv.counts()[("create", "leases")] == 2
+
+
+def test_inprocess_watches_get_what_their_selector_matches_and_held_ones_are_counted():
+    srv = KubeAPIServer(start=False)
+    a = InProcessApiClient(srv, "node-a")
+    rv = str(srv.resource_version)
+    watch_q = [("watch", "true"), ("resourceVersion", rv), ("timeoutSeconds", "1")]
+    _, wa = inproc(a, "GET", LEASES, [("labelSelector", "domain=d1,node=node-a")] + watch_q)
+    _, wb = inproc(InProcessApiClient(srv, "node-b"), "GET", LEASES, [("labelSelector", "domain=d1,node=node-b")] + watch_q)
+    for i in range(3):
+        srv.hold_watch(f"idle-{i}", LEASES, {"labelSelector": "domain=d1"})
+    inproc(a, "POST", LEASES, body=lease_body("l1", "node-a"))
+    inproc(a, "POST", LEASES, body=lease_body("l2", "node-a"))
+    inproc(a, "DELETE", f"{LEASES}/l1")
+    got_a = [json.loads(line) for line in wa.lines()]  # ends at timeoutSeconds
+    got_b = list(wb.lines())
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in got_a] == [("ADDED", "l1"), ("ADDED", "l2"), ("DELETED", "l1")]
+    assert got_b == []
+    stats = srv.client_stats()
+    assert stats["node-a"]["watch_events"] == 3
+    assert stats["node-a"]["watch_bytes"] == sum(len(json.dumps(e, separators=(",", ":"))) + 1 for e in got_a)
+    assert stats["node-b"]["watch_events"] == 0
+    for i in range(3):
+        assert stats[f"idle-{i}"]["watch_events"] == 3
+        assert stats[f"idle-{i}"]["watch_bytes"] == stats["node-a"]["watch_bytes"]
+    assert srv.watch_totals()["held"] == 3 and srv.watch_totals()["live"] == 0
+    srv.release_held("idle-0")
+    inproc(a, "POST", LEASES, body=lease_body("l3", "node-c"))
+    stats = srv.client_stats()
+    assert stats["idle-0"]["watch_events"] == 3 and stats["idle-1"]["watch_events"] == 4
+
+
+def test_inprocess_watch_replays_history_and_restart_makes_it_410():
+    srv = KubeAPIServer(start=False)
+    a = InProcessApiClient(srv, "node-a")
+    rv = str(srv.resource_version)
+    inproc(a, "POST", LEASES, body=lease_body("l1", "node-a"))
+    q = [("labelSelector", "domain=d1"), ("watch", "true"), ("resourceVersion", rv), ("timeoutSeconds", "30")]
+    _, w = inproc(a, "GET", LEASES, q)
+    lines = w.lines()
+    assert json.loads(next(lines))["object"]["metadata"]["name"] == "l1"  # from the history
+    assert srv.restart_watches() == 1
+    with pytest.raises(ConnectionResetError):
+        next(lines)
+    _, again = inproc(a, "GET", LEASES, q)
+    events = [json.loads(line) for line in again.lines()]
+    assert [(e["type"], e["object"]["code"]) for e in events] == [("ERROR", 410)]
+    assert srv.watch_totals() == {"groups": 0, "live": 0, "held": 0}

@@ -110,48 +110,109 @@ def kube_settings(config: dict) -> Optional[KubeSettings]:
 
 @dataclass
 class Connection:
-    api_client: Any  # kubernetes.client.ApiClient
+    api_client: Any  # kubernetes.client.ApiClient; None for a standard-library connection
     namespace: str
     host: Optional[str] = None  # k8s_api_root: used instead of the kubeconfig's server
+    endpoint: Any = None  # ipam.kube_credentials.Endpoint of a standard-library connection
+    _transport: Any = None
+
+    def transport(self) -> Any:
+        """The store's Transport over this connection (one per connection: its keep-alive pool)."""
+        if self._transport is None:
+            if self.api_client is not None:
+                from .store.kube import ApiClientTransport
+
+                self._transport = ApiClientTransport(self.api_client, self.host)
+            else:
+                from .store.http_transport import HTTPTransport
+
+                self._transport = HTTPTransport(self.endpoint)
+        return self._transport
 
 
 _cache: dict[tuple, tuple[Optional[str], Connection]] = {}  # settings -> (kubeconfig digest, connection)
 _cache_lock = threading.Lock()
 
 
-def _file_key(path: Optional[str]) -> Optional[str]:
-    """The kubeconfig's content digest (None: no kubeconfig, or unreadable).
-
-    Content, not stat data: a token rotated to one of the same length and rewritten within one
-    mtime tick has the same mtime and size, and an inode can be reused after a rename. A
-    kubeconfig is a few KiB, so hashing it per call costs microseconds."""
+def _read_kubeconfig(path: Optional[str]) -> Optional[bytes]:
+    """The kubeconfig's content (None: no kubeconfig, or unreadable), read within the node's
+    kubeconfig roots (CNI error 7 when outside them or through a symlink)."""
     if not path:
         return None
     try:
-        return hashlib.sha256(roots.read_file("kubeconfig", KUBECONFIG_KEY, path, limit=KUBECONFIG_MAX_BYTES)).hexdigest()
+        return roots.read_file("kubeconfig", KUBECONFIG_KEY, path, limit=KUBECONFIG_MAX_BYTES)
     except OSError:
         return None
 
 
-def connect(settings: KubeSettings) -> Connection:
-    """An ApiClient for the settings, cached per process (a daemon reuses its connection pool).
+def connect(settings: KubeSettings, *, stdlib: bool = False) -> Connection:
+    """A connection for the settings, cached per process (a daemon reuses its connection pool).
+
+    ``stdlib``: without the ``kubernetes`` client (whose import costs ~0.5 s of CPU), through
+    ``http.client`` with the kubeconfig read by :mod:`ipam.kube_credentials` (same credentials:
+    client certificates, tokens, token files, exec plugins, in-cluster service account); a
+    kubeconfig using what only the official client implements (auth-provider, proxy-url) gets
+    the official client anyway. The in-process plugin asks for it; the daemon and the CLI do not.
 
     The connection is made anew when the kubeconfig's content changes (a rotated token or CA:
     install.sh's DaemonSet mode rewrites it by rename), and the old one is dropped from the cache.
     urllib3's own retries are off: the store retries with its own budget and backoff.
     """
     policy = roots.current()
-    key = (settings.kubeconfig, settings.api_root, settings.namespace)
-    digest = _file_key(settings.kubeconfig)  # CNI error 7 when outside the kubeconfig roots or through a symlink
+    key = (settings.kubeconfig, settings.api_root, settings.namespace, stdlib)
+    text = _read_kubeconfig(settings.kubeconfig)  # CNI error 7 when outside the kubeconfig roots or through a symlink
+    digest = None if text is None else hashlib.sha256(text).hexdigest()
     with _cache_lock:
         cached = _cache.get(key)
         if cached is not None and cached[0] == digest:
             conn = cached[1]
         else:
-            conn = _connect(settings)
+            conn = (_connect_stdlib(settings, text) if stdlib else None) or _connect(settings)
             _cache[key] = (digest, conn)
     policy.check_lease_namespace(conn.namespace)
     return conn
+
+
+def _connect_stdlib(settings: KubeSettings, text: Optional[bytes]) -> Optional[Connection]:
+    """A standard-library connection, or None when only the official client covers the kubeconfig."""
+    from . import kube_credentials as kc
+
+    namespace = settings.namespace
+    if settings.kubeconfig:
+        where = "ipam.kubernetes.kubeconfig"
+        if text is None or not os.path.isfile(settings.kubeconfig):
+            raise bad(where, f"{settings.kubeconfig} does not exist",
+                      "create the kubeconfig (e.g. from a ServiceAccount token) or fix the path")
+        try:
+            endpoint = kc.from_kubeconfig(text, settings.kubeconfig, settings.timeout)
+        except kc.NotCovered:
+            return None
+        except kc.KubeconfigError as exc:
+            raise bad(where, f"{settings.kubeconfig} is not a usable kubeconfig: {exc}",
+                      "give a kubeconfig with a current-context, cluster server and credentials") from None
+        if namespace is None and endpoint.namespace and _DNS_LABEL.match(endpoint.namespace):
+            namespace = endpoint.namespace
+    else:
+        try:
+            endpoint = kc.in_cluster()
+        except kc.KubeconfigError as exc:
+            raise CNIError(INVALID_CONFIG, f"invalid network config: ipam.kubernetes: no kubeconfig and no in-cluster config ({exc})",
+                           'set "kubernetes": {"kubeconfig": "/path/to/kubeconfig"}, or run the plugin in a pod') from None
+        if namespace is None:
+            namespace = _sa_namespace()
+    if settings.api_root:
+        endpoint.server = settings.api_root.rstrip("/")
+    return Connection(None, namespace or DEFAULT_NAMESPACE, settings.api_root.rstrip("/") if settings.api_root else None,
+                      endpoint=endpoint)
+
+
+def _sa_namespace() -> Optional[str]:
+    try:
+        with open(SA_NAMESPACE_FILE) as f:
+            sa_ns = f.read().strip()
+    except OSError:
+        return None
+    return sa_ns if _DNS_LABEL.match(sa_ns) else None
 
 
 def _connect(settings: KubeSettings) -> Connection:
@@ -185,13 +246,7 @@ def _connect(settings: KubeSettings) -> Connection:
             raise CNIError(INVALID_CONFIG, f"invalid network config: ipam.kubernetes: no kubeconfig and no in-cluster config ({exc})",
                            'set "kubernetes": {"kubeconfig": "/path/to/kubeconfig"}, or run the plugin in a pod') from None
         if namespace is None:
-            try:
-                with open(SA_NAMESPACE_FILE) as f:
-                    sa_ns = f.read().strip()
-                if _DNS_LABEL.match(sa_ns):
-                    namespace = sa_ns
-            except OSError:
-                pass
+            namespace = _sa_namespace()
     cfg.retries = False
     # k8s_api_root is applied per request (Connection.host): the kubeconfig loader's token-refresh
     # hook re-sets cfg.host from the kubeconfig before every request.

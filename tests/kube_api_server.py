@@ -767,11 +767,14 @@ class KubeAPIServer:
     :param verbose: log each request to stderr.
     :param tls: ``(certfile, keyfile)``: serve HTTPS with that certificate (``url`` is then
                 ``https://...``), as a real apiserver does; plain HTTP by default.
+    :param client_ca: with ``tls``: a CA file; the TLS handshake then requires a client
+                certificate that CA signed (x509 client authentication).
     """
 
     def __init__(self, port: int = 0, host: str = "127.0.0.1", token: str | None = None,
                  max_events: int = 100_000, verbose: bool = False, start: bool = True,
-                 bookmark_interval: float = 1.0, tls: tuple[str, str] | None = None):
+                 bookmark_interval: float = 1.0, tls: tuple[str, str] | None = None,
+                 client_ca: str | None = None):
         self._cond = threading.Condition(threading.RLock())
         self._store: dict[str, dict[tuple[str, str], dict]] = {r: {} for r in RESOURCES}
         self._rv = 1000
@@ -812,6 +815,9 @@ class KubeAPIServer:
         if tls is not None:
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.load_cert_chain(*tls)
+            if client_ca is not None:
+                context.verify_mode = ssl.CERT_REQUIRED
+                context.load_verify_locations(client_ca)
             # the handshake runs in the request's thread, not in the accepting one
             self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True,
                                                      do_handshake_on_connect=False)
@@ -1718,7 +1724,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         entry = {"method": method, "path": path, "query": q, "verb": None, "resource": None,
-                 "namespace": None, "name": None, "status": None, "injected": False}
+                 "namespace": None, "name": None, "status": None, "injected": False,
+                 "authorization": self.headers.get("Authorization")}
         self._entry, self._t0 = entry, t0
         try:
             if path.startswith("/_control/"):

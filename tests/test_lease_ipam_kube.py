@@ -22,6 +22,7 @@ from cni.core.errors import (ADDRESS_UNAVAILABLE, CHECK_FAILED, INVALID_CONFIG, 
 from ipam.kube_config import DEFAULT_NAMESPACE, kube_settings
 from ipam.location import CLUSTER_DOMAIN
 from ipam.plugin import LeaseIPAM
+from ipam.store.http_transport import HTTPTransport
 from ipam.store.kube import ApiClientTransport, domain_hash, lease_name
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -214,7 +215,7 @@ def test_del_precondition_spares_a_claim_remade_between_lookup_and_delete(server
     conf = netconf(kubeconfig)
     code, out = call("ADD", conf, cid="a")
     name = _name(out)
-    original = ApiClientTransport.request
+    original = HTTPTransport.request  # the in-process store's transport (tests run without the daemon's cache)
 
     def racing_request(self, method, path, query, body, timeout):
         if method == "DELETE" and path.endswith(name) and not racing_request.done:
@@ -228,12 +229,12 @@ def test_del_precondition_spares_a_claim_remade_between_lookup_and_delete(server
         return original(self, method, path, query, body, timeout)
 
     racing_request.done = False
-    ApiClientTransport.request = racing_request
+    HTTPTransport.request = racing_request
     try:
         server.reset_counts()
         assert call("DEL", conf, cid="a") == (0, None)
     finally:
-        ApiClientTransport.request = original
+        HTTPTransport.request = original
     assert held(server) == {_ip(out): "b/net1"}
     c = counts(server)
     assert c["delete leases"] == 2 and c["get leases"] == 2  # ours refused with 409, then the re-lookup

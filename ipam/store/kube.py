@@ -466,7 +466,8 @@ class KubeStore(Store):
     def for_invocation(cls, settings: Any, domain: str, inv: Any) -> "KubeStore":
         from ..kube_config import connect
 
-        conn = connect(settings)
+        # in-process (no watch cache): http.client, not the kubernetes client's ~0.5 s import
+        conn = connect(settings, stdlib=not lease_cache.enabled())
         node = inv.env.get(NODE_ENV) or socket.gethostname()
         pod = PodInfo(inv.args.get("K8S_POD_NAMESPACE", ""), inv.args.get("K8S_POD_NAME", ""),
                       inv.args.get("K8S_POD_UID", ""))
@@ -474,7 +475,7 @@ class KubeStore(Store):
         nad = inv.config.get("ipam") if isinstance(inv.config.get("ipam"), dict) else {}
         wb_name = nad.get("network_name") if isinstance(nad.get("network_name"), str) else ""
         wb_namespace = nad.get("whereabouts_namespace") if isinstance(nad.get("whereabouts_namespace"), str) else None
-        return cls(ApiClientTransport(conn.api_client, conn.host), conn.namespace, domain, node=node, pod=pod,
+        return cls(conn.transport(), conn.namespace, domain, node=node, pod=pod,
                    timeout=settings.timeout, request_timeout=settings.request_timeout, gc_grace=settings.gc_grace,
                    cache=source, whereabouts=wb_name if whereabouts_check(nad) else None,
                    whereabouts_namespace=wb_namespace)

@@ -467,7 +467,7 @@ class KubeStore(Store):
         from ..kube_config import connect
 
         # in-process (no watch cache): http.client, not the kubernetes client's ~0.5 s import
-        conn = connect(settings, stdlib=not lease_cache.enabled())
+        conn = connect(settings) if lease_cache.enabled() else connect(settings, stdlib=True)
         node = inv.env.get(NODE_ENV) or socket.gethostname()
         pod = PodInfo(inv.args.get("K8S_POD_NAMESPACE", ""), inv.args.get("K8S_POD_NAME", ""),
                       inv.args.get("K8S_POD_UID", ""))

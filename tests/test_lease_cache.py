@@ -212,7 +212,9 @@ def test_repeat_add_with_the_watch_lagging_returns_the_same_address(server, kube
     assert c == {"create leases": 1, "list leases": 1}, c
     server.reset_counts()
     assert add_ip(conf, "x") == first  # written through: seen before the watch delivers it
-    assert counts(server) == {"get leases": 1}
+    c = counts(server)
+    c.pop("watch leases", None)  # the informer re-opening the watch the missed echo aborted (not the verb's)
+    assert c == {"get leases": 1}, c
     server.resume_watches()
     inf = the_informer()
     wait_for(lambda: in_sync(server, inf), "the watch to catch up")
@@ -534,19 +536,17 @@ def test_8_threads_with_the_cache_and_2_processes_without_never_duplicate(server
 
 # -- lifecycle --------------------------------------------------------------------------------------
 
-def test_token_rotation_replaces_the_informer(server, kubeconfig, cache):
+def test_token_rotation_rebinds_the_informer_in_place(server, kubeconfig, cache):
     conf = netconf(kubeconfig)
     add_ip(conf, "a")
     old = the_informer()
     wait_for(old.usable, "sync")
+    owner = old.owner
     time.sleep(0.01)  # a distinct mtime for the rewritten kubeconfig
     write_kubeconfig(kubeconfig, server.url, namespace=NS, token="a-rotated-and-longer-token")
     add_ip(conf, "b")
-    new = the_informer()
-    assert new is not old and new.owner is not old.owner
-    assert old.join(5.0), "the old informer's thread is still running"
-    wait_for(new.usable, "the new informer to sync")
-    assert [t.name for t in cache_threads()] == [new.name]
+    assert the_informer() is old and old.owner is not owner and old.alive
+    assert [t.name for t in cache_threads()] == [old.name]
     server.reset_counts()
     add_ip(conf, "c")
     assert counts(server) == {"create leases": 1}

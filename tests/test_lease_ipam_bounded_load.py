@@ -243,3 +243,123 @@ def test_the_reconciler_leaves_what_it_could_not_judge_by_its_deadline(server, k
     target = reconcile.KubeTarget.from_config(_reconcile_conf(kubeconfig))
     outcome = reconcile.reconcile_target(target, grace_seconds=60, misses=1, deadline_seconds=0)
     assert outcome.count(reconcile.LATE) == 20 and len(server.objects("leases", NS)) == 20
+
+
+# -- the daemon's watch cache ------------------------------------------------------------------------
+
+@pytest.fixture
+def daemon_cache():
+    """The watch cache on in this process, as the node daemon runs it; off (threads stopped) after."""
+    def on(**settings):
+        settings.setdefault("sync_budget", 10.0)
+        use_watch_cache(True, **settings)
+    on()
+    yield on
+    use_watch_cache(False)
+
+
+def wait_for(predicate, what, timeout=20.0):
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def the_informer():
+    [inf] = lease_cache.informers()
+    return inf
+
+
+def add_ip(conf, cid, **kw):
+    code, out = call("ADD", conf, cid, **kw)
+    assert code == 0, out
+    return out["ips"][0]["address"].split("/")[0]
+
+
+def domain_lists(server):
+    """Lists of the whole domain (not of one attachment's claims)."""
+    return [q for q in lists(server) if "rdmanet.io/attachment" not in q.get("labelSelector", "")]
+
+
+def test_adds_while_the_watch_lags_never_list_the_domain_each(server, kubeconfig, daemon_cache):
+    """The watch stops delivering (a slow API server): the first ADD misses its echo and the cache
+    is distrusted; the 29 after it still take candidates from the cache (the create decides) and
+    check their own claims with a List of that one attachment. Main made 29 Lists of the domain."""
+    daemon_cache(echo_budget=0.5, distrust_seconds=600.0)
+    seed_claims(server, 300, subnet="10.0.0.0/20")
+    conf = netconf(kubeconfig)
+    add_ip(conf, "warm-up")
+    inf = the_informer()
+    wait_for(inf.usable, "the informer to sync")
+    server.pause_watches()
+    server.reset_counts()
+    got = [add_ip(conf, f"lag{i}") for i in range(30)]
+    assert len(set(got)) == 30
+    assert domain_lists(server) == [], domain_lists(server)
+    c = server.counts()
+    assert c[("create", "leases")] == 30 and c[("list", "leases")] <= 30, c  # one attachment List each, at most
+    ips = held_ips(server)
+    assert len(ips) == len(set(ips)) == 331
+    server.resume_watches()
+
+
+def test_a_token_rotation_keeps_the_watch_and_takes_the_new_token(server, kubeconfig, daemon_cache):
+    conf = netconf(kubeconfig)
+    add_ip(conf, "a")
+    inf = the_informer()
+    wait_for(inf.usable, "the informer to sync")
+    thread, old_owner = inf.thread, inf.owner
+    server.reset_counts()
+    time.sleep(0.01)
+    write_kubeconfig(kubeconfig, server.url, namespace=NS, token="a-rotated-and-longer-token")
+    server.token = "a-rotated-and-longer-token"  # the old token is refused from now on
+    add_ip(conf, "b")
+    assert the_informer() is inf and inf.thread is thread and inf.thread.is_alive()
+    assert inf.owner is not old_owner and inf.stats.get("rebinds") == 1
+    c = server.counts()
+    assert ("list", "leases") not in c and ("watch", "leases") not in c, c  # nothing restarted
+    # the next re-open of the watch carries the new token (the old one would be 401)
+    server.drop_watches()
+    wait_for(lambda: inf.stats["watches"] >= 2 and inf.usable(), "the watch to re-open")
+    assert [e["status"] for e in server.request_log() if e["verb"] == "watch"][-1] == 200
+    server.reset_counts()
+    add_ip(conf, "c")
+    assert server.counts() == {("create", "leases"): 1}
+
+
+def test_410_re_lists_back_off(server, kubeconfig, daemon_cache):
+    """Every watch answers 410 for 3 s (an API server that lost its history): the informer re-Lists
+    after a jittered, growing delay, a handful of times, not as fast as the server answers."""
+    conf = netconf(kubeconfig)
+    add_ip(conf, "a")
+    inf = the_informer()
+    wait_for(inf.usable, "the informer to sync")
+    server.reset_counts()
+    server.fail_rate(1.0, status=410, verb="watch")
+    server.drop_watches()
+    time.sleep(3.0)
+    server.fail_rate(0)
+    relists = server.counts().get(("list", "leases"), 0)
+    assert 1 <= relists <= 4, relists  # delays 0.5-1, 1-2, 2-4 s: at most 3 fit in 3 s (main: hundreds)
+    waits = [lease_cache.relist_delay(n) for n in range(1, 9)]
+    assert len(set(waits)) == len(waits) and waits[-1] >= lease_cache.RELIST_CAP / 2
+    wait_for(inf.usable, "the informer to recover", timeout=30.0)
+
+
+def test_the_watch_socket_notices_a_silent_peer_within_seconds(server, kubeconfig, daemon_cache):
+    """The watch connection has TCP keepalive set short (idle + probes well under a minute), so
+    a peer gone without FIN/RST is noticed in seconds, not after the watch's own timeout (300 s);
+    the kernel itself probes, so the blackholed case is in netns_tests (this checks the socket)."""
+    import socket as _s
+
+    conf = netconf(kubeconfig)
+    add_ip(conf, "a")
+    inf = the_informer()
+    wait_for(lambda: inf._stream is not None, "the watch to open")
+    sock = inf._stream.socket()
+    assert sock is not None and sock.getsockopt(_s.SOL_SOCKET, _s.SO_KEEPALIVE) == 1
+    idle = sock.getsockopt(_s.IPPROTO_TCP, _s.TCP_KEEPIDLE)
+    interval = sock.getsockopt(_s.IPPROTO_TCP, _s.TCP_KEEPINTVL)
+    probes = sock.getsockopt(_s.IPPROTO_TCP, _s.TCP_KEEPCNT)
+    assert idle + interval * probes <= 30, (idle, interval, probes)

@@ -212,11 +212,40 @@ class WatchStream:
     def events(self) -> Iterator[Any]:
         return iter(())
 
+    def socket(self) -> Optional[socket.socket]:
+        """The connection's socket, when the transport has one (see :func:`keep_alive`)."""
+        return None
+
     def abort(self) -> None:
         pass
 
     def close(self) -> None:
         pass
+
+
+KEEPALIVE_IDLE = 5  # seconds of silence on a watch connection before the kernel probes the peer
+KEEPALIVE_INTERVAL = 2
+KEEPALIVE_PROBES = 3  # unanswered probes before the connection is dead: 5 + 2 x 3 = 11 s
+USER_TIMEOUT_MS = 15000  # data sent but not acknowledged this long: dead too
+
+
+def keep_alive(sock: Optional[socket.socket]) -> None:
+    """TCP keepalive on a watch connection, short: a watch is quiet for minutes when nothing
+    changes, so without it a peer gone silently (a partition, a dead host or load balancer that
+    sends no FIN/RST) would only be noticed at the watch's read timeout (minutes). Every
+    :class:`Transport` that opens watches sets this on the watch's socket."""
+    if sock is None:
+        return
+    options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
+    for name, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL),
+                        ("TCP_KEEPCNT", KEEPALIVE_PROBES), ("TCP_USER_TIMEOUT", USER_TIMEOUT_MS)):
+        if hasattr(socket, name):
+            options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
+    for level, opt, value in options:
+        try:
+            sock.setsockopt(level, opt, value)
+        except OSError as exc:  # e.g. a TLS-wrapped or non-TCP socket without the option
+            log.debug("cannot set socket option %s on a watch connection: %s", opt, exc)
 
 
 class Transport:
@@ -276,7 +305,9 @@ class ApiClientTransport(Transport):
             raise Unreachable(f"{type(exc).__name__}: {exc}") from None
         raw = resp.response  # urllib3's response, not read yet (the client never preloads)
         if resp.status == 200:
-            return _Urllib3WatchStream(raw)
+            stream = _Urllib3WatchStream(raw)
+            keep_alive(stream.socket())
+            return stream
         try:
             data = raw.read()
             doc = json.loads(data) if data else None
@@ -307,6 +338,9 @@ class _Urllib3WatchStream(WatchStream):
                     yield json.loads(line)
         if buf.strip():
             yield json.loads(buf)
+
+    def socket(self) -> Optional[socket.socket]:
+        return getattr(getattr(self.raw, "_connection", None), "sock", None)
 
     def abort(self) -> None:
         try:
@@ -434,7 +468,8 @@ def cache_source(settings: Any, conn: Any, domain: str) -> CacheSource:
         return LeaseCache(ApiClientTransport(conn.api_client, conn.host), path, f"{L_DOMAIN}={dhash}",
                           partial(parse_claim, dhash=dhash), owner=conn.api_client, name=f"lease-cache {conn.namespace}/{dhash}", settings=cache_settings)
 
-    return lambda start: lease_cache.informer(connection_key, (conn.namespace, dhash), conn.api_client, make, start)
+    return lambda start: lease_cache.informer(connection_key, (conn.namespace, dhash), conn.api_client, make, start,
+                                              transport=lambda: ApiClientTransport(conn.api_client, conn.host))
 
 
 class KubeStore(Store):
@@ -700,6 +735,13 @@ class KubeStore(Store):
         if cache is not None:
             with self._holding(cache, attachment, deadline):
                 return self._allocate_cached(cache, attachment, network, range_sets, requested, deadline)
+        hint = self._hint_cache()
+        if hint is not None:
+            with self._holding(hint, attachment, deadline):
+                mine = self._attachment_claims(attachment, deadline)
+                used = {4: hint.used(4), 6: hint.used(6)}
+                return self._allocate(attachment, network, range_sets, requested, deadline, mine, used, {}, hint,
+                                      hint.latest(), settle=False)
         wanted = set(requested.values())
         scan = self._fold(self._selector(), deadline, f"list leases of domain {self.domain}",
                           lambda: DomainScan(attachment, wanted), DomainScan.add)
@@ -726,7 +768,7 @@ class KubeStore(Store):
     def _allocate(self, attachment: Attachment, network: str, range_sets: Sequence[RangeSet],
                   requested: Mapping[int, IPAddress], deadline: float, mine: list[Claim],
                   used: dict[int, list[int]], by_ip: Mapping[IPAddress, Claim],
-                  cache: Optional[LeaseCache], latest: Mapping[str, Claim]) -> list[IPAddress]:
+                  cache: Optional[LeaseCache], latest: Mapping[str, Claim], settle: bool = True) -> list[IPAddress]:
         mine = sorted(mine, key=lambda c: (c.ip.version, c.ip))
         placed, spare = place_held(mine, range_sets, lambda c: c.ip)  # spare: ours, in no range set now
         plan: dict[int, IPAddress] = {i: c.ip for i, c in placed.items()}
@@ -747,7 +789,7 @@ class KubeStore(Store):
                                        cache is not None)
                     created.append(claim)
                 plan[rs.index] = claim.ip
-            if cache is not None:
+            if cache is not None and settle:
                 self._settle(cache, attachment, range_sets, plan, created, deadline)
         except BaseException:
             self._rollback(attachment, created)
@@ -931,7 +973,11 @@ class KubeStore(Store):
         deadline = self._deadline()
         cache = self._synced_cache(deadline)
         if cache is None:
-            return [c.ip for c in self._attachment_claims(attachment, deadline) if self._delete(c, deadline)]
+            hint = self._hint_cache()
+            if hint is None:
+                return [c.ip for c in self._attachment_claims(attachment, deadline) if self._delete(c, deadline)]
+            with self._holding(hint, attachment, deadline):
+                return [c.ip for c in self._attachment_claims(attachment, deadline) if self._delete(c, deadline)]
         with self._holding(cache, attachment, deadline):
             return self._release_cached(cache, attachment, deadline)
 
@@ -962,7 +1008,7 @@ class KubeStore(Store):
 
     def _synced_cache(self, deadline: float) -> Optional[LeaseCache]:
         """The domain's informer when this process keeps one and it is (or within the sync
-        budget gets) in sync; else None and the verb Lists, as without a cache."""
+        budget gets) in sync; else None (see :meth:`_hint_cache`)."""
         if self._cache_source is None:
             return None
         cache = self._cache_source(True)
@@ -971,6 +1017,15 @@ class KubeStore(Store):
             return None
         budget = min(cache.settings.sync_budget, max(0.0, deadline - time.monotonic()))
         return cache if cache.wait_synced(budget) else None
+
+    def _hint_cache(self) -> Optional[LeaseCache]:
+        """The informer when it is not to be trusted now (its watch lags: an echo was missed;
+        its stream broke or met 410 and it is re-watching or re-Listing) but holds a List's
+        state: a hint for candidates, never an answer (the create decides; the attachment's
+        own claims come from a List of that one attachment). So a slow API server does not get
+        a List of the whole domain per ADD, exactly when it is slow."""
+        cache = self.cache
+        return cache if cache is not None and cache.has_state() else None
 
     @contextmanager
     def _holding(self, cache: LeaseCache, attachment: Attachment, deadline: float) -> Iterator[None]:
@@ -1017,7 +1072,7 @@ class KubeStore(Store):
 
     def status(self, range_sets: Sequence[RangeSet]) -> list[int]:
         cache = self._cache_source(False) if self._cache_source is not None else None
-        if cache is not None and cache.usable():  # a running informer answers; STATUS never starts one
+        if cache is not None and cache.has_state():  # a running informer answers; STATUS never starts one
             free = [rs.count_free(cache.used(rs.family)) for rs in range_sets]
             if all(free):  # "full" is only said after a List (the cache may lag behind a release)
                 return free

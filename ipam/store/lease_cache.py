@@ -39,7 +39,15 @@ enabled the cache (:func:`enable`, done by the daemon: the in-process plugin nev
 thread). An informer unused for ``idle_seconds`` stops (its watch's ``timeoutSeconds`` never
 outlasts the idle deadline, so the thread ends on its own); at most ``max_informers`` run (the
 least recently used is stopped); an informer whose connection is no longer the one the
-kubeconfig yields (token rotation: ``connect()`` returned a new ApiClient) is stopped.
+kubeconfig yields (token rotation: ``connect()`` returned a new ApiClient) takes the new
+client in place (its watch and state stay; its next request carries the new token).
+
+Load (issue 17): the List is paginated and parsed page by page; a 410 re-List waits a jittered,
+growing delay (:func:`relist_delay`: thousands of daemons meet the same 410 after an API server
+restart); a watch whose connection dies silently (no FIN/RST: a partition, a dead host) is
+noticed by TCP keepalive within ``KEEPALIVE_*`` seconds (the transport sets it on the watch
+socket), not after ``watch_timeout``; and while the watch lags or re-Lists, verbs keep using
+the state as a hint (kube.py), so a slow API server does not get a List of the domain per ADD.
 """
 
 from __future__ import annotations
@@ -60,6 +68,8 @@ PAGE_SIZE = 500
 READ_GRACE = 15.0  # a watch read times out this long after the watch's own timeoutSeconds
 BACKOFF_BASE = 0.2
 BACKOFF_CAP = 30.0
+RELIST_BASE = 1.0  # the first re-List after a 410 waits 0.5-1 s, each one more in a row twice that
+RELIST_CAP = 60.0
 DEAD_UIDS = 4096  # deleted UIDs remembered (bounded: only stale writes within the watch lag need them)
 LOCK_STRIPES = 64
 
@@ -163,6 +173,21 @@ class LeaseCache:
     @property
     def alive(self) -> bool:
         return self.thread is not None and self.thread.is_alive() and not self._stop.is_set()
+
+    def rebind(self, transport: Any, owner: Any) -> None:
+        """Credentials were rotated (``connect()`` returned a new API client): take the new
+        transport for every request from now on. The open watch stays (it was authenticated when
+        it opened); its next re-open, re-List or page uses the new credentials. Nothing restarts."""
+        with self._cond:
+            self.transport = transport
+            self.owner = owner
+        self.stats["rebinds"] = self.stats.get("rebinds", 0) + 1
+
+    def has_state(self) -> bool:
+        """A List has been applied at least once: the cache can serve as a hint (candidates, the
+        attachment's claims to check) even while its watch is lagging, broken or re-Listing."""
+        with self._cond:
+            return bool(self.resource_version) and not self._stop.is_set()
 
     def touch(self) -> None:
         self.last_used = time.monotonic()
@@ -439,6 +464,7 @@ class LeaseCache:
     def _run(self) -> None:
         backoff = 0.0
         need_list = True
+        gone_in_row = 0
         try:
             while not self._stop.is_set():
                 if self._idle_left() <= 0:
@@ -454,14 +480,23 @@ class LeaseCache:
                             break
                     self._watch()
                 except Gone as exc:
-                    log.info("%s: %s: listing again", self.name, exc)
+                    # Every daemon of the cluster meets the 410 at once after an API server
+                    # restart or compaction: their re-Lists are spread (jittered) and back off
+                    # while 410s keep coming. Meanwhile verbs use the state as a hint (kube.py).
+                    gone_in_row += 1
+                    backoff = relist_delay(gone_in_row)
                     self.stats["relists"] += 1
-                    need_list, backoff = True, 0.0
+                    self.stats["relist_wait"] = self.stats.get("relist_wait", 0.0) + backoff
+                    log.info("%s: %s: listing again in %.1f s", self.name, exc, backoff)
+                    need_list = True
                     with self._cond:
                         self.synced = False
                 except Broken as exc:
                     # The state up to resource_version stands: watch again from there (at once,
                     # unless streams keep breaking as soon as they open).
+                    gone_in_row = 0 if exc.lasted >= RELIST_BASE else gone_in_row
+                    with self._cond:
+                        self.synced = False  # not trusted until a stream is open again (a hint meanwhile)
                     log.debug("%s: %s", self.name, exc)
                     self.stats["errors"] += 1
                     quick = exc.lasted < 1.0
@@ -480,7 +515,7 @@ class LeaseCache:
                         self._failing = True
                         self._cond.notify_all()
                 else:
-                    backoff = 0.0
+                    backoff, gone_in_row = 0.0, 0
         finally:
             with self._cond:
                 self.synced = False
@@ -567,6 +602,14 @@ class LeaseCache:
             stream.close()
 
 
+def relist_delay(in_row: int) -> float:
+    """Seconds before the ``in_row``-th re-List in a row after a 410: half of an exponentially
+    growing step (``RELIST_BASE`` doubling up to ``RELIST_CAP``) plus a random part of the other
+    half, so that thousands of daemons meeting one 410 spread their Lists."""
+    step = min(RELIST_CAP, RELIST_BASE * 2 ** max(0, in_row - 1))
+    return step / 2 + random.uniform(0.0, step / 2)
+
+
 def _read(stream: Any, opened: float, stop: threading.Event) -> Iterable[Any]:
     """The stream's events; a failure while reading becomes :class:`Broken` (none after a stop)."""
     events = iter(stream.events())
@@ -626,20 +669,28 @@ def informers() -> list[LeaseCache]:
 
 
 def informer(connection_key: Hashable, domain_key: Hashable, owner: Any, make: Callable[[Settings], LeaseCache],
-             start: bool = True) -> Optional[LeaseCache]:
+             start: bool = True, transport: Optional[Callable[[], Any]] = None) -> Optional[LeaseCache]:
     """The informer for (connection, domain); started with ``make`` when ``start`` and none runs.
 
     ``owner`` is the API client the caller got from ``connect()`` for ``connection_key`` (the
     kubeconfig path, API root and namespace setting): an informer of that key built on another
-    client belongs to a rotated-away credential and is stopped, whatever its domain.
+    client belongs to a rotated-away credential. With ``transport`` (a transport over ``owner``)
+    it is rebound in place (:meth:`LeaseCache.rebind`: its watch and state stay); without, it
+    is stopped.
     """
     if not _enabled:
         return None
     stopped = []
+    rebound = None
     with _lock:
         now = time.monotonic()
         for key, inf in list(_informers.items()):
             stale = key[0] == connection_key and inf.owner is not owner
+            if stale and transport is not None and inf.alive:
+                if rebound is None:
+                    rebound = transport()
+                inf.rebind(rebound, owner)
+                stale = False
             if stale or not inf.alive or now - inf.last_used >= inf.settings.idle_seconds:
                 del _informers[key]
                 stopped.append(inf)

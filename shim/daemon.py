@@ -5,7 +5,10 @@ It keeps the plugin modules, pyroute2 and pydantic imported and answers each req
 own, printing exactly what the in-process run would print (``skel.render``) with the same exit code.
 
 - Socket: 0600 (its directory, when the daemon creates it, 0700); peers other than root
-  (SO_PEERCRED) are disconnected without an answer.
+  (SO_PEERCRED) are disconnected without an answer. Under systemd (install.sh's ``rdmanet.socket``)
+  the socket is passed in (LISTEN_FDS/LISTEN_PID, :mod:`shim.socket_activation`): systemd binds it
+  (SocketMode=0600, DirectoryMode=0700), the first call starts the daemon, and the peer check is
+  the same.
 - Per request: the call's environment is its own (:mod:`cni.core.env`), and what the plugins log
   or print on stderr goes into that request's answer, never into another's (a contextvar-routed
   ``sys.stderr``). Network namespaces are entered per thread and always left (cni.linux.netns).
@@ -20,7 +23,9 @@ own, printing exactly what the in-process run would print (``skel.render``) with
   downward API gives the pod).
 - SIGTERM/SIGINT: remove the socket (new calls find no daemon: shims with a fallback run them
   in-process, daemon-only shims answer 11 and the runtime retries), stop accepting, serve the
-  connections already queued, finish the requests in flight, exit 0.
+  connections already queued, finish the requests in flight, exit 0. A socket the daemon did not
+  bind (systemd's, or one bound at the path since) is never removed: under systemd new calls wait
+  in the socket's queue until systemd starts the daemon again.
 - The daemon's own logs: one JSON object per line on stderr.
 
 Resource bounds (a burst of pod starts, or a misbehaving caller, must not take the node's CNI
@@ -68,7 +73,7 @@ from cni.core.errors import INVALID_CONFIG, INVALID_ENVIRONMENT, CNIError
 from cni.core.ipam_exec import CRASH_HOOKS
 from ipam import node_gc
 
-from . import del_journal
+from . import del_journal, socket_activation
 
 from .launcher import DEFAULT_SOCKET, JSON_PROTOCOL, LATEST, PLUGINS, PROTOCOL, DaemonLost, NoDaemon, b64, exchange, unb64
 
@@ -409,7 +414,8 @@ class DaemonServer(socketserver.UnixStreamServer):
     request_queue_size = socket.SOMAXCONN  # a burst of pod starts must queue, not get EAGAIN (default 5)
 
     def __init__(self, path: str, plugins: Mapping[str, Any], allowed_uids: Iterable[int] = (0,),
-                 workers: int = WORKERS, call_timeout: float = call_deadline.DEFAULT_SECONDS) -> None:
+                 workers: int = WORKERS, call_timeout: float = call_deadline.DEFAULT_SECONDS,
+                 listening: Optional[socket.socket] = None) -> None:
         self.plugins = plugins
         self.allowed_uids = frozenset(allowed_uids)
         self.started = time.monotonic()
@@ -422,13 +428,21 @@ class DaemonServer(socketserver.UnixStreamServer):
         self._local = threading.local()
         self._accept_error_logged = 0.0
         super().__init__(path, _Handler, bind_and_activate=False)
-        old = os.umask(0o177)  # the socket is born 0600
-        try:
-            self.server_bind()
-        finally:
-            os.umask(old)
-        os.chmod(path, 0o600)
-        self.server_activate()
+        self.activated = listening is not None  # the socket is systemd's: the daemon never removes it
+        self.bound_inode: Optional[int] = None  # the path's inode when the daemon bound it itself
+        if listening is not None:  # socket activation: systemd bound it (0600, rdmanet.socket) and listens
+            self.socket.close()
+            self.socket = listening
+            listening.setblocking(True)  # O_NONBLOCK is shared with systemd's fd: a previous daemon's drain set it
+        else:
+            old = os.umask(0o177)  # the socket is born 0600
+            try:
+                self.server_bind()
+            finally:
+                os.umask(old)
+            os.chmod(path, 0o600)
+            self.bound_inode = os.stat(path).st_ino
+            self.server_activate()
         self._threads = [threading.Thread(target=self._work, name=f"worker-{i}", daemon=True) for i in range(workers)]
         for thread in self._threads:
             thread.start()
@@ -547,7 +561,15 @@ def _prepare_socket(path: str) -> None:
 def run(socket_path: str = DEFAULT_SOCKET, allowed_uids: Iterable[int] = (0,), workers: int = WORKERS,
         call_timeout: float = call_deadline.DEFAULT_SECONDS, policy: Optional[Any] = None) -> int:
     """Serve until SIGTERM/SIGINT. ``policy``: the node policy (cni.linux.roots.NodePolicy) from
-    the daemon's flags, for calls whose environment names no policy file."""
+    the daemon's flags, for calls whose environment names no policy file.
+
+    Socket-activated (systemd's ``rdmanet.socket``: LISTEN_FDS/LISTEN_PID, :mod:`shim.socket_activation`),
+    it serves the socket systemd passed and never removes it; otherwise it binds ``socket_path``."""
+    try:  # first: the LISTEN_* variables leave the environment before anything could inherit them
+        listening = socket_activation.inherited_socket(socket_path)
+    except (socket_activation.ActivationError, OSError) as exc:
+        log_event("start_failed", "error", socket=socket_path, error=f"socket activation refused: {exc}")
+        return 1
     _install_logging()
     if policy is not None:
         from cni.linux import roots
@@ -557,11 +579,15 @@ def run(socket_path: str = DEFAULT_SOCKET, allowed_uids: Iterable[int] = (0,), w
     nofile = raise_nofile()
     plugins = load_plugins()
     try:
-        _prepare_socket(socket_path)
-        server = DaemonServer(socket_path, plugins, allowed_uids, workers=workers, call_timeout=call_timeout)
+        if listening is None:
+            _prepare_socket(socket_path)
+        server = DaemonServer(socket_path, plugins, allowed_uids, workers=workers, call_timeout=call_timeout,
+                              listening=listening)
     except (OSError, RuntimeError) as exc:
         log_event("start_failed", "error", socket=socket_path, error=str(exc))
         return 1
+    if listening is not None:
+        _check_activated_mode(socket_path)
     stop = threading.Event()
 
     def on_signal(signum, frame):
@@ -571,9 +597,9 @@ def run(socket_path: str = DEFAULT_SOCKET, allowed_uids: Iterable[int] = (0,), w
     signal.signal(signal.SIGINT, on_signal)
     loop = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="accept", daemon=True)
     loop.start()
-    log_event("started", socket=socket_path, pid=os.getpid(), import_ms=round((time.monotonic() - t0) * 1000, 1),
-              allowed_uids=sorted(server.allowed_uids), workers=workers, call_timeout=call_timeout, nofile=nofile,
-              node_policy=getattr(policy, "source", None))
+    log_event("started", socket=socket_path, socket_activated=listening is not None, pid=os.getpid(),
+              import_ms=round((time.monotonic() - t0) * 1000, 1), allowed_uids=sorted(server.allowed_uids),
+              workers=workers, call_timeout=call_timeout, nofile=nofile, node_policy=getattr(policy, "source", None))
     del_journal.start(socket_path, plugins, stop)  # DELs the shims could not get done (Multus swallows them)
     node_gc.start(stop, log_event)  # this node's claims whose pod is gone
     try:
@@ -587,15 +613,40 @@ def run(socket_path: str = DEFAULT_SOCKET, allowed_uids: Iterable[int] = (0,), w
 def stop_serving(server: DaemonServer, socket_path: str, accept_loop_running: bool = True) -> None:
     """Graceful stop: no caller is left without an answer."""
     log_event("stopping", in_flight=server.in_flight)
-    try:
-        os.unlink(socket_path)  # new callers find no daemon (fallback in-process, or 11 and a retry)
-    except FileNotFoundError:
-        pass
+    if not server.activated:
+        _remove_own_socket(server, socket_path)
+    # socket-activated: systemd keeps listening; new callers wait in its queue until it starts the
+    # daemon again (or, once rdmanet.socket is stopped too, find no socket)
     if accept_loop_running:
         server.shutdown()  # the accept loop ends
     queued = server.drain_backlog()  # callers that connected before the unlink are served
     server.server_close()  # joins the requests in flight
     log_event("stopped", requests=server.requests, served_from_backlog=queued)
+
+
+def _remove_own_socket(server: DaemonServer, socket_path: str) -> None:
+    """Unlink the socket the daemon bound, not one bound since at that path (systemd's rdmanet.socket,
+    another daemon): new callers find no daemon (fallback in-process, or 11 and a retry)."""
+    try:
+        if os.stat(socket_path).st_ino == server.bound_inode:
+            os.unlink(socket_path)
+        else:
+            log_event("socket_left", "warning", socket=socket_path, why="another socket is bound at this path now")
+    except FileNotFoundError:
+        pass
+
+
+def _check_activated_mode(socket_path: str) -> None:
+    """Peers other than root are refused whatever the mode (SO_PEERCRED); a socket that more than
+    root may connect to is still worth the node owner's eye (rdmanet.socket sets SocketMode=0600)."""
+    try:
+        st = os.stat(socket_path)
+    except OSError as exc:
+        log_event("socket_mode", "warning", socket=socket_path, error=str(exc))
+        return
+    if st.st_mode & 0o077 or st.st_uid != 0:
+        log_event("socket_mode", "warning", socket=socket_path, mode=oct(st.st_mode & 0o777), uid=st.st_uid,
+                  hint="set SocketMode=0600 and SocketUser=root in rdmanet.socket; only root peers are served anyway")
 
 
 def check(socket_path: str = DEFAULT_SOCKET) -> int:

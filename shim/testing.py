@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import pathlib
 import shutil
+import select
 import signal
 import socket
 import subprocess
@@ -88,6 +90,121 @@ class Daemon:
     def cleanup(self) -> None:
         """stop(), and remove the log file when it is ours."""
         self.stop()
+        if self._own_log:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.log_path)
+
+
+def activated_popen(passed: object, argv: Sequence[str], env: Optional[dict[str, str]] = None,
+                    listen_pid: str = "$$", **popen_kw) -> subprocess.Popen:
+    """Start ``argv`` the way systemd starts a socket-activated service (sd_listen_fds(3)): the
+    ``passed`` socket (or fd; a list: several) from fd 3 on, LISTEN_FDS = how many, and
+    LISTEN_PID = the pid of the process that execs ``argv``. That pid is known only after the
+    fork, so a shell sets it (``$$``, or ``listen_pid`` to name another process) and execs,
+    keeping its pid; it also moves the fds into place, closing the numbers they came in on."""
+    items = passed if isinstance(passed, (list, tuple)) else [passed]
+    # copies at 100 and up: moving them to 3, 4, ... cannot overwrite one not moved yet
+    high = [fcntl.fcntl(item if isinstance(item, int) else item.fileno(), fcntl.F_DUPFD_CLOEXEC, 100)
+            for item in items]
+    try:
+        moves = " ".join(f"{3 + i}<&{fd} {fd}<&-" for i, fd in enumerate(high))
+        script = (f"exec {moves}; LISTEN_PID={listen_pid} LISTEN_FDS={len(high)} LISTEN_FDNAMES=rdmanet.socket "
+                  'exec "$@"')
+        return subprocess.Popen(["/bin/bash", "-c", script, "bash", *argv], pass_fds=high,
+                                env={**os.environ, **(env or {})}, **popen_kw)
+    finally:
+        for fd in high:
+            os.close(fd)
+
+
+def daemon_argv(socket_path: str, allow_uids: Sequence[int] = (), args: Sequence[str] = ()) -> list[str]:
+    argv = [sys.executable, "-m", "rdmanet.cli", "daemon", "--socket", socket_path, *args]
+    for uid in allow_uids:
+        argv += ["--allow-uid", str(uid)]
+    return argv
+
+
+class SocketActivation:
+    """systemd's part of ``rdmanet.socket`` + ``rdmanet.service``, for tests where systemd is not
+    PID 1: binds and listens on ``path`` (0600, a new directory 0700, as SocketMode=/DirectoryMode=),
+    and whenever a connection waits while no daemon runs, starts ``rdmanet daemon`` with the
+    socket passed (:func:`activated_popen`). ``started`` lists the daemons it started;
+    :meth:`close` stops them and removes the socket (RemoveOnStop=yes)."""
+
+    def __init__(self, path: str, allow_uids: Sequence[int] = (), args: Sequence[str] = (),
+                 env: Optional[dict[str, str]] = None, log_path: Optional[str] = None) -> None:
+        self.path = path
+        self.argv = daemon_argv(path, allow_uids, args)
+        self.env = env
+        self._own_log = log_path is None
+        if log_path is None:
+            fd, log_path = tempfile.mkstemp(prefix="rdmanet-activated-", suffix=".log")
+            os.close(fd)
+        self.log_path = log_path
+        self._log = open(log_path, "ab")
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(os.path.dirname(path), 0o700)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(path)
+        os.chmod(path, 0o600)
+        self.sock.listen(socket.SOMAXCONN)
+        self.started: list[subprocess.Popen] = []
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._trigger, name="socket-activation", daemon=True)
+        self._thread.start()
+
+    @property
+    def daemon(self) -> Optional[subprocess.Popen]:
+        """The daemon running now, if any."""
+        if self.started and self.started[-1].poll() is None:
+            return self.started[-1]
+        return None
+
+    def _trigger(self) -> None:
+        poller = select.poll()
+        poller.register(self.sock.fileno(), select.POLLIN)
+        while not self._closing.is_set():
+            if self.daemon is not None or not poller.poll(50):
+                time.sleep(0.02)
+                continue
+            if not self._closing.is_set():
+                self.started.append(activated_popen(self.sock, self.argv, self.env, stdout=subprocess.DEVNULL,
+                                                    stderr=self._log))
+
+    def log(self) -> str:
+        try:
+            return pathlib.Path(self.log_path).read_text()
+        except OSError:
+            return ""
+
+    def stop_daemon(self, timeout: float = 30) -> Optional[int]:
+        """``systemctl stop rdmanet.service``: SIGTERM to the daemon; the socket keeps listening."""
+        proc = self.daemon
+        if proc is None:
+            return None
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            return None
+
+    def close(self) -> None:
+        self._closing.set()
+        self._thread.join()
+        for proc in self.started:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        self.sock.close()
+        self._log.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
         if self._own_log:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.log_path)

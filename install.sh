@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # rdmanet installer, two modes (see usage below):
 #   host mode (default): a venv with rdmanet from this checkout, the plugins in the CNI bin
-#     dir as shims that fall back to running the plugin in-process, `rdmanet` on PATH;
+#     dir as shims that fall back to running the plugin in-process, `rdmanet` on PATH, and under
+#     systemd the daemon as a socket-activated service (rdmanet.socket + rdmanet.service);
 #   DaemonSet mode (--daemonset): the DaemonSet container's entry point: daemon-only shims for the
 #     node, a kubeconfig from the pod's service account (kept fresh), then `rdmanet daemon`.
 set -euo pipefail
 
 PLUGINS="macvlan-rdma host-device-rdma ipoib-rdma lease-ipam"
 SHIM_MARK="# rdmanet CNI shim for "  # line 2 of every shim shim/launcher.py renders
+UNIT_MARK="# Written by rdmanet's install.sh"  # line 1 of the units rdmanet/systemd_units.py renders
+UNITS="rdmanet.socket rdmanet.service"
 
 usage() {
     cat <<'USAGE'
-Usage: install.sh [--prefix DIR] [--bin-dir DIR] [--socket PATH] [--link-dir DIR] [--uninstall]
+Usage: install.sh [--prefix DIR] [--bin-dir DIR] [--socket PATH] [--link-dir DIR] [--no-systemd]
+                  [--systemd-root DIR] [--uninstall]
        install.sh --daemonset [--prefix DIR] [--bin-dir DIR] [--conf-dir DIR] [--socket PATH]
                   [--host-python PATH] [--host-root DIR] [--serviceaccount-dir DIR] [--uninstall]
 
@@ -25,8 +29,18 @@ Host mode (default): from this checkout, on Debian 12.
     `rdmanet daemon` on --socket when it runs, and otherwise runs the plugin in-process from the
     venv, with the same output. Each is written by write + rename and checked to answer VERSION.
   - The link --link-dir/rdmanet (default /usr/local/bin/rdmanet).
+  - When systemd runs the host (/run/systemd/system exists): the daemon as a socket-activated
+    service. /etc/systemd/system/rdmanet.socket listens on --socket (mode 0600, root's; its
+    directory 0700) and is enabled and started; the first CNI call starts rdmanet.service
+    (`rdmanet daemon`, which serves root's calls only), so an idle node runs no daemon. An
+    upgrade restarts a running daemon on the new code. Extra environment for the daemon
+    (RDMANET_NODE_NAME, RDMANET_NODE_POLICY) goes in /etc/default/rdmanet.
+    Opt out: --no-systemd (or RDMANET_SYSTEMD=no): no units; start the daemon yourself.
+    Without systemd it prints the command that starts the daemon; until one runs, the shims
+    run the plugins in-process (slower: every call pays the imports).
   What it wrote is listed in PREFIX/installed-files; --uninstall removes those files (shims only
-  while they are rdmanet shims, the link only while it points into the venv) and the venv.
+  while they are rdmanet shims, the link only while it points into the venv, the units only
+  while they are the ones install.sh writes, disabled and stopped first) and the venv.
 
 DaemonSet mode (--daemonset, or RDMANET_INSTALL_MODE=daemonset): the entry point of the rdmanet
 DaemonSet's container (privileged, hostPID; the node's --bin-dir, --conf-dir and the directory of
@@ -76,6 +90,14 @@ Options (an environment variable, where named, sets the same; a flag wins):
   --socket PATH              the daemon's socket, baked into the shims
                              (default /run/rdmanet/daemon.sock)          RDMANET_DAEMON_SOCKET
   --link-dir DIR             host mode: where the rdmanet link goes (default /usr/local/bin)
+  --no-systemd               host mode: no systemd units, even when systemd runs
+                                                                          RDMANET_SYSTEMD=no
+  --systemd-root DIR         host mode: the root whose systemd gets the units (default /): they
+                             go in DIR/etc/systemd/system, systemd counts as running when
+                             DIR/run/systemd/system exists, and with a DIR other than / they
+                             are enabled with `systemctl --root DIR` (symlinks only: nothing is
+                             started; for an image being built, and the tests)
+                                                                          RDMANET_SYSTEMD_ROOT
   --conf-dir DIR             DaemonSet mode: CNI conf dir (default /etc/cni/net.d)
                                                                           RDMANET_CNI_CONF_DIR
   --host-python PATH         DaemonSet mode: the node's python3 (>= 3.6), the shims' interpreter,
@@ -181,6 +203,8 @@ REFRESH=${RDMANET_KUBECONFIG_REFRESH_SECONDS:-60}
 PREFIX=
 NODE_POLICY=
 LINK_DIR=/usr/local/bin
+SYSTEMD=${RDMANET_SYSTEMD:-auto}
+SYSTEMD_ROOT=${RDMANET_SYSTEMD_ROOT:-/}
 UNINSTALL=0
 HOST_ONLY=     # flags given that only host mode takes
 DS_ONLY=       # flags given that only DaemonSet mode takes
@@ -193,9 +217,9 @@ while [ $# -gt 0 ]; do
         --*=*) val=${opt#*=}; opt=${opt%%=*}; inline=1 ;;
     esac
     case "$opt" in
-        --daemonset|--uninstall|-h|--help)
+        --daemonset|--uninstall|--no-systemd|-h|--help)
             [ "$inline" -eq 0 ] || usage_error "$opt takes no value" ;;
-        --prefix|--bin-dir|--socket|--link-dir|--conf-dir|--host-python|--host-root|--serviceaccount-dir|--node-policy)
+        --prefix|--bin-dir|--socket|--link-dir|--systemd-root|--conf-dir|--host-python|--host-root|--serviceaccount-dir|--node-policy)
             if [ "$inline" -eq 0 ]; then
                 [ $# -ge 2 ] || usage_error "$opt needs a value"
                 val=$2
@@ -214,6 +238,8 @@ while [ $# -gt 0 ]; do
         --bin-dir) BIN_DIR=$val ;;
         --socket) SOCKET=$val ;;
         --link-dir) LINK_DIR=$val; HOST_ONLY="$HOST_ONLY $opt" ;;
+        --no-systemd) SYSTEMD=no; HOST_ONLY="$HOST_ONLY $opt" ;;
+        --systemd-root) SYSTEMD_ROOT=$val; HOST_ONLY="$HOST_ONLY $opt" ;;
         --conf-dir) CONF_DIR=$val; DS_ONLY="$DS_ONLY $opt" ;;
         --host-python) HOST_PYTHON=$val; DS_ONLY="$DS_ONLY $opt" ;;
         --host-root) HOST_ROOT=$val; DS_ONLY="$DS_ONLY $opt" ;;
@@ -233,12 +259,17 @@ case "$MODE" in
 esac
 for pair in "--bin-dir/RDMANET_CNI_BIN_DIR:$BIN_DIR" "--socket/RDMANET_DAEMON_SOCKET:$SOCKET" \
             "--conf-dir/RDMANET_CNI_CONF_DIR:$CONF_DIR" "--host-python/RDMANET_HOST_PYTHON:$HOST_PYTHON" \
-            "--host-root/RDMANET_HOST_ROOT:$HOST_ROOT" "--serviceaccount-dir/RDMANET_SERVICEACCOUNT_DIR:$SA_DIR"; do
+            "--host-root/RDMANET_HOST_ROOT:$HOST_ROOT" "--serviceaccount-dir/RDMANET_SERVICEACCOUNT_DIR:$SA_DIR" \
+            "--systemd-root/RDMANET_SYSTEMD_ROOT:$SYSTEMD_ROOT"; do
     case "${pair#*:}" in
         /*) ;;
         *) usage_error "${pair%%:*} '${pair#*:}': give an absolute path" ;;
     esac
 done
+case "$SYSTEMD" in
+    auto|no) ;;
+    *) usage_error "RDMANET_SYSTEMD='$SYSTEMD': use auto (the default: units when systemd runs) or no" ;;
+esac
 if ! [[ $REFRESH =~ ^[0-9]+([.][0-9]+)?$ && $REFRESH =~ [1-9] ]]; then
     usage_error "RDMANET_KUBECONFIG_REFRESH_SECONDS='$REFRESH': give a positive number of seconds"
 fi
@@ -262,10 +293,82 @@ remove_shim() {  # remove_shim PATH: the shim (only while it is ours) and tempor
     fi
 }
 
+# ------------------------------------------------------------------------------------ host mode: systemd
+
+is_unit_path() {  # is_unit_path PATH: where install.sh puts one of its units (under some root)
+    case "$1" in
+        */etc/systemd/system/rdmanet.socket|*/etc/systemd/system/rdmanet.service) return 0 ;;
+        *) return 1 ;;
+    esac
+}
+
+is_rdmanet_unit() {  # is_rdmanet_unit PATH: a unit file rdmanet/systemd_units.py wrote
+    is_unit_path "$1" && [ -f "$1" ] && [ ! -L "$1" ] && [ "$(head -n 1 "$1" 2>/dev/null | cut -c1-${#UNIT_MARK})" = "$UNIT_MARK" ]
+}
+
+systemd_runs() {  # systemd_runs ROOT: systemd is the init of ROOT's system (sd_booted(3))
+    [ -d "${1%/}/run/systemd/system" ]
+}
+
+host_systemd() {  # host_systemd MANIFEST: the socket-activated daemon (units listed in MANIFEST), or how to start one
+    local manifest=$1 root=$SYSTEMD_ROOT out start="$PREFIX/bin/rdmanet daemon --socket $SOCKET"
+    local fallback="the shims run the plugins in-process (every call pays the imports) until a daemon answers; start it as root, e.g. from your init system: "
+    if [ "$SYSTEMD" = no ]; then
+        say "no systemd units (--no-systemd / RDMANET_SYSTEMD=no); $fallback$start"
+        if is_rdmanet_unit "${root%/}/etc/systemd/system/rdmanet.socket"; then
+            say "rdmanet.socket from an earlier install is still there; 'install.sh --uninstall' or 'systemctl disable --now rdmanet.socket' removes it"
+        fi
+        return
+    fi
+    if ! systemd_runs "$root"; then
+        say "systemd does not run this host (no ${root%/}/run/systemd/system): no units installed; $fallback$start"
+        return
+    fi
+    command -v systemctl >/dev/null || die "systemd runs this host but systemctl is not on PATH; install it, or use --no-systemd"
+    out=$("$PREFIX/bin/python" -I -m rdmanet.systemd_units write "${root%/}/etc/systemd/system" \
+            --rdmanet "$PREFIX/bin/rdmanet" --socket "$SOCKET" 2>&1) || die "$out"
+    echo "$out" >> "$manifest"
+    if [ "$root" != / ]; then
+        systemctl --root="$root" --quiet enable rdmanet.socket || die "systemctl --root $root enable rdmanet.socket failed"
+        say "installed and enabled rdmanet.socket and rdmanet.service under $root (systemctl --root: nothing started)"
+        return
+    fi
+    if ! systemctl --quiet is-active rdmanet.socket && [ -S "$SOCKET" ] \
+            && "$PREFIX/bin/rdmanet" daemon --check --socket "$SOCKET" >/dev/null 2>&1; then
+        say "a daemon that systemd did not start answers on $SOCKET: rdmanet.socket takes the path over; stop that daemon"
+    fi
+    systemctl daemon-reload
+    systemctl --quiet enable --now rdmanet.socket \
+        || die "systemctl enable --now rdmanet.socket failed: see 'systemctl status rdmanet.socket'; or use --no-systemd"
+    systemctl try-restart rdmanet.service  # a daemon of an earlier install: on the new code now
+    say "enabled rdmanet.socket: systemd listens on $SOCKET and the first CNI call starts rdmanet.service ('rdmanet daemon'; 'rdmanet daemon --check' starts and asks it now). Opt out: --no-systemd"
+}
+
+remove_unit() {  # remove_unit PATH: disabled (and stopped) first; removed only while it is the one install.sh writes
+    local f=$1 name root
+    name=$(basename "$f")
+    root=${f%/etc/systemd/system/*}
+    root=${root:-/}
+    rm -f "$(dirname "$f")/.$name".*.tmp
+    if ! is_rdmanet_unit "$f"; then
+        if [ -e "$f" ] || [ -L "$f" ]; then say "left $f: not the unit install.sh writes"; fi
+        return 0
+    fi
+    if [ "$root" = / ] && systemd_runs /; then
+        systemctl --quiet disable --now "$name" || say "systemctl disable --now $name failed; removing $f anyway"
+        RELOAD=1
+    else
+        systemctl --root="$root" --quiet disable "$name" || say "systemctl --root $root disable $name failed; removing $f anyway"
+    fi
+    rm -f "$f"
+    say "removed $f"
+}
+
 # ------------------------------------------------------------------------------------ host mode
 
 host_uninstall() {
     local manifest f
+    RELOAD=0
     for manifest in "$PREFIX/installed-files" "$PREFIX/installed-files.new"; do  # .new: a run that failed
         [ -f "$manifest" ] || continue
         while IFS= read -r f; do
@@ -277,11 +380,14 @@ host_uninstall() {
                 else
                     say "left $f: it points elsewhere now"
                 fi
+            elif is_unit_path "$f"; then
+                remove_unit "$f"
             else
                 remove_shim "$f"
             fi
         done < "$manifest"
     done
+    [ "$RELOAD" -eq 0 ] || systemctl daemon-reload
     if [ -f "$PREFIX/pyvenv.cfg" ]; then  # only ever a venv: never a directory we did not make
         rm -rf "$PREFIX"
         say "removed $PREFIX"
@@ -318,7 +424,7 @@ host_install() {
         while IFS= read -r f; do
             if [ -L "$f" ] && [ "$(readlink "$f")" = "$PREFIX/bin/rdmanet" ]; then
                 echo "$f" >> "$manifest.new"
-            elif is_rdmanet_shim "$f"; then
+            elif is_rdmanet_shim "$f" || is_rdmanet_unit "$f"; then
                 echo "$f" >> "$manifest.new"
             fi
         done < "$manifest"
@@ -336,6 +442,7 @@ host_install() {
     done
     ln -sfn "$PREFIX/bin/rdmanet" "$LINK_DIR/rdmanet"
     echo "$LINK_DIR/rdmanet" >> "$manifest.new"
+    host_systemd "$manifest.new"
     awk '!seen[$0]++' "$manifest.new" > "$manifest.tmp"
     rm -f "$manifest.new"
     mv -f "$manifest.tmp" "$manifest"

@@ -11,8 +11,10 @@ fi
 
 # Debian packages: the venv module, Go + libcni for the cnitool front end, the Go reference
 # plugins, iproute2 and ping for the netns tests; podman, runc, busybox for the container tests,
-# mmdebstrap (the image test's debian:bookworm-slim base) and openssl (its API server's cert).
-packages="python3 python3-venv golang-go golang-github-appc-cni-dev containernetworking-plugins iproute2 iputils-ping podman runc busybox-static mmdebstrap openssl"
+# mmdebstrap (the image test's debian:bookworm-slim base) and openssl (its API server's cert);
+# systemd for systemctl --root and systemd-analyze verify (install.sh's units; podman's recommends
+# pull it in anyway).
+packages="python3 python3-venv golang-go golang-github-appc-cni-dev containernetworking-plugins iproute2 iputils-ping podman runc busybox-static mmdebstrap openssl systemd"
 missing=""
 for p in $packages; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -216,7 +216,9 @@ def test_help_documents_both_modes_every_flag_and_env():
                  "RDMANET_HOST_ROOT", "RDMANET_DAEMON_SOCKET", "RDMANET_SERVICEACCOUNT_DIR",
                  "RDMANET_KUBECONFIG_REFRESH_SECONDS", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT",
                  "/opt/rdmanet", "/opt/cni/rdmanet", "/proc/1/root", "rdmanet.kubeconfig", "0600",
-                 "no in-process fallback", "error 11", DAEMONSET_PHRASE, "write + rename"):
+                 "no in-process fallback", "error 11", DAEMONSET_PHRASE, "write + rename",
+                 "--no-systemd", "RDMANET_SYSTEMD=no", "--systemd-root", "RDMANET_SYSTEMD_ROOT", "rdmanet.socket",
+                 "rdmanet.service", "/run/systemd/system", "/etc/default/rdmanet"):
         assert word in text, word
 
 
@@ -236,6 +238,12 @@ def test_help_documents_both_modes_every_flag_and_env():
     (["--daemonset"], {"RDMANET_KUBECONFIG_REFRESH_SECONDS": "soon"}),
     (["--node-policy", "/etc/rdmanet/node-policy.json"], {}),  # DaemonSet mode only
     (["--daemonset", "--node-policy", "node-policy.json"], {}),
+    (["--daemonset", "--no-systemd"], {}),  # host mode only
+    (["--daemonset", "--systemd-root", "/tmp/x"], {}),
+    (["--systemd-root", "relative"], {}),
+    (["--no-systemd=yes"], {}),
+    ([], {"RDMANET_SYSTEMD": "yes"}),
+    ([], {"RDMANET_SYSTEMD_ROOT": "relative"}),
 ])
 def test_bad_usage_exits_2(tmp_path, argv, env):
     proc = subprocess.run([str(INSTALL), *argv], env={"PATH": BARE_PATH, **env}, capture_output=True, text=True,
@@ -586,27 +594,59 @@ def test_kube_store_through_the_daemon_follows_token_rotation(node):
                     reason="host mode pip-installs rdmanet and its dependencies into a new venv (about 30 s, "
                            "package index needed): set RDMANET_TEST_HOST_INSTALL=1")
 def test_host_mode_twice_then_uninstall(tmp_path):
+    """Host mode on a host that systemd runs (a root of its own, --systemd-root: this machine's
+    systemd, if any, is never touched): the shims, the link, and rdmanet.socket + rdmanet.service
+    written and the socket enabled (the symlink `systemctl enable` makes); again: the same files;
+    without systemd or with --no-systemd: no units and the command that starts the daemon;
+    --uninstall: all of it gone, the units disabled first."""
     prefix, bin_dir, bin2, link_dir = (tmp_path / d for d in ("venv", "bin", "bin2", "lbin"))
     bin_dir.mkdir()
     (bin_dir / "bridge").write_text("#!/bin/sh\n")
     sock = tmp_path / "run" / "none.sock"
+    sysroot = tmp_path / "sysroot"
+    (sysroot / "run" / "systemd" / "system").mkdir(parents=True)  # what sd_booted(3) looks for
+    units = sysroot / "etc" / "systemd" / "system"
+    start_daemon = f"{prefix}/bin/rdmanet daemon --socket {sock}"
 
     def install(*extra: str) -> subprocess.CompletedProcess:
         proc = subprocess.run([str(INSTALL), "--prefix", str(prefix), "--link-dir", str(link_dir), "--socket", str(sock),
-                               *extra], capture_output=True, text=True, timeout=600)
+                               "--systemd-root", str(sysroot), *extra], capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         return proc
 
-    install("--bin-dir", str(bin_dir))
+    first = install("--bin-dir", str(bin_dir))
     for plugin in PLUGINS:
         lines = (bin_dir / plugin).read_text().splitlines()
         assert lines[0] == f"#!{prefix}/bin/python -IS" and "falls back to" in lines[1]
     assert os.readlink(link_dir / "rdmanet") == f"{prefix}/bin/rdmanet"
+    assert sorted(os.listdir(units)) == ["rdmanet.service", "rdmanet.socket", "sockets.target.wants"]
+    assert os.listdir(units / "sockets.target.wants") == ["rdmanet.socket"]
+    assert os.readlink(units / "sockets.target.wants" / "rdmanet.socket") == "/etc/systemd/system/rdmanet.socket"
+    socket_unit, service_unit = (units / "rdmanet.socket").read_text(), (units / "rdmanet.service").read_text()
+    assert f"\nListenStream={sock}\n" in socket_unit and "\nSocketMode=0600\n" in socket_unit
+    assert f"\nExecStart={start_daemon}\n" in service_unit
+    assert f"enabled rdmanet.socket and rdmanet.service under {sysroot}" in first.stdout
+    if shutil.which("systemd-analyze"):  # the units as systemd reads them, ExecStart= the venv's rdmanet
+        verify = subprocess.run(["systemd-analyze", "verify", str(units / "rdmanet.socket"),
+                                 str(units / "rdmanet.service")], capture_output=True, text=True, timeout=60)
+        assert (verify.returncode, verify.stdout + verify.stderr) == (0, "")
     shims = {p: (bin_dir / p).read_bytes() for p in PLUGINS}
     manifest = (prefix / "installed-files").read_text()
+    assert f"{units}/rdmanet.socket\n{units}/rdmanet.service\n" in manifest
     install("--bin-dir", str(bin_dir))  # again: the same files
     assert {p: (bin_dir / p).read_bytes() for p in PLUGINS} == shims
     assert (prefix / "installed-files").read_text() == manifest
+    assert (units / "rdmanet.socket").read_text() == socket_unit and (units / "rdmanet.service").read_text() == service_unit
+    # no systemd on that root, or the opt-out: no units written, and how to start the daemon instead
+    bare = tmp_path / "bare-root"
+    bare.mkdir()
+    without = install("--bin-dir", str(bin_dir), "--systemd-root", str(bare))
+    assert f"systemd does not run this host (no {bare}/run/systemd/system)" in without.stdout
+    assert start_daemon in without.stdout and os.listdir(bare) == []
+    opted_out = install("--bin-dir", str(bin_dir), "--no-systemd")
+    assert "no systemd units (--no-systemd" in opted_out.stdout and start_daemon in opted_out.stdout
+    assert "rdmanet.socket from an earlier install is still there" in opted_out.stdout
+    assert (prefix / "installed-files").read_text() == manifest  # the earlier units are still listed
     assert sorted(os.listdir(bin_dir)) == sorted(["bridge", *PLUGINS])
     # no daemon: the shim runs the plugin in-process (under the node policy a runtime hands it:
     # the session's, whose data roots include the temporary directory)
@@ -616,12 +656,14 @@ def test_host_mode_twice_then_uninstall(tmp_path):
                               roots.POLICY_ENV: os.environ[roots.POLICY_ENV]})
     assert add.returncode == 0 and json.loads(add.stdout)["ips"][0]["address"] == "10.79.0.2/24"
     install("--bin-dir", str(bin2))  # another bin dir: both are remembered
-    assert len((prefix / "installed-files").read_text().split()) == 2 * len(PLUGINS) + 1  # two bin dirs + the link
+    assert len((prefix / "installed-files").read_text().split()) == 2 * len(PLUGINS) + 1 + 2  # + the link, the units
     (bin2 / "lease-ipam").write_text("#!/bin/sh\n")  # replaced by someone else: not ours any more
     proc = subprocess.run([str(INSTALL), "--uninstall", "--prefix", str(prefix)], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert os.listdir(bin_dir) == ["bridge"] and os.listdir(bin2) == ["lease-ipam"] and os.listdir(link_dir) == []
+    assert os.listdir(units) == []  # disabled (no symlink left) and removed
+    assert f"removed {units}/rdmanet.socket" in proc.stdout and f"removed {units}/rdmanet.service" in proc.stdout
     assert not prefix.exists()
 
 

@@ -62,7 +62,7 @@ HEAVY = ("pyroute2", "pydantic", "pydantic_core", "netaddr", "kubernetes", "urll
 TARGETS = {
     "daemon_p50": 1.0,      # shim + daemon: ADD and DEL p50 <= 1.0x the Go reference
     "daemon_p95": 1.5,      # ... p95 <= 1.5x
-    "inproc_add_p50": 10.0,  # in-process fallback: ADD p50 <= 10x
+    "inproc_add_p50": 10.0,  # in-process fallback: ADD and DEL p50 <= 10x
     "rss_mb": 120.0,        # daemon RSS after the soak
     "rss_growth_kb": 1024,  # "no growth" between the checkpoint and the end: within 1 MiB
     "concurrent_wall": 2.0,  # N concurrent daemon ADDs <= 2x N sequential Go ADDs
@@ -690,16 +690,14 @@ def verdicts(rows: list[dict], conc: Optional[dict], soak: Optional[dict], impor
             for q, limit in (("p50", TARGETS["daemon_p50"]), ("p95", TARGETS["daemon_p95"])):
                 v = r[f"ratio_{q}"]
                 add(f"{impl} {verb} {q} / Go reference", v, f"<= {limit}x", None if v is None else v <= limit)
-    r = row("mv-inproc", "ADD")
-    if r is not None:
-        v = r["ratio_p50"]
-        add("mv-inproc ADD p50 / Go reference", v, f"<= {TARGETS['inproc_add_p50']}x",
-            None if v is None else v <= TARGETS["inproc_add_p50"])
-    r = row("hd-inproc", "ADD")
-    if r is not None:
-        v = r["ratio_p50"]
-        add("hd-inproc ADD p50 / Go reference", v, f"<= {TARGETS['inproc_add_p50']}x",
-            None if v is None else v <= TARGETS["inproc_add_p50"])
+    for impl in ("mv-inproc", "hd-inproc"):
+        for verb in ("ADD", "DEL"):
+            r = row(impl, verb)
+            if r is None:
+                continue
+            v = r["ratio_p50"]
+            add(f"{impl} {verb} p50 / Go reference", v, f"<= {TARGETS['inproc_add_p50']}x",
+                None if v is None else v <= TARGETS["inproc_add_p50"])
     if soak:
         last = soak["samples"][-1]
         mb = round(last["rss_kb"] / 1024, 1)

@@ -86,7 +86,7 @@ def test_add_and_del_with_a_token_in_the_kubeconfig_never_import_the_kubernetes_
             print(json.dumps(skel.handle(LeaseIPAM(), env, conf)))
             env["CNI_COMMAND"] = "DEL"
             print(json.dumps(skel.handle(LeaseIPAM(), env, conf)))
-            print(sorted(m for m in sys.modules if m.split(".")[0] in ("kubernetes", "urllib3")))
+            print(sorted(m for m in sys.modules if m.split(".")[0] in ("kubernetes", "urllib3", "yaml")))
         """)
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                              env={**os.environ, "RDMANET_NODE_POLICY": os.environ.get("RDMANET_NODE_POLICY", "")})

@@ -75,3 +75,42 @@ def test_crash_hook_calls_are_execed(tmp_path):
         assert getattr(exc, "code", None) == 104 and "cannot run IPAM plugin" in exc.msg
     else:
         raise AssertionError("a call carrying a crash hook ran in-process")
+
+
+def _lease_ipam_modules(tmp_path, verbs: tuple[str, ...], roots: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """(answers, modules of ``roots`` imported) after lease-ipam ``verbs`` in-process, local store,
+    in a fresh interpreter started as the shims start it."""
+    conf = json.dumps({"cniVersion": "1.0.0", "name": "imp", "type": "macvlan",
+                       "ipam": {"type": "lease-ipam", "range": "198.18.91.0/29", "datastore": "local",
+                                "dataDir": str(tmp_path / "data")}})
+    out = _run(
+        "import json\n"
+        "from cni.core import skel\n"
+        "from ipam.plugin import LeaseIPAM\n"
+        f"env = {{'CNI_CONTAINERID': 'c1', 'CNI_NETNS': '/run/netns/x', 'CNI_IFNAME': 'net1', 'CNI_PATH': '/nowhere'}}\n"
+        f"for verb in {verbs!r}:\n"
+        "    env['CNI_COMMAND'] = verb\n"
+        f"    print(json.dumps(skel.handle(LeaseIPAM(), env, {conf!r}.encode())))\n"
+        f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {roots!r} or m in {roots!r})))\n"
+    ).splitlines()
+    return out[:-1], json.loads(out[-1])
+
+
+# Imported by none of the local store's verbs: the Lease store's clients (the official one, and
+# http.client/ssl, which only the in-process Kubernetes store needs), YAML, and the exec machinery.
+NOT_FOR_THE_LOCAL_STORE = ("kubernetes", "urllib3", "yaml", "requests", "oauthlib", "google", "websocket",
+                           "http.client", "ssl", "subprocess", "asyncio")
+
+
+def test_local_store_verbs_import_no_api_client(tmp_path):
+    answers, modules = _lease_ipam_modules(tmp_path, ("ADD", "CHECK", "DEL"), NOT_FOR_THE_LOCAL_STORE)
+    assert json.loads(answers[0])[1]["ips"] == [{"address": "198.18.91.1/29"}]
+    assert [json.loads(a)[0] for a in answers] == [0, 0, 0]
+    assert modules == []
+
+
+def test_local_store_del_imports_no_config_models(tmp_path):
+    """DEL reads the ipam block without pydantic (ipam.location): a DEL pays no model building."""
+    answers, modules = _lease_ipam_modules(tmp_path, ("DEL",), ("pydantic", "pydantic_core", "netaddr",
+                                                                 *NOT_FOR_THE_LOCAL_STORE))
+    assert answers == ["[0, null]"] and modules == []

@@ -24,8 +24,7 @@ import importlib
 import json
 import os
 import signal
-import subprocess
-from typing import Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Callable, Mapping, Optional
 
 from . import deadline as call_deadline
 from .errors import INVALID_CONFIG, IPAM_FAILURE, CNIError
@@ -33,6 +32,9 @@ from .invocation import Invocation
 from .result import Result
 from .rollback import quietly
 from .skel import handle, render
+
+if TYPE_CHECKING:
+    import subprocess
 
 # A handler returns None to decline (the plugin is exec'd as usual).
 InProcessHandler = Callable[[Mapping[str, str], bytes], "Optional[tuple[int, Optional[dict]]]"]
@@ -75,6 +77,8 @@ def exec_plugin(name: str, inv: Invocation, command: str, stdin: Optional[bytes]
 def _run_bounded(binary: str, command: str, env: Mapping[str, str], stdin: bytes) -> tuple[bytes, int]:
     """(stdout, exit code) of ``binary``, killed when the call's deadline passes or, for ADD, its
     caller goes away."""
+    import subprocess  # only for an exec'd IPAM: lease-ipam runs in-process (~5 ms of imports saved)
+
     deadline = call_deadline.current()
     try:
         proc = subprocess.Popen([binary], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, env=env,
@@ -100,7 +104,7 @@ def _run_bounded(binary: str, command: str, env: Mapping[str, str], stdin: bytes
                                       f"({call_deadline.TIMEOUT_ENV}, default {call_deadline.DEFAULT_SECONDS:.0f} s)")
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def _kill(proc: "subprocess.Popen") -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

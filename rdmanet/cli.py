@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     doctor.add_argument("--cni-bin-dir", metavar="DIR", default="/opt/cni/bin", help="CNI bin dir (default: %(default)s)")
     doctor.add_argument("--cni-conf-dir", metavar="DIR", default="/etc/cni/net.d", help="CNI conf dir (default: %(default)s)")
     doctor.add_argument("--socket", default=None, help="daemon socket (default: $RDMANET_DAEMON_SOCKET or /run/rdmanet/daemon.sock)")
+    doctor.add_argument("--systemd-root", metavar="DIR", default="/",
+                        help="read /etc/systemd/system/rdmanet.socket and /run/systemd/system under DIR (default: /)")
     doctor.add_argument("--network-config", metavar="FILE", action="append", default=None,
                         help="also check this network config (a NAD's spec.config, a conflist or a NAD object); repeatable")
     doctor.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",

@@ -378,7 +378,8 @@ class _Handler(socketserver.BaseRequestHandler):
         srv = self.server
         if req.get("health"):
             return {"ok": True, "pid": os.getpid(), "uptime": round(time.monotonic() - srv.started, 3),
-                    "requests": srv.requests, "in_flight": srv.in_flight, "workers": srv.workers}
+                    "requests": srv.requests, "in_flight": srv.in_flight, "workers": srv.workers,
+                    "socket_activated": srv.activated}
         if req.get("v") != JSON_PROTOCOL:
             return {"exec": True, "why": self._mismatch(req.get("v"))}
         served = self._call(req["plugin"], req["env"], unb64(req.get("stdin_b64", "")), started)

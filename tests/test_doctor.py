@@ -251,6 +251,7 @@ def env(tmp_path):
 
 
 def run(env, mode=shared, **kw):
+    kw.setdefault("systemd_root", str(env["root"] / "systemd-root"))  # never this machine's units
     opts = Options(sysfs_root=str(env["root"]), proc_root=str(env["root"]), dev_root=str(env["root"]),
                    cni_bin_dir=env["bin"], cni_conf_dir=env["conf"], socket=env["socket"],
                    netns_mode_reader=mode, **kw)
@@ -271,7 +272,8 @@ def one(report, area, subject=None):
 
 def cli_run(capsys, env, *extra):
     argv = ["doctor", "--sysfs-root", str(env["root"]), "--proc-root", str(env["root"]), "--dev-root", str(env["root"]),
-            "--cni-bin-dir", env["bin"], "--cni-conf-dir", env["conf"], "--socket", env["socket"], *extra]
+            "--cni-bin-dir", env["bin"], "--cni-conf-dir", env["conf"], "--socket", env["socket"],
+            "--systemd-root", str(env["root"] / "systemd-root"), *extra]
     code = cli.main(argv)
     return code, capsys.readouterr()
 
@@ -837,3 +839,59 @@ def test_a_failing_check_is_a_finding_not_a_traceback(env, monkeypatch, capsys):
     code, cap = cli_run(capsys, env)
     assert "the host check failed: RuntimeError: unexpected sysfs layout" in cap.out
     assert "Traceback" not in cap.out + cap.err and code == 1
+
+
+# =========================================================================== daemon under systemd (rdmanet.socket)
+
+
+def systemd_root(tmp_path, socket_path=None, running=True):
+    """A root for --systemd-root: systemd running (/run/systemd/system), rdmanet.socket when a socket is given."""
+    from rdmanet import systemd_units
+
+    root = tmp_path / "sysroot"
+    if running:
+        (root / "run" / "systemd" / "system").mkdir(parents=True)
+    if socket_path is not None:
+        systemd_units.write(str(root / "etc" / "systemd" / "system"), sys.executable, socket_path)
+    return str(root)
+
+
+def test_daemon_socket_activated_is_healthy_and_says_so(env, tmp_path):
+    from shim.testing import SocketActivation
+
+    no_rdma_host(env["root"])
+    activation = SocketActivation(env["socket"], allow_uids=[os.getuid()])
+    try:
+        f = one(run(env, systemd_root=systemd_root(tmp_path, env["socket"])), "daemon")
+        assert f.severity == "ok", f
+        (daemon,) = activation.started  # the health request started it, as a shim's call would
+        assert f.message.startswith(f"healthy: pid {daemon.pid}, up ")
+        assert f.message.endswith(", socket-activated (rdmanet.socket)")
+    finally:
+        activation.close()
+
+
+def test_daemon_socket_unit_installed_but_not_listening(env, tmp_path):
+    no_rdma_host(env["root"])
+    root = systemd_root(tmp_path, env["socket"])
+    f = one(run(env, systemd_root=root), "daemon")
+    assert f.severity == "warn"
+    assert f.message.startswith(f"{root}/etc/systemd/system/rdmanet.socket is installed but nothing listens on the socket")
+    assert f.fix.startswith("systemctl enable --now rdmanet.socket")
+
+
+def test_daemon_socket_unit_on_another_path(env, tmp_path):
+    no_rdma_host(env["root"])
+    other = str(tmp_path / "elsewhere" / "daemon.sock")
+    findings = find(run(env, systemd_root=systemd_root(tmp_path, other)), "daemon")
+    assert findings[0].severity == "warn" and f"listens on {other}, but doctor checked {env['socket']}" in findings[0].message
+    assert findings[0].fix.startswith(f"run doctor with --socket {other}")
+
+
+def test_daemon_absent_under_systemd_without_the_unit_says_reinstall(env, tmp_path):
+    no_rdma_host(env["root"])
+    under_systemd = one(run(env, systemd_root=systemd_root(tmp_path)), "daemon")
+    assert under_systemd.severity == "warn" and "not running (no socket)" in under_systemd.message
+    assert under_systemd.fix.startswith("re-run install.sh: under systemd it installs rdmanet.socket")
+    without = one(run(env, systemd_root=str(tmp_path / "no-systemd")), "daemon")
+    assert "rdmanet.socket" not in without.fix and "init system" in without.fix

@@ -3,8 +3,9 @@ read-only (``lsmod | grep mlx``, ``rdma link``, ``rdma system``, ``lspci -nn | g
 ``ibv_devinfo``, ``ls /etc/cni/net.d``, "is the daemon up", "can lease-ipam reach its store").
 
 It never writes, loads modules or changes links: it reads sysfs, /proc and /dev, lists the CNI
-dirs, execs the shims with ``CNI_COMMAND=VERSION``, sends the daemon a health request and, for a
-Kubernetes lease-ipam store, GETs one Lease.
+dirs, execs the shims with ``CNI_COMMAND=VERSION``, sends the daemon a health request (under
+systemd's rdmanet.socket that request starts the daemon, as any call does) and, for a Kubernetes
+lease-ipam store, GETs one Lease.
 
 Modules: ``host_facts`` (reading the host) and ``host_checks`` (judging it), ``cni_checks`` (bin
 dir, conf dir, the networks that use our plugins), ``service_checks`` (daemon, lease-ipam stores),
@@ -39,6 +40,7 @@ class Options:
     netns_mode_reader: Optional[Callable] = None  # () -> host_facts.ModeReading; None: RDMA netlink
     euid: int = field(default_factory=os.geteuid)
     node_policy: str = ""  # a node policy file (cni.linux.roots); "" -> the one a call would use
+    systemd_root: str = "/"  # where /etc/systemd/system (rdmanet.socket) and /run/systemd/system are read
 
 
 @dataclass
@@ -115,7 +117,7 @@ def diagnose(options: Options) -> Report:
         out += _guarded(out, "policy", policy_checks.check, policy, default=[])
         inventory["policy"] = asdict(policy)
 
-    daemon = _guarded(out, "daemon", service_checks.gather_daemon, socket_path, options.timeout)
+    daemon = _guarded(out, "daemon", service_checks.gather_daemon, socket_path, options.timeout, options.systemd_root)
     if daemon is not None:
         kinds = {s.kind for s in bin_facts.shims.values() if s.exists} if bin_facts is not None else set()
         out += _guarded(out, "daemon", service_checks.check_daemon, daemon, kinds, options.euid, default=[])
@@ -146,6 +148,7 @@ def run(args, out=None) -> int:
         network_configs=args.network_config or (),
         timeout=args.timeout,
         node_policy=getattr(args, "node_policy", None) or "",
+        systemd_root=getattr(args, "systemd_root", None) or "/",
     )
     report = diagnose(options)
     out.write(render_json(report.findings, report.inventory) if args.output == "json" else render_table(report.findings))

@@ -27,10 +27,29 @@ class DaemonFacts:
     answer: Optional[dict] = None
     problem: str = ""  # "", "no-daemon", "lost", "denied"
     detail: str = ""
+    systemd: bool = False  # systemd runs the host (/run/systemd/system)
+    socket_unit: str = ""  # install.sh's rdmanet.socket, when there is one
+    unit_listens_on: str = ""  # its ListenStream=
 
 
-def gather_daemon(socket_path: str, timeout: float) -> DaemonFacts:
+def _socket_unit(systemd_root: str) -> tuple[str, str]:
+    """(path, ListenStream=) of rdmanet.socket in the node owner's units; ("", "") when absent."""
+    from rdmanet.systemd_units import SOCKET_UNIT, UNIT_DIR
+
+    path = os.path.join(systemd_root, UNIT_DIR.lstrip("/"), SOCKET_UNIT)
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            text = fh.read(65536)
+    except OSError:
+        return "", ""
+    listens = [line.split("=", 1)[1].strip() for line in text.splitlines() if line.startswith("ListenStream=")]
+    return path, listens[-1] if listens else ""
+
+
+def gather_daemon(socket_path: str, timeout: float, systemd_root: str = "/") -> DaemonFacts:
     facts = DaemonFacts(socket_path, os.path.exists(socket_path))
+    facts.systemd = os.path.isdir(os.path.join(systemd_root, "run/systemd/system"))
+    facts.socket_unit, facts.unit_listens_on = _socket_unit(systemd_root)
     if facts.socket_exists and not os.access(socket_path, os.W_OK):  # connect(2) needs write permission
         facts.problem, facts.detail = "denied", "permission denied"
         return facts
@@ -61,14 +80,36 @@ def _age(seconds: Any) -> str:
 
 
 def check_daemon(facts: DaemonFacts, shim_kinds: set[str], euid: int) -> list[Finding]:
-    path = facts.socket
+    path, unit = facts.socket, facts.socket_unit
+    if unit and facts.unit_listens_on and os.path.normpath(facts.unit_listens_on) != os.path.normpath(path):
+        return [warn("daemon", path, f"{unit} listens on {facts.unit_listens_on}, but doctor checked {path}",
+                     f"run doctor with --socket {facts.unit_listens_on}, or re-run install.sh with the socket the "
+                     "shims use")] + _check_daemon(facts, shim_kinds, euid)
+    return _check_daemon(facts, shim_kinds, euid)
+
+
+def _check_daemon(facts: DaemonFacts, shim_kinds: set[str], euid: int) -> list[Finding]:
+    path, unit = facts.socket, facts.socket_unit
     if facts.answer is not None:
         a = facts.answer
         if a.get("ok"):
+            started = ", socket-activated (rdmanet.socket)" if a.get("socket_activated") else ""
             return [ok("daemon", path, f"healthy: pid {a.get('pid', '?')}, up {_age(a.get('uptime'))}, "
-                                       f"{a.get('requests', '?')} calls served, {a.get('in_flight', 0)} in flight")]
+                                       f"{a.get('requests', '?')} calls served, {a.get('in_flight', 0)} in flight{started}")]
         return [error("daemon", path, f"answers but reports not ok: {a}", "see the daemon's log; restart it")]
     daemon_only = "daemon-only" in shim_kinds
+    if unit and (facts.problem == "no-daemon" or (facts.problem == "lost" and euid == 0)):
+        if facts.problem == "lost":
+            what = (f"took the health request but no daemon answered ({facts.detail}); {unit} starts rdmanet.service "
+                    "on the first call: it may still be starting, or it fails to")
+            fix = "run doctor again; see 'systemctl status rdmanet.service' and 'journalctl -u rdmanet.service'"
+        else:
+            what = f"{unit} is installed but nothing listens on the socket ({facts.detail})"
+            fix = "systemctl enable --now rdmanet.socket (see 'systemctl status rdmanet.socket')"
+        if daemon_only:
+            return [error("daemon", path, f"{what}; the shims here are daemon-only, so every ADD answers 'try again "
+                                          "later' and pods do not start", fix)]
+        return [warn("daemon", path, f"{what}; the shims run the plugins in-process meanwhile (slower pod starts)", fix)]
     if facts.problem == "denied":
         return [warn("daemon", path, "this user may not connect to the daemon's socket (it is root's, mode 0600)",
                      "run doctor as root")]
@@ -89,9 +130,13 @@ def check_daemon(facts: DaemonFacts, shim_kinds: set[str], euid: int) -> list[Fi
         return [error("daemon", path, f"{what}; the shims here are daemon-only, so every ADD answers "
                                       "'try again later' and pods do not start",
                       "start the daemon: is the rdmanet DaemonSet pod running on this node? (or 'rdmanet daemon')")]
+    if facts.systemd:
+        fix = ("re-run install.sh: under systemd it installs rdmanet.socket, which starts the daemon on the first "
+               "call (or start 'rdmanet daemon' as root)")
+    else:
+        fix = "start it: 'rdmanet daemon' as root, from the host's init system, or the rdmanet DaemonSet"
     return [warn("daemon", path, f"{what}; the shims run the plugins in-process, which makes every call "
-                                 "pay the imports (slower pod starts)",
-                 "start it: 'rdmanet daemon' as root (e.g. as a systemd service) or the rdmanet DaemonSet")]
+                                 "pay the imports (slower pod starts)", fix)]
 
 
 # =========================================================================== lease-ipam stores

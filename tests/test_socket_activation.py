@@ -18,7 +18,7 @@ import time
 import pytest
 
 from shim import socket_activation
-from shim.launcher import call
+from shim.launcher import call, exchange
 from shim.testing import SocketActivation, activated_popen, daemon_argv, health
 
 
@@ -181,3 +181,29 @@ def test_socket_activated_daemon_serves_and_the_socket_outlives_it(run_dir):
     finally:
         activation.close()
     assert all(proc.returncode == 0 for proc in activation.started), activation.log()
+
+
+def test_systemds_own_socket_activate_hands_the_daemon_its_socket(run_dir):
+    """The same handshake by systemd's code (systemd-socket-activate, Debian's systemd package):
+    it binds and listens, waits for the first connection, then execs the daemon in its own place
+    with the socket at fd 3 and LISTEN_FDS, LISTEN_PID, LISTEN_FDNAMES set."""
+    tool = shutil.which("systemd-socket-activate")
+    if tool is None:
+        pytest.skip("systemd-socket-activate is not installed (Debian package systemd; scripts/test.sh installs it)")
+    path, log = run_dir / "daemon.sock", run_dir / "daemon.log"
+    with open(log, "ab") as fh:
+        proc = subprocess.Popen([tool, "--listen", str(path), "--fdname", "rdmanet.socket",
+                                 *daemon_argv(str(path), [os.getuid()])], stdout=subprocess.DEVNULL, stderr=fh)
+    try:
+        wait_for(lambda: path.exists() or proc.poll() is not None, 30, "systemd-socket-activate's socket")
+        answer = exchange(str(path), {"health": True}, timeout=60)
+        assert answer["ok"] and answer["pid"] == proc.pid and answer["socket_activated"] is True
+        started = [e for e in log_events(log.read_text()) if e["event"] == "started"]
+        assert [(e["socket_activated"], e["pid"]) for e in started] == [(True, proc.pid)]
+        proc.terminate()
+        assert proc.wait(30) == 0
+        assert path.exists()  # the daemon did not bind it: it does not remove it
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -658,12 +658,49 @@ def test_host_mode_twice_then_uninstall(tmp_path):
     install("--bin-dir", str(bin2))  # another bin dir: both are remembered
     assert len((prefix / "installed-files").read_text().split()) == 2 * len(PLUGINS) + 1 + 2  # + the link, the units
     (bin2 / "lease-ipam").write_text("#!/bin/sh\n")  # replaced by someone else: not ours any more
-    proc = subprocess.run([str(INSTALL), "--uninstall", "--prefix", str(prefix)], capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    # The running systemd's path (--systemd-root /), then --uninstall, in a mount namespace of their
+    # own: /etc/systemd/system and /run are empty tmpfs there (/run/systemd/system made: systemd
+    # "runs"), and systemctl is a stand-in that records its calls (--root ones go to the real one).
+    calls, out = tmp_path / "systemctl-calls", tmp_path / "live"
+    out.mkdir()
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    (fake / "systemctl").write_text(f"""#!/bin/sh
+case "$1" in --root=*) exec {shutil.which("systemctl")} "$@" ;; esac
+echo "$*" >> {calls}
+case "$*" in *is-active*) exit 3 ;; esac
+""")
+    (fake / "systemctl").chmod(0o755)
+    script = f"""set -eu
+mount -t tmpfs tmpfs /etc/systemd/system
+mount -t tmpfs tmpfs /run
+mkdir -p /run/systemd/system
+export PATH={fake}:$PATH
+{INSTALL} --prefix {prefix} --link-dir {link_dir} --socket {sock} --bin-dir {bin_dir} > {out}/install.out 2>&1
+echo -- >> {calls}
+ls -A /etc/systemd/system > {out}/units
+cp /etc/systemd/system/rdmanet.service {out}/rdmanet.service
+{INSTALL} --uninstall --prefix {prefix} > {out}/uninstall.out 2>&1
+ls -A /etc/systemd/system > {out}/units-after
+"""
+    proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", "-c", script], capture_output=True,
+                          text=True, timeout=600)
+    logs = {p.name: p.read_text() for p in out.iterdir()}
+    assert proc.returncode == 0, (proc.stdout, proc.stderr, logs)
+    assert calls.read_text().splitlines() == [
+        "--quiet is-active rdmanet.socket",  # a daemon systemd did not start is looked for first
+        "daemon-reload", "--quiet enable --now rdmanet.socket", "try-restart rdmanet.service", "--",
+        "--quiet disable --now rdmanet.socket", "--quiet disable --now rdmanet.service", "daemon-reload"]
+    assert logs["units"].split() == ["rdmanet.service", "rdmanet.socket"] and logs["units-after"] == ""
+    assert f"\nExecStart={start_daemon}\n" in logs["rdmanet.service"]
+    assert f"enabled rdmanet.socket: systemd listens on {sock}" in logs["install.out"]
+    uninstall = logs["uninstall.out"]
+    for unit in (f"{units}/rdmanet.socket", f"{units}/rdmanet.service", "/etc/systemd/system/rdmanet.socket",
+                 "/etc/systemd/system/rdmanet.service"):
+        assert f"removed {unit}\n" in uninstall, uninstall
     assert os.listdir(bin_dir) == ["bridge"] and os.listdir(bin2) == ["lease-ipam"] and os.listdir(link_dir) == []
     assert os.listdir(units) == []  # disabled (no symlink left) and removed
-    assert f"removed {units}/rdmanet.socket" in proc.stdout and f"removed {units}/rdmanet.service" in proc.stdout
     assert not prefix.exists()
 
 

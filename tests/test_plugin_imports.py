@@ -7,6 +7,8 @@ import subprocess
 import sys
 import sysconfig
 
+import pytest
+
 from cni.core import ipam_exec
 from cni.core.invocation import parse_invocation
 
@@ -114,3 +116,24 @@ def test_local_store_del_imports_no_config_models(tmp_path):
     answers, modules = _lease_ipam_modules(tmp_path, ("DEL",), ("pydantic", "pydantic_core", "netaddr",
                                                                  *NOT_FOR_THE_LOCAL_STORE))
     assert answers == ["[0, null]"] and modules == []
+
+
+@pytest.mark.parametrize("plugin", ["cni.macvlan_rdma.plugin:MacvlanRdma", "cni.host_device_rdma.plugin:HostDeviceRdma"])
+def test_plugin_del_builds_no_config_models(tmp_path, plugin):
+    """DEL needs the IPAM's type and what ADD recorded, not the config's models: no pydantic."""
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "lease-ipam").write_text("")  # found on CNI_PATH; runs in-process
+    module, cls = plugin.split(":")
+    conf = json.dumps({"cniVersion": "1.0.0", "name": "imp", "type": "x", "device": "nodev0", "master": "nomaster0",
+                       "ipam": {"type": "lease-ipam", "range": "198.18.92.0/29", "datastore": "local",
+                                "dataDir": str(tmp_path / "data")}})
+    env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c1", "CNI_NETNS": "", "CNI_IFNAME": "net1",
+           "CNI_PATH": str(tmp_path / "bin")}
+    out = _run(
+        "import json\n"
+        "from cni.core import skel\n"
+        f"from {module} import {cls}\n"
+        f"print(json.dumps(skel.handle({cls}(), {env!r}, {conf!r}.encode())))\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pydantic', 'pydantic_core')))\n"
+    ).splitlines()
+    assert out == ["[0, null]", "[]"]

@@ -151,6 +151,20 @@ class IPAM:
         self.type = ipam_type
         self.inv = inv
 
+    @classmethod
+    def of(cls, inv: Invocation) -> "Optional[IPAM]":
+        """The config's IPAM (None without an ``ipam`` object), read without the config models:
+        for the verbs that need nothing else of the config (DEL and GC release what ADD made), so
+        they pay no pydantic import and model building (~70 ms of CPU per exec'd call)."""
+        ipam = inv.config.get("ipam")
+        if ipam is None:
+            return None
+        kind = ipam.get("type") if isinstance(ipam, dict) else None
+        if not isinstance(kind, str) or not kind:
+            raise CNIError(INVALID_CONFIG, f"invalid network config: ipam.type: {kind!r} is not a plugin name",
+                           'name the IPAM plugin binary, e.g. "ipam": {"type": "lease-ipam", ...}')
+        return cls(kind, inv)
+
     def add(self) -> Result:
         doc = exec_plugin(self.type, self.inv, "ADD")
         result = Result.from_json(doc, f"IPAM plugin {self.type} result")

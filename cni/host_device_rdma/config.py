@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import logging
-import os
 from typing import Literal, Optional, Union
 
 from pydantic import Field, field_validator
 
 from cni.core import macaddr
-from cni.core.errors import INVALID_CONFIG, CNIError
 from cni.core.infiniband import parse_pkey
 from cni.core.invocation import Invocation
 from cni.core.netconf import NetConf, load
 from cni.linux import roots
 
+from . import state_dir
+
 DEFAULT_STATE_DIR = roots.NodePolicy().host_device_state_dir  # the node policy's hostDeviceStateDir
-log = logging.getLogger("rdmanet.host-device-rdma")
 
 
 class HostDeviceConf(NetConf):
@@ -82,16 +80,7 @@ def load_conf(inv: Invocation) -> HostDeviceConf:
     A config naming another directory is CNI error 7, except on DEL, which must still undo what
     ADD did: there it is ignored with a warning (the node's directory is used)."""
     conf = load(HostDeviceConf, inv.config)
-    node_dir = roots.current().host_device_state_dir
-    named = conf.stateDir
-    if named is not None and (not isinstance(named, str) or os.path.normpath(named) != node_dir):
-        if inv.command != "DEL":
-            raise CNIError(INVALID_CONFIG, f"invalid network config: stateDir: {named!r} is not this node's host-device-rdma "
-                           f"state directory ({node_dir})",
-                           "remove stateDir from the network config: state, locks and allocation records live in one "
-                           "node-wide directory the node owner sets (node policy hostDeviceStateDir, docs/security.md)")
-        log.warning("DEL: stateDir %r in the network config is ignored; the node's %s is used", named, node_dir)
-    conf.stateDir = node_dir
+    conf.stateDir = state_dir.checked(conf.stateDir, inv.command)
     return conf
 
 

@@ -26,15 +26,17 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from cni.core.errors import INVALID_CONFIG, IO_FAILURE, LINK_FAILURE, CNIError
 from cni.core.infiniband import ALL_ONES_GUID, ZERO_GUID, derive_guid, guid_of_hwaddr, guid_text, parse_guid
 from cni.core.invocation import Invocation
 from cni.linux import infiniband, links, sysfs, vf_guid
 
-from .config import HostDeviceConf
 from .selection import DeviceRef
+
+if TYPE_CHECKING:
+    from .config import HostDeviceConf  # annotations only: the models are the verbs' to import
 
 log = logging.getLogger("rdmanet.host-device-rdma")
 DERIVED = "derived from the attachment"

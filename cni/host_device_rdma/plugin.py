@@ -32,7 +32,7 @@ import logging
 import os
 import uuid
 from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import TYPE_CHECKING, Iterator, Optional
 
 from cni.core import deadline as call_deadline
 from cni.core.errors import (
@@ -52,10 +52,12 @@ from cni.core.rollback import Undo
 from cni.linux import device_info, links, netns, sysfs
 from cni.linux.state import StateDir
 
-from . import device_lock, ib_vf
-from .config import HostDeviceConf, effective_mac, load_conf, state_root
+from . import device_lock, ib_vf, state_dir
 from .moves import identify, identity_of, move_into_pod, move_to_host, restore_in_host, strongly_identified
 from .selection import DeviceRef, select_device
+
+if TYPE_CHECKING:
+    from .config import HostDeviceConf
 
 log = logging.getLogger("rdmanet.host-device-rdma")
 STATE_VERSION = 2  # 2: token, netns_id, netdev intent, identity of the device; 1 is still undone
@@ -63,6 +65,8 @@ STATE_VERSION = 2  # 2: token, netns_id, netdev intent, identity of the device; 
 
 class HostDeviceRdma:
     def add(self, inv: Invocation) -> Result:
+        from .config import effective_mac, load_conf, state_root  # pydantic: the verbs that read the whole config
+
         conf = load_conf(inv)
         mac = effective_mac(conf, inv)
         netns.refuse_own(inv.netns, inv.env)
@@ -79,8 +83,8 @@ class HostDeviceRdma:
                     return _Add(inv, conf, mac, states, key, host, ref).run()
 
     def delete(self, inv: Invocation) -> None:
-        conf = load_conf(inv)
-        root = state_root(conf)
+        root = state_dir.for_delete(inv.config)  # DEL reads the state it recorded, not the config's models
+        ipam = IPAM.of(inv)
         states = StateDir(root)
         key = states.key(inv.network_name, inv.container_id, inv.ifname)
         with device_lock.attachment_held(root, _holder(inv)):
@@ -88,9 +92,9 @@ class HostDeviceRdma:
             errors = []
             if state is not None:
                 errors += undo_attachment(state, inv.netns or state.get("netns", ""), root)
-            if conf.ipam:
+            if ipam is not None:
                 try:
-                    IPAM(conf.ipam.type, inv).delete()
+                    ipam.delete()
                 except CNIError as exc:
                     errors.append(exc)
             if state is not None:
@@ -99,6 +103,8 @@ class HostDeviceRdma:
                 raise errors[0]
 
     def check(self, inv: Invocation) -> None:
+        from .config import load_conf, state_root
+
         conf = load_conf(inv)
         if conf.prevResult is None:
             raise CNIError(INVALID_CONFIG, "CHECK: required prevResult missing", "the runtime passes the ADD result as prevResult")
@@ -153,6 +159,8 @@ class HostDeviceRdma:
                 raise check_failed(problem)
 
     def gc(self, inv: Invocation) -> None:
+        from .config import load_conf, state_root
+
         conf = load_conf(inv)
         root = state_root(conf)
         states = StateDir(root)
@@ -181,6 +189,8 @@ class HostDeviceRdma:
             IPAM(conf.ipam.type, inv).gc()
 
     def status(self, inv: Invocation) -> None:
+        from .config import load_conf
+
         conf = load_conf(inv)
         if conf.ipam:
             IPAM(conf.ipam.type, inv).status()

@@ -11,14 +11,16 @@ no-op then, never an error a DEL would repeat forever.
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from cni.core.errors import INVALID_CONFIG, LINK_FAILURE, CNIError
 from cni.linux import links
 from cni.linux.vf_settings import VfSettings, apply_vf, read_vf, restore_vf, snapshot_for, validate, vf_exists
 
-from .config import HostDeviceConf
 from .selection import DeviceRef
+
+if TYPE_CHECKING:
+    from .config import HostDeviceConf  # annotations only: the models are the verbs' to import
 
 log = logging.getLogger("rdmanet.host-device-rdma")
 

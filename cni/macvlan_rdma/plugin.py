@@ -16,7 +16,7 @@ import logging
 import os
 import time
 from contextlib import ExitStack
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from cni.core.errors import (
     INVALID_CONFIG,
@@ -35,7 +35,8 @@ from cni.linux import pod as pod_ns
 from cni.linux.links import Link
 from cni.linux.pod import check_addresses, check_routes
 
-from .config import MacvlanConf, effective_mac, load_conf
+if TYPE_CHECKING:
+    from .config import MacvlanConf
 
 log = logging.getLogger("rdmanet.macvlan-rdma")
 
@@ -43,6 +44,8 @@ log = logging.getLogger("rdmanet.macvlan-rdma")
 class MacvlanRdma:
     @attachment_lock.serialised
     def add(self, inv: Invocation) -> Result:
+        from .config import effective_mac, load_conf  # pydantic: only the verbs that read the whole config
+
         conf = load_conf(inv)
         mac = effective_mac(conf, inv)
         netns.refuse_own(inv.netns, inv.env)
@@ -83,9 +86,9 @@ class MacvlanRdma:
 
     @attachment_lock.serialised
     def delete(self, inv: Invocation) -> None:
-        conf = load_conf(inv)
-        if conf.ipam:
-            IPAM(conf.ipam.type, inv).delete()
+        ipam = IPAM.of(inv)  # DEL needs the IPAM's type only: no config models
+        if ipam is not None:
+            ipam.delete()
         if not inv.netns:
             return
         netns.refuse_own(inv.netns, inv.env)
@@ -106,6 +109,8 @@ class MacvlanRdma:
             log.info("DEL: netns %s is gone; nothing to remove", inv.netns)
 
     def check(self, inv: Invocation) -> None:
+        from .config import load_conf
+
         conf = load_conf(inv)
         prev, expected, index = previous(conf.prevResult, inv)
         if conf.ipam:
@@ -122,11 +127,13 @@ class MacvlanRdma:
 
     def gc(self, inv: Invocation) -> None:
         # macvlan-rdma keeps no state of its own: links die with their netns.
-        conf = load_conf(inv)
-        if conf.ipam:
-            IPAM(conf.ipam.type, inv).gc()
+        ipam = IPAM.of(inv)
+        if ipam is not None:
+            ipam.gc()
 
     def status(self, inv: Invocation) -> None:
+        from .config import load_conf
+
         conf = load_conf(inv)
         if conf.master and not conf.linkInContainer:
             with links.rtnl_in() as host:

@@ -930,7 +930,9 @@ class KubeAPIServer:
     def fail_next(self, n: int = 1, status: int | str = 500, retry_after: float | None = None,
                   verb: str | None = None, resource: str | None = None) -> None:
         """Fail the next ``n`` (matching) API requests with ``status``.
-        ``status="drop"`` closes the connection without a response.  429 responses
+        ``status="drop"`` closes the connection without a response; ``status="lost"`` serves
+        the request (a create is made, a delete done) and then closes the connection without
+        the response (the answer lost on the way back).  429 responses
         carry ``Retry-After`` (default 1 second)."""
         with self._stats_lock:
             self._faults.append(_Fault(int(n), None, status, retry_after, verb, resource))
@@ -1066,6 +1068,7 @@ class KubeAPIServer:
                 self._log.append(entry)
             return code, {"Content-Type": "application/json", **(headers or {})}, data
 
+        lost = False
         route = self._route(path)
         if route is None:
             entry["verb"] = entry["resource"] = "unknown"
@@ -1088,7 +1091,9 @@ class KubeAPIServer:
                 entry["injected"] = True
                 if fault.status == "drop":
                     raise ConnectionResetError("connection dropped by an injected fault")
-                raise _fault_error(fault, rt, name)
+                if fault.status != "lost" or verb == "watch":
+                    raise _fault_error(fault, rt, name)
+                lost = True
             try:
                 doc: Any = json.loads(body) if body else None
             except ValueError:
@@ -1116,7 +1121,11 @@ class KubeAPIServer:
             else:
                 code, obj = self.api_deletecollection(rt, ns, q, dry_run)
         except ApiError as e:
+            if lost:
+                raise ConnectionResetError("the answer was lost by an injected fault") from None
             return answer(e.code, e.status(), e.headers)
+        if lost:
+            raise ConnectionResetError("the answer was lost by an injected fault")
         return answer(code, obj)
 
     @staticmethod
@@ -1715,6 +1724,7 @@ class _Handler(BaseHTTPRequestHandler):
         srv = self.server_obj
         t0 = time.monotonic()
         self._status = 0
+        self._lose = False
         split = urlsplit(self.path)
         path = split.path
         q = {k: v[-1] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
@@ -1779,8 +1789,11 @@ class _Handler(BaseHTTPRequestHandler):
             fault = srv._pick_fault(verb, resource)
             if fault is not None:
                 entry["injected"] = True
-                self._inject(fault, rt, name)
-                return
+                if fault.status == "lost" and verb != "watch":
+                    self._lose = True  # served below, then the connection is cut before the answer
+                else:
+                    self._inject(fault, rt, name)
+                    return
 
             body: Any = None
             if body_bytes:
@@ -1810,8 +1823,14 @@ class _Handler(BaseHTTPRequestHandler):
                 code, obj = srv.api_deletecollection(rt, ns, q, dry_run)
             else:  # pragma: no cover
                 raise ApiError(405, "method not allowed")
+            if self._lose:
+                self._cut(code)
+                return
             self._send_json(code, obj)
         except ApiError as e:
+            if self._lose:
+                self._cut(e.code)
+                return
             try:
                 self._send_error(e)
             except OSError:
@@ -1856,6 +1875,15 @@ class _Handler(BaseHTTPRequestHandler):
         entry["verb"], entry["resource"] = verb, resource
         with self.server_obj._stats_lock:
             self.server_obj._counts[(verb, resource)] += 1
+
+    def _cut(self, code: int) -> None:
+        """A ``"lost"`` fault: the request was served (``code``) but its answer never arrives."""
+        self._status = code
+        self.close_connection = True
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
     def _inject(self, fault: _Fault, rt: ResourceType, name: str | None) -> None:
         if fault.status == "drop":

@@ -451,6 +451,23 @@ def test_429_default_retry_after_and_500(server, leases):
     assert sum(e["injected"] for e in server.request_log()) == 3
 
 
+def test_a_lost_answer_is_served_but_never_answered(server, leases):
+    """``status="lost"``: the create is made, then the connection is cut before the answer."""
+    import urllib3
+
+    server.fail_next(1, status="lost", verb="create")
+    with pytest.raises((urllib3.exceptions.HTTPError, OSError)):
+        leases.create_namespaced_lease(NS, lease("made-anyway"))
+    assert [o["metadata"]["name"] for o in server.objects("leases")] == ["made-anyway"]
+    with pytest.raises(ApiException) as ei:
+        leases.create_namespaced_lease(NS, lease("made-anyway"))
+    assert ei.value.status == 409
+    server.fail_next(1, status="lost", verb="delete")
+    with pytest.raises((urllib3.exceptions.HTTPError, OSError)):
+        leases.delete_namespaced_lease("made-anyway", NS)
+    assert server.objects("leases") == []
+
+
 def test_fail_rate(server, leases):
     server.fail_rate(0.5, status=503, seed=1)
     codes = []

@@ -117,7 +117,7 @@ LEASES_PATH = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _BACKOFF_BASE = 0.05
 _BACKOFF_CAP = 1.0
-_ROLLBACK_BUDGET = 10.0
+_ROLLBACK_GRACE = 1.0  # a failed ADD's rollback may run this long past the verb's deadline
 NODE_WINDOW = 64  # a node's first candidate passes over fewer free addresses than this
 LIST_PAGE = 500  # Leases per List page: a List holds one page's JSON at a time
 _T = TypeVar("_T")
@@ -644,6 +644,7 @@ class KubeStore(Store):
         """Our new claim on ``ip``, or None when another attachment holds it."""
         body = self._body(ip, attachment, network, rs)
         name = body["metadata"]["name"]
+        ambiguous = False
         for _ in range(3):
             try:
                 resp, retried = self._call("POST", self.path, f"create lease {name}", deadline, body=body)
@@ -667,8 +668,11 @@ class KubeStore(Store):
             # An earlier attempt may have created it before its answer was lost: read it back.
             current = self._get(name, deadline)
             if current is None:
+                ambiguous = True  # an attempt that timed out may still be served later
                 continue  # deleted meanwhile: try the create again
             return current if current.attachment == attachment else None
+        if ambiguous:
+            self._uncertain.append(name)  # checked before the ADD returns (:meth:`_sweep_uncertain`)
         return None
 
     def _delete(self, claim: Claim, deadline: float) -> bool:
@@ -792,8 +796,9 @@ class KubeStore(Store):
             if cache is not None and settle:
                 self._settle(cache, attachment, range_sets, plan, created, deadline)
         except BaseException:
-            self._rollback(attachment, created)
+            self._rollback(attachment, created, deadline)
             raise
+        self._sweep_uncertain(attachment, set(plan.values()), deadline)
         for c in spare:
             try:
                 self._delete(c, deadline)
@@ -940,12 +945,33 @@ class KubeStore(Store):
             log.info("%s is held by %s (a pod whereabouts served): next candidate", ip, holder)
         return holder
 
-    def _rollback(self, attachment: Attachment, created: list[Claim]) -> None:
-        """Delete the claims a failed ADD made, and those of creates left without an answer."""
+    def _sweep_uncertain(self, attachment: Attachment, kept: set, deadline: float) -> None:
+        """A successful ADD passed over candidates whose create had no clear answer (a timed-out
+        attempt the server may have served after all): one that turns out to be this
+        attachment's is deleted, so the attachment holds only what the ADD returns. (One the
+        server serves later still is a claim of the attachment: its DEL, or GC, frees it.)"""
+        uncertain, self._uncertain = self._uncertain, []
+        for name in uncertain:
+            if ip_of_name(name, self.dhash) in kept:
+                continue
+            try:
+                c = self._get(name, deadline)
+                if c is not None and c.attachment == attachment:
+                    log.info("a create of %s for %s that had no answer was served after all: freeing it", c.ip, attachment)
+                    self._delete(c, deadline)
+            except CNIError as err:
+                log.warning("could not check lease %s of %s (its DEL or GC frees it): %s", name, attachment, err.msg)
+
+    def _rollback(self, attachment: Attachment, created: list[Claim], deadline: float) -> None:
+        """Delete the claims a failed ADD made, and those of creates left without an answer,
+        within what is left of the verb's budget and at most ``_ROLLBACK_GRACE`` past it (the
+        ADD answers 11 within ``timeout_seconds`` + that grace). What it cannot delete stays
+        a claim of the attachment: the runtime's DEL after the failed ADD, CNI GC and the
+        reconciler free it."""
         uncertain, self._uncertain = self._uncertain, []
         if not created and not uncertain:
             return
-        deadline = self._deadline(min(self.timeout, _ROLLBACK_BUDGET))
+        deadline = max(deadline, time.monotonic() + _ROLLBACK_GRACE)
         for c in created:
             try:
                 self._delete(c, deadline)

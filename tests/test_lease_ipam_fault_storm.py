@@ -328,6 +328,7 @@ def test_fault_storm_over_several_nodes(server, tmp_path, request, mode):
     nodes, threads, phases = (6, 3, 120) if LARGE else (3, 2, len(FAULTS) + 3)
     print(f"\nfault storm ({mode}): seed {seed}, {nodes} nodes x {threads} runtime threads, {phases} fault phases "
           f"(RDMANET_STORM_SEED={seed} replays it)")
+    HISTORY.clear()
     if mode == "daemon":
         request.getfixturevalue("daemon_mode")
     ledger, confs, log = storm(server, tmp_path, seed, nodes, threads, phases)

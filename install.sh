@@ -311,7 +311,7 @@ systemd_runs() {  # systemd_runs ROOT: systemd is the init of ROOT's system (sd_
 }
 
 host_systemd() {  # host_systemd MANIFEST: the socket-activated daemon (units listed in MANIFEST), or how to start one
-    local manifest=$1 root=$SYSTEMD_ROOT out start="$PREFIX/bin/rdmanet daemon --socket $SOCKET"
+    local manifest=$1 root=$SYSTEMD_ROOT out listened="" start="$PREFIX/bin/rdmanet daemon --socket $SOCKET"
     local fallback="the shims run the plugins in-process (every call pays the imports) until a daemon answers; start it as root, e.g. from your init system: "
     if [ "$SYSTEMD" = no ]; then
         say "no systemd units (--no-systemd / RDMANET_SYSTEMD=no); $fallback$start"
@@ -325,6 +325,9 @@ host_systemd() {  # host_systemd MANIFEST: the socket-activated daemon (units li
         return
     fi
     command -v systemctl >/dev/null || die "systemd runs this host but systemctl is not on PATH; install it, or use --no-systemd"
+    if is_rdmanet_unit "${root%/}/etc/systemd/system/rdmanet.socket"; then  # an earlier install's socket path
+        listened=$(sed -n 's/^ListenStream=//p' "${root%/}/etc/systemd/system/rdmanet.socket")
+    fi
     out=$("$PREFIX/bin/python" -I -m rdmanet.systemd_units write "${root%/}/etc/systemd/system" \
             --rdmanet "$PREFIX/bin/rdmanet" --socket "$SOCKET" 2>&1) || die "$out"
     echo "$out" >> "$manifest"
@@ -340,6 +343,10 @@ host_systemd() {  # host_systemd MANIFEST: the socket-activated daemon (units li
     systemctl daemon-reload
     systemctl --quiet enable --now rdmanet.socket \
         || die "systemctl enable --now rdmanet.socket failed: see 'systemctl status rdmanet.socket'; or use --no-systemd"
+    if [ -n "$listened" ] && [ "$listened" != "$SOCKET" ]; then  # a listening socket keeps its path until restarted
+        systemctl restart rdmanet.socket
+        say "rdmanet.socket moved from $listened to $SOCKET"
+    fi
     systemctl try-restart rdmanet.service  # a daemon of an earlier install: on the new code now
     say "enabled rdmanet.socket: systemd listens on $SOCKET and the first CNI call starts rdmanet.service ('rdmanet daemon'; 'rdmanet daemon --check' starts and asks it now). Opt out: --no-systemd"
 }

@@ -681,6 +681,8 @@ export PATH={fake}:$PATH
 echo -- >> {calls}
 ls -A /etc/systemd/system > {out}/units
 cp /etc/systemd/system/rdmanet.service {out}/rdmanet.service
+{INSTALL} --prefix {prefix} --link-dir {link_dir} --socket {sock}.moved --bin-dir {bin_dir} > {out}/moved.out 2>&1
+echo -- >> {calls}
 {INSTALL} --uninstall --prefix {prefix} > {out}/uninstall.out 2>&1
 ls -A /etc/systemd/system > {out}/units-after
 """
@@ -691,10 +693,14 @@ ls -A /etc/systemd/system > {out}/units-after
     assert calls.read_text().splitlines() == [
         "--quiet is-active rdmanet.socket",  # a daemon systemd did not start is looked for first
         "daemon-reload", "--quiet enable --now rdmanet.socket", "try-restart rdmanet.service", "--",
+        # again with another --socket: the listening socket moves there (a restart), the daemon restarts
+        "--quiet is-active rdmanet.socket", "daemon-reload", "--quiet enable --now rdmanet.socket",
+        "restart rdmanet.socket", "try-restart rdmanet.service", "--",
         "--quiet disable --now rdmanet.socket", "--quiet disable --now rdmanet.service", "daemon-reload"]
     assert logs["units"].split() == ["rdmanet.service", "rdmanet.socket"] and logs["units-after"] == ""
     assert f"\nExecStart={start_daemon}\n" in logs["rdmanet.service"]
     assert f"enabled rdmanet.socket: systemd listens on {sock}" in logs["install.out"]
+    assert f"rdmanet.socket moved from {sock} to {sock}.moved" in logs["moved.out"]
     uninstall = logs["uninstall.out"]
     for unit in (f"{units}/rdmanet.socket", f"{units}/rdmanet.service", "/etc/systemd/system/rdmanet.socket",
                  "/etc/systemd/system/rdmanet.service"):

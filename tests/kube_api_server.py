@@ -1062,7 +1062,7 @@ class KubeAPIServer:
 
         def answer(code: int, obj: Any, headers: dict | None = None) -> tuple[int, dict, bytes]:
             data = json.dumps(obj, separators=(",", ":")).encode()
-            self._account(client, bytes_out=len(data))
+            self._account(client, bytes_out=len(data), **{f"{entry['verb']}:{code}": 1})
             entry["status"], entry["seconds"] = code, time.monotonic() - t0
             with self._stats_lock:
                 self._log.append(entry)
@@ -1154,7 +1154,8 @@ class KubeAPIServer:
             stats[f"req:{verb}"] += 1
 
     def client_stats(self) -> dict[str, Counter]:
-        """Per client: ``requests``, ``req:<verb>``, ``bytes_in`` (request bodies), ``bytes_out``
+        """Per client: ``requests``, ``req:<verb>``, ``<verb>:<status>`` (e.g. ``create:409``; not for
+        watches), ``bytes_in`` (request bodies), ``bytes_out``
         (response bodies, watch streams excluded), ``watch_events`` and ``watch_bytes`` (event lines
         delivered to its watches, held ones included). HTTP requests count under the
         ``X-Rdmanet-Client`` header's value, else ``http``."""
@@ -1214,11 +1215,14 @@ class KubeAPIServer:
                     self._drop_group_if_empty(g)
 
     def restart_watches(self) -> int:
-        """An API server restart as its watchers see it: the watch history is gone (``compact``)
-        and every open watch stream breaks (in-process and HTTP), so a re-watch from an earlier
-        resourceVersion is answered 410 and the client Lists again. Held watches stay (they are
+        """An API server restart as its watchers see it: the watch history is gone (``compact``,
+        after one resourceVersion step: in a cluster other objects change meanwhile, so no
+        watcher's resourceVersion is current) and every open watch stream breaks (in-process and
+        HTTP), so a re-watch from the last resourceVersion seen is answered 410 and the client
+        Lists again. Held watches stay (they are
         nobody's stream). Returns the number of streams broken."""
         with self._cond:
+            self._bump()  # the cluster's other objects moved on meanwhile: no watcher is current
             self.compact()
             live = [w for g in self._wgroups.values() for w in g.live]
         for w in live:

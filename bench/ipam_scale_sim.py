@@ -1,0 +1,528 @@
+"""lease-ipam at cluster scale: N simulated node daemons against the fake API server (issue 17).
+
+Each simulated node is lease-ipam's real daemon-side store: every verb builds its store with
+``KubeStore.for_invocation`` (the daemon's path) with the Lease watch cache enabled
+(``use_watch_cache``, as ``rdmanet daemon`` does) and calls ``allocate`` / ``release``. Only the
+connection is simulated: ``ipam.kube_config.connect`` answers an in-process client
+(``tests/kube_api_server.InProcessApiClient``) under the real ``ApiClientTransport``, so requests
+and answers are real JSON bytes but skip HTTP, and the fake server counts them per node.
+
+Per N (nodes) on a network of ``--size`` addresses (default 100,000: 10.0.0.1-10.1.134.160 of a /15):
+  1. every node's daemon starts (one DEL of nothing each: informers start on a domain's first verb);
+  2. the network is filled by ADDs, round-robin over the nodes, to each of ``--fills`` (50, 80, 95 %),
+     and at each level a batch of random claims is DELed and ADDed again;
+  3. at 50 %, a job of ``--job`` pods (2,000) is launched at once: its ADDs run concurrently
+     (``--threads`` at a time), spread over the nodes; then the job ends (its DELs, concurrently);
+  4. at the last fill, the API server "restarts": history gone, every watch broken, so every
+     daemon re-Lists; the bytes each daemon reads until it is in sync again are counted.
+
+Informers: when two nodes' informers watch the same selectors (the store's watch is not
+node-scoped, e.g. today's domain-wide cache), the sim runs ONE shared informer and registers a
+held watch per node at the server (counted for every event, as a real server delivers it); its
+List/watch requests and bytes are counted for every node. Otherwise every node runs its own.
+``--informers`` forces a mode; ``auto`` probes two nodes first.
+
+Usage::
+
+    .venv/bin/python bench/ipam_scale_sim.py            # N = 10, 100, 1000, 5000
+    .venv/bin/python bench/ipam_scale_sim.py --quick    # smoke: N = 10, 100, network of 10,000
+    .venv/bin/python bench/ipam_scale_sim.py --nodes 10,50 --size 4000 --json
+
+See bench/README.md (section "Scale simulation") for what each figure means and what the
+simulation does not capture about a real API server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import ipaddress
+import json
+import logging
+import os
+import random
+import resource
+import sys
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
+from typing import Any, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, os.path.join(HERE, ".."))
+
+from kube_api_server import InProcessApiClient, KubeAPIServer  # noqa: E402
+
+NAMESPACE = "sim"
+NETWORK = "sim"
+INFORMER = "~informer"  # suffix of the client name an informer thread's requests count under
+BACKGROUND = ("list", "watch")
+
+# Target checks (bench/README.md): slack for 409 retries under concurrency, and how far a
+# per-ADD figure may move across N and still count as independent of N.
+TARGET1_MAX = 1.0
+TARGET1_SLACK = 0.05
+INDEPENDENT_RATIO = 2.0
+RESTART_NETWORK_READS = 2.0  # all daemons together may read the network's Leases this many times
+
+
+# -- the simulated cluster -----------------------------------------------------------------------
+
+_local = threading.local()
+
+
+def _who() -> Optional[str]:
+    return getattr(_local, "node", None)
+
+
+def network_config(size: int) -> dict:
+    """A network of ``size`` allocatable addresses from 10.0.0.1 in a /8 (a /15 for 100,000)."""
+    start = ipaddress.IPv4Address("10.0.0.1")
+    end = start + size - 1
+    prefix = 32 - (size + 2 - 1).bit_length()
+    subnet = ipaddress.IPv4Network(f"10.0.0.0/{prefix}")
+    return {"cniVersion": "1.0.0", "name": NETWORK, "type": "macvlan-rdma",
+            "ipam": {"type": "lease-ipam", "range": str(subnet), "range_end": str(end), "whereabouts_check": False,
+                     "kubernetes": {"kubeconfig": "/sim/kubeconfig", "namespace": NAMESPACE}}}
+
+
+class Cluster:
+    """The fake API server, N node names and the daemon-side store of each."""
+
+    def __init__(self, nodes: int, size: int, shared: bool, cache_settings: dict) -> None:
+        from ipam import kube_config
+        from ipam.config import parse_ipam_config
+        from ipam.kube_config import Connection, KubeSettings
+        from ipam.location import store_location
+        from ipam.store import lease_cache
+
+        self.server = KubeAPIServer(start=False, max_events=20_000)
+        self.config = network_config(size)
+        self.range_sets = list(parse_ipam_config(self.config).range_sets)
+        self.allocatable = sum(rs.count_free([]) for rs in self.range_sets)
+        self.domain = store_location(self.config)[1]
+        self.nodes = [f"node-{i:05d}" for i in range(nodes)]
+        self.shared = shared
+        self._conns: dict[str, Any] = {}
+        self._settings: dict[str, Any] = {}
+        if shared:
+            common = KubeSettings(kubeconfig="/sim/shared", namespace=NAMESPACE, timeout=60.0, request_timeout=30.0)
+            conn = Connection(InProcessApiClient(self.server, INFORMER, who=_who), NAMESPACE)
+            for n in self.nodes:
+                self._settings[n], self._conns[common.kubeconfig] = common, conn
+        else:
+            for n in self.nodes:
+                s = KubeSettings(kubeconfig=f"/sim/{n}", namespace=NAMESPACE, timeout=60.0, request_timeout=30.0)
+                self._settings[n] = s
+                self._conns[s.kubeconfig] = Connection(InProcessApiClient(self.server, n + INFORMER, who=_who), NAMESPACE)
+        self._real_connect = kube_config.connect
+        kube_config.connect = lambda settings: self._conns[settings.kubeconfig]  # the one simulated seam
+        lease_cache.enable(False)
+        lease_cache.enable(True, max_informers=4 * nodes + 16, idle_seconds=24 * 3600.0, **cache_settings)
+        self.held: dict[str, str] = {}  # attachment container id -> node (claims the sim made)
+        self.addresses: dict[str, tuple] = {}  # attachment container id -> the addresses its ADD answered
+        self.errors: Counter = Counter()
+        self.lock = threading.Lock()
+
+    def close(self) -> None:
+        from ipam import kube_config
+        from ipam.store import lease_cache
+
+        lease_cache.enable(False)
+        kube_config.connect = self._real_connect
+        self.server.stop()
+
+    # -- verbs -----------------------------------------------------------------------------------
+
+    def _store(self, node: str, cid: str) -> Any:
+        from ipam.store.kube import KubeStore
+
+        inv = SimpleNamespace(env={"RDMANET_NODE_NAME": node},
+                              args={"K8S_POD_NAMESPACE": "sim", "K8S_POD_NAME": cid, "K8S_POD_UID": f"uid-{cid}"},
+                              config=self.config, command="ADD")
+        return KubeStore.for_invocation(self._settings[node], self.domain, inv)
+
+    def add(self, node: str, cid: str) -> bool:
+        from cni.core.errors import CNIError
+        from ipam.store.base import Attachment
+
+        _local.node = node
+        try:
+            got = self._store(node, cid).allocate(Attachment(cid, "net1"), NETWORK, self.range_sets, {})
+        except CNIError as err:
+            with self.lock:
+                self.errors[f"ADD {err.code}"] += 1
+            return False
+        finally:
+            _local.node = None
+        with self.lock:
+            self.held[cid] = node
+            self.addresses[cid] = tuple(got)
+        return True
+
+    def delete(self, node: str, cid: str) -> bool:
+        from cni.core.errors import CNIError
+        from ipam.store.base import Attachment
+
+        _local.node = node
+        try:
+            self._store(node, cid).release(Attachment(cid, "net1"))
+        except CNIError as err:
+            with self.lock:
+                self.errors[f"DEL {err.code}"] += 1
+            return False
+        finally:
+            _local.node = None
+        with self.lock:
+            self.held.pop(cid, None)
+            self.addresses.pop(cid, None)
+        return True
+
+    def duplicates(self) -> int:
+        """Addresses that two attachments the sim holds were both given (must be 0)."""
+        with self.lock:
+            ips = [ip for cid in self.held for ip in self.addresses.get(cid, ())]
+        return len(ips) - len(set(ips))
+
+    # -- informers ---------------------------------------------------------------------------
+
+    def informers(self) -> list[Any]:
+        from ipam.store import lease_cache
+
+        return lease_cache.informers()
+
+    def wait_synced(self, budget: float) -> bool:
+        end = time.monotonic() + budget
+        while time.monotonic() < end:
+            if all(inf.usable() for inf in self.informers()):
+                return True
+            time.sleep(0.05)
+        return False
+
+    def hold_watches(self) -> None:
+        """Shared mode: every node holds the watches the one shared informer has open."""
+        for resource_, ns, lsel, fsel in self.server.watches_of(INFORMER):
+            path = f"/apis/coordination.k8s.io/v1/namespaces/{ns}/{resource_}"
+            for n in self.nodes:
+                self.server.hold_watch(n, path, {"labelSelector": lsel, "fieldSelector": fsel})
+
+    # -- accounting ------------------------------------------------------------------------------
+
+    def per_node(self) -> dict[str, dict[str, Counter]]:
+        """Per node: ``verb`` (requests its verbs made) and ``informer`` (what its informers
+        read and asked for; in shared mode the shared informer's, which each node's would be)."""
+        stats = self.server.client_stats()
+        shared_inf = stats.get(INFORMER, Counter())
+        out = {}
+        for n in self.nodes:
+            verb = stats.get(n, Counter())
+            inf = Counter(shared_inf) if self.shared else Counter(stats.get(n + INFORMER, Counter()))
+            if self.shared:  # the held watch's events are this node's; the shared stream's are not counted twice
+                inf["watch_events"], inf["watch_bytes"] = verb["watch_events"], verb["watch_bytes"]
+                verb = Counter({k: v for k, v in verb.items() if not k.startswith("watch_")})
+            out[n] = {"verb": verb, "informer": inf}
+        return out
+
+
+def totals(per_node: dict[str, dict[str, Counter]]) -> dict[str, Counter]:
+    out = {"verb": Counter(), "informer": Counter()}
+    for d in per_node.values():
+        out["verb"].update(d["verb"])
+        out["informer"].update(d["informer"])
+    return out
+
+
+def requests_by_verb(c: Counter) -> dict[str, int]:
+    return {k[4:]: v for k, v in sorted(c.items()) if k.startswith("req:")}
+
+
+def read_bytes(c: Counter) -> int:
+    return c["bytes_out"] + c["watch_bytes"]
+
+
+# -- phases ----------------------------------------------------------------------------------------
+
+def measure(cl: Cluster, label: str, ops: int, run: Any) -> dict:
+    """Run ``run()`` with the server's counts reset; what it cost, per operation."""
+    cl.server.reset_client_stats()
+    before = {inf: dict(inf.stats) for inf in cl.informers()}
+    t0 = time.perf_counter()
+    done = run()
+    wall = time.perf_counter() - t0
+    tot = totals(cl.per_node())
+    verb, inf = tot["verb"], tot["informer"]
+    n = max(1, done)
+    bg = {k: v for k, v in requests_by_verb(inf).items()}
+    echo = sum(inf_.stats["echo_misses"] - before.get(inf_, {}).get("echo_misses", 0) for inf_ in cl.informers())
+    return {"phase": label, "ops": done, "wanted": ops, "seconds": round(wall, 2),
+            "verb_requests": requests_by_verb(verb), "verb_per_op": round(verb["requests"] / n, 4),
+            "informer_requests": bg, "informer_per_op": round(inf["requests"] / n, 4),
+            "requests_per_op": round((verb["requests"] + inf["requests"]) / n, 4),
+            "conflicts_per_op": round(verb["create:409"] / n, 4),
+            "watch_events_per_op": round(inf["watch_events"] / n, 2), "watch_bytes_per_op": round(inf["watch_bytes"] / n),
+            "informer_bytes": read_bytes(inf), "echo_misses": echo}
+
+
+def fill_to(cl: Cluster, target: int, counter: list[int], threads: int) -> int:
+    """ADDs, round-robin over the nodes, ``threads`` in flight at once, until ``target`` claims are held."""
+    done = 0
+    while len(cl.held) < target:
+        need = target - len(cl.held)
+        first = counter[0]
+        counter[0] += need
+        calls = [(cl.add, cl.nodes[i % len(cl.nodes)], f"fill-{i:06d}") for i in range(first, first + need)]
+        done += run_concurrently(cl, calls, threads)
+        if cl.errors.total() > 50:
+            raise SystemExit(f"too many failures while filling: {dict(cl.errors)}")
+    return done
+
+
+def run_concurrently(cl: Cluster, calls: list[tuple[Any, str, str]], threads: int) -> int:
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        return sum(bool(ok) for ok in pool.map(lambda c: c[0](c[1], c[2]), calls))
+
+
+def network_bytes(cl: Cluster) -> int:
+    """Bytes of one unpaginated List of every Lease in the namespace (the network once)."""
+    status, _, data = cl.server.handle("GET", f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases",
+                                       [], None, "~measure")
+    return len(data)
+
+
+def simulate(nodes: int, size: int, fills: list[int], batch: int, job: int, threads: int, shared: bool,
+             cache_settings: dict, log: Any, fill_threads: int = 8) -> dict:
+    t_start = time.perf_counter()
+    cl = Cluster(nodes, size, shared, cache_settings)
+    rows: list[dict] = []
+    out: dict[str, Any] = {"nodes": nodes, "size": cl.allocatable, "informers": "shared" if shared else "per-node"}
+    try:
+        # 1. daemons start: each node's first verb (a DEL of nothing) starts its informers
+        t0 = time.perf_counter()
+        cl.server.reset_client_stats()
+        for n in cl.nodes:
+            cl.delete(n, f"start-{n}")
+        if not cl.wait_synced(60.0):
+            raise SystemExit("informers did not sync at start")
+        if shared:
+            cl.hold_watches()
+        log(f"  N={nodes}: {len(cl.informers())} informer(s) started in {time.perf_counter() - t0:.1f} s")
+
+        rng = random.Random(nodes)
+        counter = [0]
+        fill_from = 0
+        for pct in fills:
+            target = cl.allocatable * pct // 100
+            r = measure(cl, f"fill {fill_from}-{pct} %", target - len(cl.held), lambda: fill_to(cl, target, counter, fill_threads))
+            r["fill"] = pct
+            rows.append(r)
+            log(f"  N={nodes}: filled to {pct} % ({len(cl.held)}) in {r['seconds']} s: {r['requests_per_op']} req/ADD, "
+                f"{r['watch_events_per_op']} events/ADD")
+            fill_from = pct
+            # DEL a random batch at this fill, then ADD it back (the same nodes)
+            victims = rng.sample(sorted(cl.held), min(batch, len(cl.held)))
+            owners = [(cid, cl.held[cid]) for cid in victims]
+            r = measure(cl, f"DEL at {pct} %", len(owners), lambda: sum(cl.delete(n, c) for c, n in owners))
+            r["fill"] = pct
+            rows.append(r)
+            r = measure(cl, f"ADD at {pct} %", len(owners), lambda: sum(cl.add(n, c + "-again") for c, n in owners))
+            r["fill"] = pct
+            rows.append(r)
+            if pct == fills[0] and job:
+                # 3. the job: `job` pods at once, spread over the nodes
+                spread = [cl.nodes[(i * len(cl.nodes)) // job] for i in range(job)]
+                pods = [(cl.add, spread[i], f"job-{i:05d}") for i in range(job)]
+                r = measure(cl, f"job: {job} ADDs at once", job, lambda: run_concurrently(cl, pods, threads))
+                r["fill"] = pct
+                r["nodes_used"] = len(set(spread))
+                rows.append(r)
+                log(f"  N={nodes}: job of {job} ADDs in {r['seconds']} s: {r['requests_per_op']} req/ADD, "
+                    f"{r['conflicts_per_op']} 409/ADD, {r['watch_events_per_op']} events/ADD")
+                ends = [(cl.delete, spread[i], f"job-{i:05d}") for i in range(job)]
+                r = measure(cl, f"job ends: {job} DELs at once", job, lambda: run_concurrently(cl, ends, threads))
+                r["fill"] = pct
+                rows.append(r)
+
+        # 4. API server restart at the last fill
+        net_bytes = network_bytes(cl)
+        before = {id(inf): inf.stats["lists"] for inf in cl.informers()}
+        cl.server.reset_client_stats()
+        t0 = time.perf_counter()
+        broken = cl.server.restart_watches()
+        deadline = time.monotonic() + 300.0
+        while time.monotonic() < deadline:
+            infs = cl.informers()
+            if all(inf.stats["lists"] > before.get(id(inf), 0) for inf in infs) and all(inf.usable() for inf in infs):
+                break
+            time.sleep(0.1)
+        else:
+            raise SystemExit("informers did not re-List after the restart")
+        per = cl.per_node()
+        node_bytes = sorted(read_bytes(d["informer"]) for d in per.values())
+        own = Counter(cl.held.values())
+        shares = sorted(own[n] for n in cl.nodes)
+        out["restart"] = {"seconds": round(time.perf_counter() - t0, 2), "streams_broken": broken,
+                          "total_bytes": sum(node_bytes), "per_daemon_mean": round(sum(node_bytes) / len(node_bytes)),
+                          "per_daemon_max": node_bytes[-1], "requests": sum(sum(requests_by_verb(d["informer"]).values()) for d in per.values()),
+                          "network_bytes": net_bytes, "own_claims_mean": round(sum(shares) / len(shares), 1),
+                          "own_claims_max": shares[-1], "fill": len(cl.held)}
+        log(f"  N={nodes}: restart: {out['restart']['total_bytes'] / 1e6:.1f} MB read by all daemons "
+            f"(network {net_bytes / 1e6:.1f} MB), {out['restart']['per_daemon_mean'] / 1e3:.1f} kB per daemon")
+        out["rows"] = rows
+        out["errors"] = dict(cl.errors)
+        out["duplicates"] = cl.duplicates()
+        out["echo_misses"] = sum(inf.stats["echo_misses"] for inf in cl.informers())
+        out["seconds"] = round(time.perf_counter() - t_start, 1)
+        out["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+        return out
+    finally:
+        cl.close()
+        del cl
+        gc.collect()
+
+
+def probe_shared(size: int, cache_settings: dict) -> tuple[bool, list]:
+    """Whether two nodes' informers watch exactly the same selectors (then one can stand for all)."""
+    cl = Cluster(2, min(size, 4096), False, cache_settings)
+    try:
+        for n in cl.nodes:
+            cl.add(n, f"probe-{n}")
+        cl.wait_synced(30.0)
+        seen = [cl.server.watches_of(n + INFORMER) for n in cl.nodes]
+        return bool(seen[0]) and seen[0] == seen[1], seen
+    finally:
+        cl.close()
+
+
+# -- report --------------------------------------------------------------------------------------
+
+def verdicts(results: list[dict]) -> dict[str, dict]:
+    def per_op_rows(r: dict, kind: str) -> list[dict]:
+        return [row for row in r["rows"] if (kind == "ADD" and (row["phase"].startswith(("fill", "ADD", "job:"))))
+                or (kind == "DEL" and row["phase"].startswith(("DEL", "job ends")))]
+
+    worst = {}
+    for kind in ("ADD", "DEL"):
+        worst[kind] = {r["nodes"]: max((row["requests_per_op"] for row in per_op_rows(r, kind)), default=0.0) for r in results}
+    t1_values = [v for k in worst.values() for v in k.values()]
+    t1 = all(v <= TARGET1_MAX + TARGET1_SLACK for v in t1_values)
+    t1_spread = (max(t1_values) - min(t1_values)) if t1_values else 0.0
+    t1 = t1 and t1_spread <= 0.25
+
+    def fill_metric(r: dict, key: str) -> float:
+        rows = [row for row in r["rows"] if row["phase"].startswith("fill")]
+        return max(row[key] for row in rows) if rows else 0.0
+
+    ev = {r["nodes"]: fill_metric(r, "watch_events_per_op") for r in results}
+    by = {r["nodes"]: fill_metric(r, "watch_bytes_per_op") for r in results}
+
+    def independent(d: dict) -> bool:
+        vals = [v for v in d.values()]
+        return bool(vals) and max(vals) <= INDEPENDENT_RATIO * max(min(vals), 1.0)
+
+    t2 = independent(ev) and independent(by)
+    rs = {r["nodes"]: r["restart"]["total_bytes"] / max(1, r["restart"]["network_bytes"]) for r in results}
+    t3 = all(v <= RESTART_NETWORK_READS for v in rs.values())
+    return {
+        "1": {"pass": t1, "worst_requests_per_add": worst["ADD"], "worst_requests_per_del": worst["DEL"]},
+        "2": {"pass": t2, "events_per_add": ev, "bytes_per_add": by},
+        "3": {"pass": t3, "restart_bytes_over_network_bytes": {k: round(v, 2) for k, v in rs.items()}},
+    }
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, div in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= div:
+            return f"{n / div:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def print_report(results: list[dict], checks: dict) -> None:
+    for r in results:
+        print(f"\nN = {r['nodes']} nodes, {r['size']} addresses, informers: {r['informers']} "
+              f"({r['seconds']} s, max RSS {r['max_rss_mb']} MiB, echo misses {r['echo_misses']}, errors {r['errors'] or 'none'}, "
+              f"addresses given twice {r['duplicates']})")
+        print("| phase | ops | req/op | verb requests/op | informer req/op | 409/op | watch events/op | watch bytes/op | s |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for row in r["rows"]:
+            n = max(1, row["ops"])
+            verbs = " ".join(f"{v / n:.3g} {k}" for k, v in row["verb_requests"].items()) or "-"
+            print(f"| {row['phase']} | {row['ops']} | {row['requests_per_op']:.3f} | {verbs} | {row['informer_per_op']:.4f} | "
+                  f"{row['conflicts_per_op']:.3f} | {row['watch_events_per_op']:g} | {fmt_bytes(row['watch_bytes_per_op'])} | {row['seconds']} |")
+        rs = r["restart"]
+        print(f"restart at {rs['fill']} claims: all daemons read {fmt_bytes(rs['total_bytes'])} "
+              f"({rs['total_bytes'] / max(1, rs['network_bytes']):.2f} x the network's Leases, {fmt_bytes(rs['network_bytes'])}) "
+              f"in {rs['requests']} requests; per daemon {fmt_bytes(rs['per_daemon_mean'])} mean, {fmt_bytes(rs['per_daemon_max'])} max "
+              f"(own claims: {rs['own_claims_mean']} mean, {rs['own_claims_max']} max); back in sync in {rs['seconds']} s")
+    print("\nSummary per N")
+    print("| N | req/ADD (worst) | req/DEL (worst) | watch events/ADD | watch bytes/ADD | daemon start bytes (mean) | restart bytes, all daemons |")
+    print("|---|---|---|---|---|---|---|")
+    for r in results:
+        n = r["nodes"]
+        print(f"| {n} | {checks['1']['worst_requests_per_add'][n]:.3f} | {checks['1']['worst_requests_per_del'][n]:.3f} | "
+              f"{checks['2']['events_per_add'][n]:g} | {fmt_bytes(checks['2']['bytes_per_add'][n])} | "
+              f"{fmt_bytes(r['restart']['per_daemon_mean'])} | {fmt_bytes(r['restart']['total_bytes'])} |")
+    names = {"1": "API requests per ADD/DEL <= 1 amortised, independent of N and fill",
+             "2": "watch events/bytes per ADD independent of N",
+             "3": "start/restart bytes grow with the node's share, not network x N"}
+    print()
+    for k in ("1", "2", "3"):
+        print(f"target {k}: {'PASS' if checks[k]['pass'] else 'MISS'}  ({names[k]})")
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nodes", default=None, help="comma-separated N values (default 10,100,1000,5000)")
+    ap.add_argument("--size", type=int, default=None, help="allocatable addresses (default 100000)")
+    ap.add_argument("--fills", default="50,80,95", help="fill levels in %% (default 50,80,95)")
+    ap.add_argument("--batch", type=int, default=None, help="DEL/ADD batch at each fill (default 500)")
+    ap.add_argument("--job", type=int, default=None, help="pods of the job launched at once (default 2000)")
+    ap.add_argument("--threads", type=int, default=64, help="ADDs/DELs of the job in flight at once (default 64)")
+    ap.add_argument("--fill-threads", type=int, default=8, help="ADDs in flight at once while filling (default 8)")
+    ap.add_argument("--informers", choices=("auto", "shared", "per-node"), default="auto")
+    ap.add_argument("--quick", action="store_true", help="smoke run: N = 10,100, 10,000 addresses, job of 200")
+    ap.add_argument("--json", action="store_true", help="print the results as JSON")
+    ap.add_argument("--report", metavar="FILE", help="print the tables of a saved --json run and exit")
+    args = ap.parse_args(argv)
+    if args.report:
+        with open(args.report) as f:
+            results = json.load(f)["results"]
+        print_report(results, verdicts(results))
+        return 0
+    nodes = [int(x) for x in (args.nodes or ("10,100" if args.quick else "10,100,1000,5000")).split(",")]
+    size = args.size or (10_000 if args.quick else 100_000)
+    job = args.job if args.job is not None else (200 if args.quick else 2000)
+    batch = args.batch if args.batch is not None else (100 if args.quick else 500)
+    fills = [int(x) for x in args.fills.split(",")]
+    log = (lambda msg: print(msg, file=sys.stderr, flush=True))
+    cache_settings = {"sync_budget": 10.0, "echo_budget": 10.0}
+    logger = logging.getLogger("rdmanet")
+    level, stack = logger.level, threading.stack_size(512 * 1024)
+    logger.setLevel(logging.WARNING)
+    results = []
+    t0 = time.perf_counter()
+    try:
+        if args.informers == "auto":
+            shared, seen = probe_shared(size, cache_settings)
+            log(f"informers: {'one shared (every node watches ' + repr(seen[0]) + ')' if shared else 'one per node'}")
+        else:
+            shared = args.informers == "shared"
+        for n in nodes:
+            log(f"N = {n} ...")
+            results.append(simulate(n, size, fills, batch, job, args.threads, shared, cache_settings, log, args.fill_threads))
+    finally:
+        logger.setLevel(level)
+        threading.stack_size(stack)
+    checks = verdicts(results)
+    if args.json:
+        print(json.dumps({"results": results, "targets": checks, "seconds": round(time.perf_counter() - t0, 1)}, indent=1))
+    else:
+        print_report(results, checks)
+        print(f"\nTotal {time.perf_counter() - t0:.0f} s")
+    return 1 if any(r["errors"] or r["duplicates"] for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

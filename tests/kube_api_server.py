@@ -1058,7 +1058,7 @@ class KubeAPIServer:
         q = {str(k): str(v) for k, v in (query.items() if isinstance(query, dict) else query)}
         self._account(client, bytes_in=len(body or b""))
         entry = {"method": method, "path": path, "query": q, "verb": None, "resource": None,
-                 "namespace": None, "name": None, "status": None, "injected": False}
+                 "namespace": None, "name": None, "status": None, "injected": False, "authorization": None}
 
         def answer(code: int, obj: Any, headers: dict | None = None) -> tuple[int, dict, bytes]:
             data = json.dumps(obj, separators=(",", ":")).encode()

@@ -11,7 +11,10 @@ the Lease store, as ``"datastore": "kubernetes"`` does)::
       "k8s_api_root": "https://10.0.0.1:6443",  # whereabouts' key: overrides the kubeconfig's server
       "namespace": "kube-system",               # where the Leases live
       "timeout_seconds": 20,                    # whole-verb budget for API calls and retries
-      "request_timeout_seconds": 5              # one API request (connect and read)
+      "request_timeout_seconds": 5,             # one API request (connect and read)
+      "block_size": 16,                         # addresses per node block (power of two; default
+                                                # 16 for IPv4, 64 for IPv6: docs/lease-ipam.md)
+      "block_release_seconds": 300              # a node's empty block is released after this long
     },
     "gc_grace_seconds": 60                      # ipam level: GC spares claims younger than this
 
@@ -47,6 +50,8 @@ DEFAULT_NAMESPACE = "kube-system"
 DEFAULT_TIMEOUT = 20.0
 DEFAULT_REQUEST_TIMEOUT = 5.0
 DEFAULT_GC_GRACE = 60.0
+DEFAULT_BLOCK_RELEASE = 300.0
+MAX_BLOCK_SIZE = 1 << 16
 SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 KUBECONFIG_KEY = "ipam.kubernetes.kubeconfig"
 KUBECONFIG_MAX_BYTES = 1 << 20
@@ -61,6 +66,8 @@ class KubeSettings:
     timeout: float = DEFAULT_TIMEOUT
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
     gc_grace: float = DEFAULT_GC_GRACE
+    block_size: Optional[int] = None  # None: 16 for IPv4, 64 for IPv6
+    block_release: float = DEFAULT_BLOCK_RELEASE
 
 
 def _seconds(raw: dict, key: str, where: str, default: float, allow_zero: bool = False) -> float:
@@ -103,7 +110,21 @@ def kube_settings(config: dict) -> Optional[KubeSettings]:
         request_timeout=_seconds(raw, "request_timeout_seconds", "ipam.kubernetes.request_timeout_seconds",
                                  DEFAULT_REQUEST_TIMEOUT),
         gc_grace=_seconds(ipam, "gc_grace_seconds", "ipam.gc_grace_seconds", DEFAULT_GC_GRACE, allow_zero=True),
+        block_size=_block_size(raw),
+        block_release=_seconds(raw, "block_release_seconds", "ipam.kubernetes.block_release_seconds",
+                               DEFAULT_BLOCK_RELEASE, allow_zero=True),
     )
+
+
+def _block_size(raw: dict) -> Optional[int]:
+    value = raw.get("block_size")
+    if value is None:
+        return None
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_BLOCK_SIZE and value & (value - 1) == 0
+    if not ok:
+        raise bad("ipam.kubernetes.block_size", f"{value!r} is not a power of two from 1 to {MAX_BLOCK_SIZE}",
+                  'e.g. "block_size": 16 (addresses per node block; see docs/lease-ipam.md)')
+    return value
 
 
 # -- the client ----------------------------------------------------------------------------------

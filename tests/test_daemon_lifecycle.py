@@ -17,6 +17,7 @@ from shim.testing import Daemon, shim_env
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_api_server import KubeAPIServer, write_kubeconfig  # noqa: E402
+from lease_objects import claim_leases  # noqa: E402
 
 BARE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 VERSION_REQUEST = {"v": JSON_PROTOCOL, "plugin": "lease-ipam", "env": {"CNI_COMMAND": "VERSION"}, "stdin_b64": ""}
@@ -69,7 +70,7 @@ def test_daemon_lease_store_node_name_and_watch_cache(env_dir, tmp_path):
             proc = subprocess.run([str(env_dir / "bin" / "lease-ipam")], input=json.dumps(conf).encode(), env=env,
                                   capture_output=True, timeout=60)
             assert proc.returncode == 0, proc.stdout
-            (lease,) = server.objects("leases", "ipam")
+            (lease,) = claim_leases(server, "ipam")
             assert "gpu-node-7" in lease["metadata"]["labels"].values()
             # the daemon now watches the domain: the next ADD is one create, no List
             server.reset_counts()
@@ -78,7 +79,7 @@ def test_daemon_lease_store_node_name_and_watch_cache(env_dir, tmp_path):
                                   capture_output=True, timeout=60)
             assert proc.returncode == 0, proc.stdout
             assert server.count("create", "leases") == 1 and server.count("list", "leases") == 0, server.counts()
-            assert len(server.objects("leases", "ipam")) == 2
+            assert len(claim_leases(server, "ipam")) == 2
         finally:
             d.cleanup()
 

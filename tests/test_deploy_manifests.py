@@ -34,6 +34,7 @@ from ipam.kube_config import kube_settings
 from ipam.location import CLUSTER_DOMAIN, uses_kubernetes
 from ipam.store.kube import NODE_ENV
 from rdmanet import cli, ipam_cli
+from lease_objects import claim_leases
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -577,12 +578,12 @@ def test_cronjob_reconciles_every_network_of_its_namespace(tmp_path, monkeypatch
                    "CNI_ARGS": f"K8S_POD_NAMESPACE=default;K8S_POD_NAME=p-{name};K8S_POD_UID=u-{name}"}
             code, out = skel.handle(LeaseIPAM(), env, json.dumps(config).encode())
             assert code == 0, out
-        claims = len(server.objects("leases", NAMESPACE))
+        claims = len(claim_leases(server, NAMESPACE))
         assert claims >= 2
         code = cli.main(["ipam", "reconcile", "--all", "--kubeconfig", str(kubeconfig), "--grace-seconds", "0",
                          "--misses", "1", "-o", "json"])
         assert code == 0
-        assert server.objects("leases", NAMESPACE) == []  # no pod exists: every network's claim went
+        assert claim_leases(server, NAMESPACE) == []  # no pod exists: every network's claim went
 
 
 # --------------------------------------------------------------------------- the image

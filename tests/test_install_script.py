@@ -31,6 +31,7 @@ from shim.testing import health
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_api_server import KubeAPIServer  # noqa: E402
+from lease_objects import claim_leases  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 INSTALL = ROOT / "install.sh"
@@ -570,7 +571,7 @@ def test_kube_store_through_the_daemon_follows_token_rotation(node):
         assert first.returncode == 0, first.stdout + first.stderr
         ip1 = json.loads(first.stdout)["ips"][0]["address"]
         assert ip1.startswith("10.80.0.") and ip1.endswith("/24")
-        leases = server.objects("leases", NAMESPACE)  # the context's namespace: the service account's
+        leases = claim_leases(server, NAMESPACE)  # the context's namespace: the service account's
         assert len(leases) == 1
         rotated = token()
         (node.sa / "token").write_text(rotated)
@@ -580,7 +581,7 @@ def test_kube_store_through_the_daemon_follows_token_rotation(node):
         assert second.returncode == 0, second.stdout + second.stderr
         ip2 = json.loads(second.stdout)["ips"][0]["address"]
         assert ip2.startswith("10.80.0.") and ip2 != ip1
-        assert len(server.objects("leases", NAMESPACE)) == 2
+        assert len(claim_leases(server, NAMESPACE)) == 2
         assert node.stop(proc) == 0
     finally:
         server.stop()

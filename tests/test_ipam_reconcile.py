@@ -20,6 +20,7 @@ from rdmanet.cli import main
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_api_server import write_kubeconfig  # noqa: E402
+from lease_objects import claim_leases  # noqa: E402
 
 NS = "rdmanet-ipam"
 MISSES = reconcile.MISSES_ANNOTATION
@@ -47,12 +48,12 @@ def cni(command, conf, cid, pod=None, ifname="net1", node="node-a"):
 
 
 def leases(server):
-    return {o["metadata"]["name"]: o for o in server.objects("leases", NS)}
+    return {o["metadata"]["name"]: o for o in claim_leases(server, NS)}
 
 
 def lease_of(server, cid, ifname="net1"):
     """The Lease held by the attachment (addresses are picked from a hashed start, so tests key by holder)."""
-    return next((o for o in server.objects("leases", NS) if o["spec"].get("holderIdentity") == f"{cid}/{ifname}"), None)
+    return next((o for o in claim_leases(server, NS) if o["spec"].get("holderIdentity") == f"{cid}/{ifname}"), None)
 
 
 def run_once(conf, capsys, *extra, grace="0", misses="3"):
@@ -180,7 +181,7 @@ def test_claim_recreated_between_list_and_delete_is_not_removed(server, tmp_path
     target.get_pod = racing_get_pod
     outcome = reconcile.reconcile_target(target, grace_seconds=0, misses=3)
     assert [a.action for a in outcome.actions] == ["conflict"]
-    [lease] = server.objects("leases", NS)
+    [lease] = claim_leases(server, NS)
     assert lease["spec"]["holderIdentity"] == "ctr-new/net1"
     assert lease["metadata"]["annotations"]["rdmanet.io/ip"] == "10.0.0.5"
     assert lease["metadata"]["annotations"]["rdmanet.io/pod-uid"] == "uid-b"
@@ -246,7 +247,7 @@ def test_only_the_domains_leases_are_listed(server, conf, capsys):
     server.reset_counts()
     code, doc = run_once(conf, capsys, misses="1")
     assert actions(doc) == {"ctr1": "kept"}
-    assert len(server.objects("leases", NS)) == 2
+    assert len(claim_leases(server, NS)) == 2
     log = [e for e in server.request_log() if e["resource"] == "leases"]
     assert [e["verb"] for e in log] == ["list"]  # one List, nothing written for a kept claim
     assert log[0]["namespace"] == NS and "rdmanet.io/ipam-domain=" in str(log[0]["query"])

@@ -30,6 +30,7 @@ from ipam.store import lease_cache
 from ipam.store.base import Attachment
 from ipam.store.kube import (
     L_ATTACHMENT,
+    L_NODE,
     LEASES_PATH,
     ApiClientTransport,
     KubeStore,
@@ -40,7 +41,8 @@ from ipam.store.kube import (
 )
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kube_api_server import KubeAPIServer, write_kubeconfig  # noqa: E402
+from kube_api_server import KubeAPIServer, parse_label_selector, write_kubeconfig  # noqa: E402
+from lease_objects import block_leases, claim_leases  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NS = "ipam"
@@ -102,7 +104,7 @@ def counts(server):
 
 
 def held(server):
-    return {o["metadata"]["annotations"]["rdmanet.io/ip"]: o["spec"]["holderIdentity"] for o in server.objects("leases", NS)}
+    return {o["metadata"]["annotations"]["rdmanet.io/ip"]: o["spec"]["holderIdentity"] for o in claim_leases(server, NS)}
 
 
 def wait_for(predicate, what, timeout=10.0):
@@ -123,8 +125,11 @@ def cache_threads():
 
 
 def in_sync(server, inf):
-    """The informer's claims are exactly the server's Leases (names and UIDs)."""
-    want = {o["metadata"]["name"]: o["metadata"]["uid"] for o in server.objects("leases", NS)}
+    """The informer's entries are exactly the server's Leases its selector names (the node's
+    claims and blocks: issue 17), names and UIDs."""
+    selected = parse_label_selector(inf.selector)
+    want = {o["metadata"]["name"]: o["metadata"]["uid"] for o in server.objects("leases", NS)
+            if selected(o["metadata"].get("labels") or {})}
     with inf._cond:
         have = {n: e.uid for n, e in inf._entries.items() if e.confirmed}
     return have == want
@@ -163,7 +168,10 @@ def test_add_after_sync_is_one_create_and_no_list(server, kubeconfig, cache):
     code, out = call("ADD", conf, "c0")
     assert code == 0, out
     c = counts(server)
-    assert c["create leases"] == 1 and c["watch leases"] == 1 and c["list leases"] == 1  # the informer's List
+    # the node's block and the claim; the informer's List (of this node's objects only: issue 17)
+    assert c["create leases"] == 2 and c["watch leases"] == 1 and c["list leases"] == 1
+    [listed] = [e for e in server.request_log() if e["verb"] == "list"]
+    assert listed["query"]["labelSelector"].endswith(f"{L_NODE}=node-a")
     inf = the_informer()
     wait_for(inf.usable, "sync")
     assert inf.thread.daemon
@@ -197,7 +205,8 @@ def test_in_process_plugin_starts_no_thread(server, kubeconfig):
     add_ip(netconf(kubeconfig), "c0")
     assert call("DEL", netconf(kubeconfig), "c0") == (0, None)
     assert cache_threads() == [] and lease_cache.informers() == []
-    assert counts(server) == {"list leases": 2, "create leases": 1, "delete leases": 1}
+    # ADD: the node's objects (never the domain's) and its block and claim; DEL: the attachment's List
+    assert counts(server) == {"list leases": 2, "create leases": 2, "delete leases": 1}
 
 
 # -- a lagging cache --------------------------------------------------------------------------------
@@ -257,44 +266,38 @@ def test_repeat_add_adopts_the_other_claim_once_the_watch_delivers(server, kubec
     assert held(server) == {str(theirs[0]): "z/net1"}
 
 
-def test_claims_of_others_are_seen_by_the_watch_and_never_double_allocated(server, kubeconfig, cache):
-    conf = netconf(kubeconfig, range="10.0.0.0/27")  # 30 addresses
+def test_claims_of_other_nodes_are_never_delivered_and_never_double_allocated(server, kubeconfig, cache):
+    """Issue 17: the daemon watches its own node's claims and blocks only. Another node's claims
+    never reach its cache; it still never hands out one of them: it allocates in its own block,
+    borrows in the other node's block when no block is free (reading that block's claims), and
+    a claim it could not see (a bare POST into its own block) costs a 409, not a duplicate."""
+    conf = netconf(kubeconfig, range="10.0.0.0/27")  # 30 addresses: two blocks of 16 (15 usable each)
     inf = synced_domain(server, conf)
     others = other_store(kubeconfig)
     rs = range_sets(conf)
-    theirs = [str(others.allocate(Attachment(f"o{i}", "net1"), "net-a", rs, {})[0]) for i in range(20)]
-    wait_for(lambda: in_sync(server, inf), "the watch to deliver the other node's claims")
-    server.reset_counts()
-    mine = [add_ip(conf, f"m{i}") for i in range(6)]
-    assert counts(server) == {"create leases": 6}  # the cache knew every taken address: no 409
-    assert not set(mine) & set(theirs)
-
-    # The watch lags behind another node's claims: our creates meet 409 and move on.
-    server.pause_watches()
-    for i in range(20, 23):
-        theirs.append(str(others.allocate(Attachment(f"o{i}", "net1"), "net-a", rs, {})[0]))
-    free = sorted({f"10.0.0.{n}" for n in range(1, 31)} - set(theirs) - set(mine), key=ipaddress.ip_address)
-    direct = free[:2]  # and claims made by bare POSTs
-    for ip in direct:
-        body = others._body(ipaddress.ip_address(ip), Attachment(f"posted-{ip}", "net1"), "net-a", rs[0])
-        assert raw(kubeconfig, "POST", body=body).status == 201
-    server.reset_counts()
+    theirs = [str(others.allocate(Attachment(f"o{i}", "net1"), "net-a", rs, {})[0]) for i in range(10)]
+    free_mine = sorted(set(f"10.0.0.{n}" for n in range(1, 31)) - set(theirs), key=ipaddress.ip_address)
+    posted = free_mine[-1]  # a claim by a bare POST (an old-version node), labelled for node-b
+    body = others._body(ipaddress.ip_address(posted), Attachment("posted", "net1"), "net-a", rs[0])
+    assert raw(kubeconfig, "POST", body=body).status == 201
+    time.sleep(0.2)
+    with inf._cond:
+        names = set(inf._entries)
+    assert not any(name.endswith(tuple("-" + ip for ip in theirs + [posted])) for name in names)  # never delivered here
     got = []
-    for i in range(6, 20):
-        code, out = call("ADD", conf, f"m{i}")
+    while True:
+        code, out = call("ADD", conf, f"m{len(got)}")
         if code:
             assert out["code"] == POOL_EXHAUSTED, out
             break
         got.append(out["ips"][0]["address"].split("/")[0])
-    everyone = theirs + direct + mine + got
-    assert len(everyone) == len(set(everyone)) == 30  # the pool is full, nothing twice
-    log = server.request_log()
-    assert any(e["verb"] == "create" and e["status"] == 409 for e in log)
-    domain_lists = [e for e in log if e["verb"] == "list" and "rdmanet.io/attachment=" not in e["query"]["labelSelector"]]
-    assert len(domain_lists) == 1  # only the last ADD Listed the domain: before saying "exhausted"
-    server.resume_watches()
+    everyone = theirs + [posted] + got
+    assert len(everyone) == len(set(everyone)) == 30  # the pool is used to its last address, nothing twice
     wait_for(lambda: in_sync(server, inf), "the watch to catch up")
     assert sorted(held(server)) == sorted(everyone)
+    # the other node kept its block: node-a borrowed what was left of it
+    blocks = {o["metadata"]["labels"]["rdmanet.io/block"]: o["spec"]["holderIdentity"] for o in block_leases(server, NS)}
+    assert sorted(blocks.values()) == ["node-a", "node-b"], blocks
 
 
 def test_a_full_pool_is_only_reported_after_a_list(server, kubeconfig, cache):
@@ -303,7 +306,7 @@ def test_a_full_pool_is_only_reported_after_a_list(server, kubeconfig, cache):
     conf = netconf(kubeconfig, range="10.0.0.0/30")  # 10.0.0.1 and 10.0.0.2
     inf = synced_domain(server, conf)
     add_ip(conf, "a")
-    others = other_store(kubeconfig)
+    others = other_store(kubeconfig, node="node-a")  # another process on this node (the in-process plugin)
     [theirs] = others.allocate(Attachment("b", "net1"), "net-a", range_sets(conf), {})
     wait_for(lambda: in_sync(server, inf) and len(inf.used(4)) == 2, "the cache to see a full pool")
     server.pause_watches()
@@ -317,7 +320,8 @@ def test_a_full_pool_is_only_reported_after_a_list(server, kubeconfig, cache):
         assert add_ip(conf, "c") == str(theirs)
     finally:
         resumer.finish()
-    assert counts(server) == {"list leases": 1, "create leases": 1}
+    # the node's one block looks full: the domain's blocks (all held), then that block's claims
+    assert counts(server) == {"list leases": 2, "create leases": 1}
     wait_for(lambda: in_sync(server, inf), "sync")
     server.reset_counts()
     code, err = call("ADD", conf, "d")
@@ -371,8 +375,9 @@ def test_dropped_stream_recovers_without_a_list(server, kubeconfig, cache):
     inf = synced_domain(server, conf)
     lists = inf.stats["lists"]
     assert server.drop_watches() == 1
-    theirs = other_store(kubeconfig).allocate(Attachment("o", "net1"), "net-a", range_sets(conf), {})
-    body = other_store(kubeconfig)._body(ipaddress.ip_address("10.0.0.250"), Attachment("p", "net1"), "net-a",
+    # another process on this node (the in-process plugin): its claims carry this node's label
+    theirs = other_store(kubeconfig, node="node-a").allocate(Attachment("o", "net1"), "net-a", range_sets(conf), {})
+    body = other_store(kubeconfig, node="node-a")._body(ipaddress.ip_address("10.0.0.250"), Attachment("p", "net1"), "net-a",
                                          range_sets(conf)[0])
     assert raw(kubeconfig, "POST", body=body).status == 201
     wait_for(lambda: inf.claims_of(Attachment("p", "net1")) != [], "the re-opened watch to deliver the claims")
@@ -443,7 +448,7 @@ def test_del_also_frees_a_claim_the_cache_had_not_seen(server, kubeconfig, cache
     server.pause_watches()
     rs = range_sets(conf)
     other_ip = next(f"10.0.0.{n}" for n in range(1, 255) if f"10.0.0.{n}" != mine)
-    body = other_store(kubeconfig)._body(ipaddress.ip_address(other_ip), Attachment("d", "net1"), "net-a", rs[0])
+    body = other_store(kubeconfig, node="node-a")._body(ipaddress.ip_address(other_ip), Attachment("d", "net1"), "net-a", rs[0])
     assert raw(kubeconfig, "POST", body=body).status == 201
     server.reset_counts()
     resumer = resume_after(server, "delete", 200)
@@ -740,7 +745,7 @@ def test_a_404_about_an_old_claim_never_hides_the_new_claim_of_its_name(server, 
             hook.done = True
             original(self, "DELETE", path, [], None, timeout)
             resp = original(self, method, path, query, body, timeout)  # 404: uid 1 is gone
-            remade = other_store(kubeconfig)._body(ipaddress.ip_address(first), Attachment("b", "net1"), "net-a", rs[0])
+            remade = other_store(kubeconfig, node="node-a")._body(ipaddress.ip_address(first), Attachment("b", "net1"), "net-a", rs[0])
             assert original(self, "POST", LEASES_PATH.format(namespace=NS), [], remade, timeout).status == 201
             wait_for(lambda: in_sync(server, inf), "the watch to deliver b's claim")
             return resp
@@ -777,4 +782,6 @@ def test_concurrent_adds_in_the_daemon_take_distinct_candidates_without_409s(ser
     for t in threads:
         t.join()
     assert len(set(got.values())) == 16
-    assert server.count("create", "leases") == 16, server.counts()
+    creates = [e for e in server.request_log() if e["verb"] == "create"]
+    assert all(e["status"] == 201 for e in creates), creates  # no 409: distinct candidates
+    assert len(creates) <= 16 + 1, server.counts()  # one create per ADD, and at most one block when the first is full

@@ -23,10 +23,11 @@ from ipam.kube_config import DEFAULT_NAMESPACE, kube_settings
 from ipam.location import CLUSTER_DOMAIN
 from ipam.plugin import LeaseIPAM
 from ipam.store.http_transport import HTTPTransport
-from ipam.store.kube import ApiClientTransport, domain_hash, lease_name
+from ipam.store.kube import ApiClientTransport, block_first, block_id, domain_hash, lease_name
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_api_server import write_kubeconfig  # noqa: E402
+from lease_objects import block_leases, claim_leases  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NS = "ipam"
@@ -58,7 +59,7 @@ def call(command, conf, **kw):
 
 
 def leases(server):
-    return server.objects("leases", NS)
+    return claim_leases(server, NS)
 
 
 def held(server):
@@ -77,16 +78,23 @@ def counts(server):
 # -- API calls per verb --------------------------------------------------------------------------
 
 def test_add_is_one_list_one_create_and_repeat_add_creates_nothing(server, kubeconfig):
+    """In-process (no daemon): the node's own objects are listed (never the domain's), then one
+    create per claim; the node's first ADD also creates its block (issue 17)."""
     conf = netconf(kubeconfig)
     code, first = call("ADD", conf)
     assert code == 0, first
-    assert counts(server) == {"list leases": 1, "create leases": 1}
+    assert counts(server) == {"list leases": 1, "create leases": 2}  # the node's block, then the claim
     [lease] = leases(server)
     md = lease["metadata"]
-    assert md["name"] == f"lip-{domain_hash(CLUSTER_DOMAIN)}-{ips(first)[0].split('/')[0]}"
+    ip = ipaddress.ip_address(ips(first)[0].split("/")[0])
+    assert md["name"] == f"lip-{domain_hash(CLUSTER_DOMAIN)}-{ip}"
+    block = block_id(ipaddress.ip_address(block_first(ipaddress.ip_network("10.0.0.0/24"), int(ip), 16)), 16)
     assert md["labels"] == {"rdmanet.io/ipam-domain": domain_hash(CLUSTER_DOMAIN), "rdmanet.io/network": "net-a",
                             "rdmanet.io/node": "node-a", "rdmanet.io/attachment": md["labels"]["rdmanet.io/attachment"],
-                            "rdmanet.io/pod-uid": "uid-1"}
+                            "rdmanet.io/pod-uid": "uid-1", "rdmanet.io/block": block}
+    [blk] = block_leases(server, NS)
+    assert blk["metadata"]["name"] == f"lipb-{domain_hash(CLUSTER_DOMAIN)}-{block}"
+    assert blk["metadata"]["labels"]["rdmanet.io/kind"] == "block" and blk["spec"]["holderIdentity"] == "node-a"
     assert lease["spec"]["holderIdentity"] == "ctr1/net1" and "leaseDurationSeconds" not in lease["spec"]
     notes = md["annotations"]
     assert (notes["rdmanet.io/pod-namespace"], notes["rdmanet.io/pod-name"], notes["rdmanet.io/pod-uid"]) == ("default", "p1", "uid-1")
@@ -96,6 +104,11 @@ def test_add_is_one_list_one_create_and_repeat_add_creates_nothing(server, kubec
     assert call("ADD", conf) == (0, first)
     assert counts(server) == {"list leases": 1}
     assert len(leases(server)) == 1
+
+    server.reset_counts()
+    code, second = call("ADD", conf, cid="ctr2")
+    assert code == 0 and ips(second) != ips(first), second
+    assert counts(server) == {"list leases": 1, "create leases": 1}  # the block has room: one create
 
 
 def test_del_is_one_list_one_delete_and_idempotent(server, kubeconfig):
@@ -173,6 +186,9 @@ def test_requested_address_taken_half_way_rolls_back(server, kubeconfig):
 def test_injected_forbidden_on_second_create_rolls_back(server, kubeconfig):
     """The second create of a dual-stack ADD is refused (403, not retried): the first is deleted."""
     conf = netconf(kubeconfig, ipRanges=[{"range": "fd00::/64"}])
+    assert call("ADD", conf, cid="other")[0] == 0  # the node's blocks exist: the ADD below creates claims only
+    before = held(server)
+    server.reset_counts()
     armed = threading.Event()
     log_before = len(server.request_log())
 
@@ -190,7 +206,7 @@ def test_injected_forbidden_on_second_create_rolls_back(server, kubeconfig):
     armed.set()
     t.join()
     assert code == 1 and err["code"] == 5 and "403" in err["msg"], err
-    assert leases(server) == []
+    assert held(server) == before
     c = counts(server)
     assert c["create leases"] == 2 and c["delete leases"] == 1  # the first claim was made, then rolled back
 
@@ -322,7 +338,7 @@ def test_429_retry_after_is_honoured(server, kubeconfig):
     elapsed = time.monotonic() - t0
     assert code == 0, out
     assert elapsed >= 1.0
-    assert counts(server) == {"list leases": 1, "create leases": 2}
+    assert counts(server) == {"list leases": 1, "create leases": 3}  # block (429, retried), claim
     assert len(leases(server)) == 1
 
 
@@ -339,7 +355,7 @@ def test_5xx_and_dropped_connections_are_retried(server, kubeconfig):
     server.fail_next(1, status="drop", verb="create")
     code, out = call("ADD", netconf(kubeconfig))
     assert code == 0, out
-    assert counts(server) == {"list leases": 3, "create leases": 2}
+    assert counts(server) == {"list leases": 3, "create leases": 3}  # block (dropped, retried), claim
     assert len(leases(server)) == 1
 
 
@@ -410,7 +426,7 @@ def test_namespace_resolution(server, tmp_path):
     bare = write_kubeconfig(tmp_path / "b", server.url)
     assert connect(kube_settings(netconf(bare))).namespace == DEFAULT_NAMESPACE
     code, _ = call("ADD", netconf(bare))
-    assert code == 0 and len(server.objects("leases", DEFAULT_NAMESPACE)) == 1
+    assert code == 0 and len(claim_leases(server, DEFAULT_NAMESPACE)) == 1
 
 
 @pytest.mark.parametrize("kube,where", [
@@ -467,7 +483,7 @@ def test_exec_through_python_m_ipam(server, kubeconfig, tmp_path):
         out = subprocess.run([sys.executable, "-m", "ipam"], stdin=stdin, capture_output=True, env=e, cwd=ROOT, timeout=60)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["ips"][0]["address"].startswith("10.0.0.")
-    assert counts(server) == {"list leases": 1, "create leases": 1}
+    assert counts(server) == {"list leases": 1, "create leases": 2}  # the node's block, the claim
 
 
 def _ip(result):

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import time
+from lease_objects import claim_leases
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NODES = 8
@@ -89,7 +90,7 @@ def test_8_nodes_race_for_a_24(tmp_path):
         assert len(got) == 254 and len(set(got)) == 254, collections.Counter(got).most_common(3)
         assert len(failed) == NODES * PER_NODE - 254
         assert all(err["code"] == POOL_EXHAUSTED for err in failed), [e for e in failed if e["code"] != POOL_EXHAUSTED][:3]
-        stored = server.objects("leases", "ipam")
+        stored = claim_leases(server, "ipam")
         assert len(stored) == 254
         assert {o["spec"]["holderIdentity"].split("/")[0] for o in stored} == {cid for cid, _ in ok}
         per_node = collections.Counter(cid.rsplit("-", 1)[0] for cid, _ in ok)
@@ -105,7 +106,7 @@ def test_8_nodes_race_for_a_24(tmp_path):
         for p in procs:
             assert p.wait(timeout=30) == 0
         assert len(dels) == 254 and all(code == 0 for _, code, _, _ in dels)
-        assert server.objects("leases", "ipam") == []
+        assert claim_leases(server, "ipam") == []
         del_counts = server.counts()
         assert del_counts == {("list", "leases"): 254, ("delete", "leases"): 254}
 
@@ -114,7 +115,10 @@ def test_8_nodes_race_for_a_24(tmp_path):
         print(f"\n8x{PER_NODE} ADDs: {t_add:.2f} s, p50 {lat[len(lat) // 2] * 1000:.1f} ms, "
               f"p99 {lat[int(len(lat) * 0.99)] * 1000:.1f} ms, max {lat[-1] * 1000:.1f} ms; "
               f"API {dict(add_counts)}; 409s {creates - 254}; 254 DELs: {t_del:.2f} s")
-        assert add_counts[("list", "leases")] == NODES * PER_NODE
+        # Without a daemon each ADD Lists its node's objects; once every block is held (16 blocks
+        # of 16 for 8 nodes), an ADD also reads the domain's blocks and its claims before
+        # borrowing or saying "exhausted": at most 3 Lists per ADD, never the domain per ADD before that.
+        assert NODES * PER_NODE <= add_counts[("list", "leases")] <= 3 * NODES * PER_NODE
     finally:
         for p in locals().get("procs", []):
             if p.poll() is None:

@@ -28,6 +28,7 @@ from shim.testing import Daemon, ScriptedDaemon
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_api_server import write_kubeconfig  # noqa: E402
+from lease_objects import claim_leases  # noqa: E402
 
 NS = "rdmanet-system"
 BARE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
@@ -81,7 +82,7 @@ def on_node_b(node, command, cid):
 
 
 def holders(server):
-    return sorted(o["spec"]["holderIdentity"] for o in server.objects("leases", NS))
+    return sorted(o["spec"]["holderIdentity"] for o in claim_leases(server, NS))
 
 
 def wait_for(predicate, what, timeout=20.0):

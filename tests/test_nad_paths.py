@@ -18,6 +18,7 @@ import pytest
 from cni.core import skel
 from cni.linux import roots
 from policy_file import write_policy
+from lease_objects import claim_leases
 from ipam.plugin import LeaseIPAM
 
 
@@ -145,10 +146,10 @@ def test_lease_namespace_is_limited_by_the_node_owner(tree, tmp_path):
         code, out = call(LeaseIPAM(), "ADD", ipam_conf(kubernetes={"kubeconfig": str(kubeconfig), "namespace": "kube-system"}),
                          penv)
         assert out["code"] == 7 and "kube-system" in out["msg"] and "rdmanet-system" in out["msg"]
-        assert server.objects("leases", "kube-system") == []
+        assert claim_leases(server, "kube-system") == []
         code, out = call(LeaseIPAM(), "ADD", ipam_conf(kubernetes={"kubeconfig": str(kubeconfig)}), penv)  # context's ns
         assert code == 0, out
-        assert len(server.objects("leases", "rdmanet-system")) == 1
+        assert len(claim_leases(server, "rdmanet-system")) == 1
 
 
 # --------------------------------------------------------------------------- device-info file

@@ -80,7 +80,7 @@ import re
 import socket
 import time
 from bisect import bisect_left, insort
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import partial
@@ -96,7 +96,8 @@ from cni.core.errors import (
 )
 
 from ..location import whereabouts_check
-from ..ranges import IPAddress, RangeSet
+from .. import intervals
+from ..ranges import IPAddress, Range, RangeSet
 from . import lease_cache
 from .base import Attachment, Reservation, Store, place_held, refuse_other_request
 from .lease_cache import LeaseCache
@@ -111,6 +112,17 @@ L_NETWORK = f"{GROUP}/network"
 L_NODE = f"{GROUP}/node"
 L_ATTACHMENT = f"{GROUP}/attachment"
 L_POD_UID = f"{GROUP}/pod-uid"
+L_BLOCK = f"{GROUP}/block"
+L_KIND = f"{GROUP}/kind"
+KIND_BLOCK = "block"
+BLOCK_PREFIX = "lipb"
+DEFAULT_BLOCK_SIZE = {4: 16, 6: 64}  # addresses per block (docs/lease-ipam.md: how to size blocks)
+BLOCK_PROBES = 8  # hashed block creates tried before the domain's blocks are listed
+SMALL_BLOCK_COUNT = 64  # a range set with at most this many blocks lists them at once instead of probing
+BORROW_SCAN = 4096  # blocks looked at beyond the listed ones when searching a free one
+NODE_WINDOW = 64  # a borrowing node's first candidate passes over fewer free addresses than this
+BORROW_BLOCKS = 8  # held blocks read one by one before the domain's claims are read
+NO_FREE_BLOCK_SECONDS = 5.0  # a daemon that found every block held borrows without re-listing for this long
 NODE_ENV = "RDMANET_NODE_NAME"
 LEASES_PATH = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 
@@ -118,7 +130,6 @@ _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _BACKOFF_BASE = 0.05
 _BACKOFF_CAP = 1.0
 _ROLLBACK_GRACE = 1.0  # a failed ADD's rollback may run this long past the verb's deadline
-NODE_WINDOW = 64  # a node's first candidate passes over fewer free addresses than this
 LIST_PAGE = 500  # Leases per List page: a List holds one page's JSON at a time
 _T = TypeVar("_T")
 
@@ -140,17 +151,31 @@ def label_value(text: str) -> str:
     return "h-" + hashlib.sha256(text.encode()).hexdigest()[:40]
 
 
+def spell(ip: IPAddress) -> str:
+    return str(ip) if ip.version == 4 else f"{int(ip):032x}"
+
+
 def lease_name(dhash: str, ip: IPAddress) -> str:
-    spelled = str(ip) if ip.version == 4 else f"{int(ip):032x}"
-    return f"{NAME_PREFIX}-{dhash}-{spelled}"
+    return f"{NAME_PREFIX}-{dhash}-{spell(ip)}"
 
 
-def ip_of_name(name: str, dhash: str) -> Optional[IPAddress]:
-    """The address a Lease name of this domain stands for; None for any other name."""
-    prefix = f"{NAME_PREFIX}-{dhash}-"
-    if not name.startswith(prefix):
-        return None
-    rest = name[len(prefix):]
+def block_id(first: IPAddress, size: int) -> str:
+    """A block's label value: its first address and its size (``10.0.0.16-16``)."""
+    return f"{spell(first)}-{size}"
+
+
+def block_name(dhash: str, first: IPAddress, size: int) -> str:
+    return f"{BLOCK_PREFIX}-{dhash}-{block_id(first, size)}"
+
+
+def block_first(subnet: Any, value: int, size: int) -> int:
+    """The first address of the ``size``-aligned block (counted from the subnet's network
+    address) that holds ``value``."""
+    net = int(subnet.network_address)
+    return net + (value - net) // size * size
+
+
+def _parse_spelled(rest: str) -> Optional[IPAddress]:
     try:
         if "." in rest:
             ip = ipaddress.IPv4Address(rest)
@@ -160,6 +185,26 @@ def ip_of_name(name: str, dhash: str) -> Optional[IPAddress]:
     except ValueError:
         return None
     return None
+
+
+def ip_of_name(name: str, dhash: str) -> Optional[IPAddress]:
+    """The address a Lease name of this domain stands for; None for any other name."""
+    prefix = f"{NAME_PREFIX}-{dhash}-"
+    if not name.startswith(prefix):
+        return None
+    return _parse_spelled(name[len(prefix):])
+
+
+def block_of_name(name: str, dhash: str) -> Optional[tuple[IPAddress, int]]:
+    """(first address, size) of a block Lease name of this domain; None for any other name."""
+    prefix = f"{BLOCK_PREFIX}-{dhash}-"
+    if not name.startswith(prefix):
+        return None
+    spelled, _, size = name[len(prefix):].rpartition("-")
+    first = _parse_spelled(spelled)
+    if first is None or not size.isdigit() or not 0 < int(size) <= (1 << 30) or str(int(size)) != size:
+        return None
+    return first, int(size)
 
 
 def holder_of(attachment: Attachment) -> str:
@@ -412,6 +457,49 @@ def parse_claim(item: Any, dhash: str) -> Optional[Claim]:
                  str(notes.get(f"{GROUP}/range") or ""))
 
 
+@dataclass(frozen=True)
+class Block:
+    """A node's affinity to ``size`` aligned addresses: where it looks for candidates first.
+    Never a claim: the per-address Lease stays the only proof that an address is taken."""
+
+    name: str
+    ip: IPAddress  # the block's first address (aligned; it may lie outside the usable range)
+    size: int
+    node: str  # holderIdentity: the node that created it
+    uid: str
+    resource_version: str
+    time: Optional[datetime]
+    is_block = True
+
+    @property
+    def id(self) -> str:
+        return block_id(self.ip, self.size)
+
+    @property
+    def last(self) -> int:
+        return int(self.ip) + self.size - 1
+
+
+def parse_block(item: Any, dhash: str) -> Optional[Block]:
+    """The block a Lease of domain ``dhash`` records; None for anything else."""
+    if not isinstance(item, dict):
+        return None
+    md = item.get("metadata") or {}
+    found = block_of_name(str(md.get("name") or ""), dhash)
+    if found is None:
+        return None
+    spec = item.get("spec") or {}
+    holder = spec.get("holderIdentity")
+    when = _parse_time(spec.get("acquireTime")) or _parse_time(md.get("creationTimestamp"))
+    return Block(md["name"], found[0], found[1], holder if isinstance(holder, str) else "", str(md.get("uid") or ""),
+                 str(md.get("resourceVersion") or ""), when)
+
+
+def parse_lease(item: Any, dhash: str) -> Any:
+    """A :class:`Claim`, a :class:`Block`, or None (another domain's or another program's Lease)."""
+    return parse_claim(item, dhash) or parse_block(item, dhash)
+
+
 def latest_by_range(claims: Iterable[Claim]) -> dict[str, Claim]:
     """The most recently made claim per range (its ``range`` annotation): the round-robin cursor."""
     out: dict[str, Claim] = {}
@@ -457,18 +545,26 @@ class DomainScan:
 CacheSource = Callable[[bool], Optional[LeaseCache]]
 
 
-def cache_source(settings: Any, conn: Any, domain: str) -> CacheSource:
-    """``source(start)``: the process's informer for the domain's Leases over ``conn`` (started
-    when ``start`` and none runs), or None when the process has no watch cache."""
+def node_selector(dhash: str, node: str) -> str:
+    """A node's own objects of a domain: its claims (borrowed ones too) and its blocks."""
+    return f"{L_DOMAIN}={dhash},{L_NODE}={label_value(node)}"
+
+
+def cache_source(settings: Any, conn: Any, domain: str, node: str) -> CacheSource:
+    """``source(start)``: the process's informer for ``node``'s Leases of the domain over ``conn``
+    (started when ``start`` and none runs), or None when the process has no watch cache. The
+    informer watches only the node's own claims and blocks (:func:`node_selector`): a claim made
+    on another node is never delivered here."""
     dhash = domain_hash(domain)
     path = LEASES_PATH.format(namespace=conn.namespace)
     connection_key = (settings.kubeconfig, settings.api_root, settings.namespace)
 
     def make(cache_settings: lease_cache.Settings) -> LeaseCache:
-        return LeaseCache(ApiClientTransport(conn.api_client, conn.host), path, f"{L_DOMAIN}={dhash}",
-                          partial(parse_claim, dhash=dhash), owner=conn.api_client, name=f"lease-cache {conn.namespace}/{dhash}", settings=cache_settings)
+        return LeaseCache(ApiClientTransport(conn.api_client, conn.host), path, node_selector(dhash, node),
+                          partial(parse_lease, dhash=dhash), owner=conn.api_client,
+                          name=f"lease-cache {conn.namespace}/{dhash}/{label_value(node)}", settings=cache_settings)
 
-    return lambda start: lease_cache.informer(connection_key, (conn.namespace, dhash), conn.api_client, make, start,
+    return lambda start: lease_cache.informer(connection_key, (conn.namespace, dhash, node), conn.api_client, make, start,
                                               transport=lambda: ApiClientTransport(conn.api_client, conn.host))
 
 
@@ -477,7 +573,8 @@ class KubeStore(Store):
                  pod: PodInfo = PodInfo(), timeout: float = 20.0, request_timeout: float = 5.0,
                  gc_grace: float = 60.0, sleep: Callable[[float], None] = time.sleep,
                  cache: Optional[CacheSource] = None, whereabouts: Optional[str] = None,
-                 whereabouts_namespace: Optional[str] = None) -> None:
+                 whereabouts_namespace: Optional[str] = None, block_size: Optional[int] = None,
+                 block_release: float = 300.0) -> None:
         self.transport = transport
         self.namespace = namespace
         self.domain = domain
@@ -496,6 +593,9 @@ class KubeStore(Store):
         self.whereabouts = whereabouts  # None: no check; else whereabouts' network_name ("" for none)
         self.whereabouts_namespace = whereabouts_namespace or namespace
         self._wb: Optional[WhereaboutsView] = None
+        self.block_size = block_size  # None: DEFAULT_BLOCK_SIZE of the family
+        self.block_release = block_release  # an empty block of this node is released after this long
+        self._no_free_block: dict[int, float] = {}  # range set -> until when acquiring is not tried again
 
     @classmethod
     def for_invocation(cls, settings: Any, domain: str, inv: Any) -> "KubeStore":
@@ -506,14 +606,15 @@ class KubeStore(Store):
         node = inv.env.get(NODE_ENV) or socket.gethostname()
         pod = PodInfo(inv.args.get("K8S_POD_NAMESPACE", ""), inv.args.get("K8S_POD_NAME", ""),
                       inv.args.get("K8S_POD_UID", ""))
-        source = cache_source(settings, conn, domain) if lease_cache.enabled() else None
+        source = cache_source(settings, conn, domain, node) if lease_cache.enabled() else None
         nad = inv.config.get("ipam") if isinstance(inv.config.get("ipam"), dict) else {}
         wb_name = nad.get("network_name") if isinstance(nad.get("network_name"), str) else ""
         wb_namespace = nad.get("whereabouts_namespace") if isinstance(nad.get("whereabouts_namespace"), str) else None
         return cls(conn.transport(), conn.namespace, domain, node=node, pod=pod,
                    timeout=settings.timeout, request_timeout=settings.request_timeout, gc_grace=settings.gc_grace,
                    cache=source, whereabouts=wb_name if whereabouts_check(nad) else None,
-                   whereabouts_namespace=wb_namespace)
+                   whereabouts_namespace=wb_namespace, block_size=getattr(settings, "block_size", None),
+                   block_release=getattr(settings, "block_release", 300.0))
 
     # -- requests with retries ------------------------------------------------------------------
 
@@ -561,9 +662,50 @@ class KubeStore(Store):
         return CNIError(IO_FAILURE, f"Kubernetes API refused {what}: HTTP {resp.status} {_message(resp)}".rstrip(),
                         hint.get(resp.status, "see the API server's message"))
 
+    def _claims_selector(self) -> str:
+        """Every claim of the domain (old-version claims carry no kind label: != keeps them)."""
+        return f"{L_DOMAIN}={self.dhash},{L_KIND}!={KIND_BLOCK}"
+
     def _selector(self, **extra: str) -> str:
         labels = {L_DOMAIN: self.dhash, **extra}
         return ",".join(f"{k}={v}" for k, v in labels.items())
+
+    def _pages(self, selector: str, deadline: float, what: str) -> Iterator[Optional[list[Any]]]:
+        """The selected Leases, one page (``LIST_PAGE``) at a time: a List never holds more than a
+        page of documents in memory. A continue token that expired (410) restarts the List: None
+        is yielded then, and what was gathered so far must be dropped."""
+        cont, restarts = "", 0
+        while True:
+            query = [("labelSelector", selector), ("limit", str(LIST_PAGE))]
+            if cont:
+                query.append(("continue", cont))
+            resp, _ = self._call("GET", self.path, what, deadline, query=query)
+            if resp.status == 410 and cont and restarts < 3:
+                cont, restarts = "", restarts + 1
+                yield None
+                continue
+            if resp.status != 200 or not isinstance(resp.doc, dict):
+                raise self._refused(resp, what)
+            yield resp.doc.get("items") or []
+            cont = (resp.doc.get("metadata") or {}).get("continue") or ""
+            if not cont:
+                return
+
+    def _list_all(self, selector: str, deadline: float, what: str) -> tuple[list[Claim], list[Block]]:
+        claims: dict[str, Claim] = {}
+        blocks: dict[str, Block] = {}
+        for page in self._pages(selector, deadline, what):
+            if page is None:
+                claims.clear()
+                blocks.clear()
+                continue
+            for item in page:
+                got = parse_lease(item, self.dhash)
+                if isinstance(got, Claim):
+                    claims[got.name] = got
+                elif isinstance(got, Block):
+                    blocks[got.name] = got
+        return list(claims.values()), list(blocks.values())
 
     def _list(self, selector: str, deadline: float, what: str) -> list[Claim]:
         return self._fold(selector, deadline, what, list, list.append)
@@ -598,7 +740,7 @@ class KubeStore(Store):
 
     def _used(self, deadline: float) -> dict[int, list[int]]:
         """The domain's used addresses per IP version, sorted (a paginated List kept as ints)."""
-        scan = self._fold(self._selector(), deadline, f"list leases of domain {self.domain}",
+        scan = self._fold(self._claims_selector(), deadline, f"list leases of domain {self.domain}",
                           lambda: DomainScan(None, set()), DomainScan.add)
         return scan.sorted_used()
 
@@ -624,6 +766,9 @@ class KubeStore(Store):
         r = rs.range_of(ip)
         labels = {L_DOMAIN: self.dhash, L_NETWORK: label_value(network), L_NODE: label_value(self.node),
                   L_ATTACHMENT: attachment_hash(attachment)}
+        if r is not None:
+            size = self._size(r)
+            labels[L_BLOCK] = block_id(r.address(block_first(r.subnet, int(ip), size)), size)
         notes = {"ipam-domain": self.domain, "network": network, "range": str(r.subnet) if r else "", "ip": str(ip),
                  "container-id": attachment.container_id, "ifname": attachment.ifname, "node": self.node,
                  "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
@@ -720,18 +865,6 @@ class KubeStore(Store):
             return None
         return max(found, key=lambda c: (c.time, int(c.ip))).ip
 
-    def _skip(self, rs: RangeSet) -> int:
-        """How many free addresses after the cursor this node passes over for its first candidate.
-
-        Nodes adding at the same instant share the cursor; each starts a few free addresses
-        further, by a count of its own (below ``NODE_WINDOW``, at most 1/16 of the range set),
-        so that they seldom aim at the same address (a 409 each). Range sets of fewer than 32
-        addresses keep the exact order."""
-        window = min(NODE_WINDOW, sum(r.end - r.start + 1 for r in rs.ranges) // 16)
-        if window <= 1:
-            return 0
-        return int.from_bytes(hashlib.sha256(f"{self.node}\0{rs.index}".encode()).digest()[:8], "big") % window
-
     def allocate(self, attachment: Attachment, network: str, range_sets: Sequence[RangeSet],
                  requested: Mapping[int, IPAddress]) -> list[IPAddress]:
         deadline = self._deadline()
@@ -744,38 +877,47 @@ class KubeStore(Store):
             with self._holding(hint, attachment, deadline):
                 mine = self._attachment_claims(attachment, deadline)
                 used = {4: hint.used(4), 6: hint.used(6)}
-                return self._allocate(attachment, network, range_sets, requested, deadline, mine, used, {}, hint,
-                                      hint.latest(), settle=False)
-        wanted = set(requested.values())
-        scan = self._fold(self._selector(), deadline, f"list leases of domain {self.domain}",
-                          lambda: DomainScan(attachment, wanted), DomainScan.add)
-        return self._allocate(attachment, network, range_sets, requested, deadline, scan.mine, scan.sorted_used(),
-                              scan.by_ip, None, scan.latest)
+                return self._allocate(attachment, network, range_sets, requested, deadline, mine, used, hint.blocks(),
+                                      hint, hint.latest(), settle=False)
+        # Without a watch cache: this node's own claims and blocks (paginated), never the domain.
+        claims, blocks = self._list_all(node_selector(self.dhash, self.node), deadline,
+                                        f"list leases of domain {self.domain} on node {self.node}")
+        used: dict[int, list[int]] = {4: [], 6: []}
+        for c in claims:
+            used[c.ip.version].append(int(c.ip))
+        for values in used.values():
+            values.sort()
+        mine = [c for c in claims if c.attachment == attachment]
+        created = self._allocate(attachment, network, range_sets, requested, deadline, mine, used, blocks, None,
+                                 latest_by_range(claims))
+        return created
 
     def _allocate_cached(self, cache: LeaseCache, attachment: Attachment, network: str,
                          range_sets: Sequence[RangeSet], requested: Mapping[int, IPAddress],
                          deadline: float) -> list[IPAddress]:
-        """ADD from the watch cache: no List. What the cache shows is a hint, never the answer:
-        a held claim is confirmed by a GET (a stale cache may show one another process freed);
-        a free candidate is claimed by create (409: taken, try the next); and once the watch has
-        delivered our own new claims, every earlier change is in the cache, so a claim of this
-        attachment that another process made meanwhile shows up then (:meth:`_settle`)."""
+        """ADD from the watch cache of this node's claims and blocks: no List. What the cache
+        shows is a hint, never the answer: a held claim is confirmed by a GET (a stale cache may
+        show one another process freed); a free candidate is claimed by create (409: taken, try
+        the next); and once the watch has delivered our own new claims, every earlier change is
+        in the cache, so a claim of this attachment that another process made meanwhile shows
+        up then (:meth:`_settle`)."""
         mine = []
         for c in cache.claims_of(attachment):
             fresh = self._get(c.name, deadline, c.uid)
             if fresh is not None and fresh.attachment == attachment:
                 mine.append(fresh)
         used = {4: cache.used(4), 6: cache.used(6)}
-        return self._allocate(attachment, network, range_sets, requested, deadline, mine, used, {}, cache,
+        return self._allocate(attachment, network, range_sets, requested, deadline, mine, used, cache.blocks(), cache,
                               cache.latest())
 
     def _allocate(self, attachment: Attachment, network: str, range_sets: Sequence[RangeSet],
                   requested: Mapping[int, IPAddress], deadline: float, mine: list[Claim],
-                  used: dict[int, list[int]], by_ip: Mapping[IPAddress, Claim],
+                  used: dict[int, list[int]], blocks: list[Block],
                   cache: Optional[LeaseCache], latest: Mapping[str, Claim], settle: bool = True) -> list[IPAddress]:
         mine = sorted(mine, key=lambda c: (c.ip.version, c.ip))
         placed, spare = place_held(mine, range_sets, lambda c: c.ip)  # spare: ours, in no range set now
         plan: dict[int, IPAddress] = {i: c.ip for i, c in placed.items()}
+        blocks = list(blocks)
 
         created: list[Claim] = []
         try:
@@ -785,12 +927,12 @@ class KubeStore(Store):
                     refuse_other_request(attachment, rs, plan[rs.index], want)
                     continue
                 if want is not None:
-                    claim, new = self._claim_requested(want, attachment, network, rs, by_ip, cache is not None, deadline)
+                    claim, new = self._claim_requested(want, attachment, network, rs, {}, True, deadline)
                     if new:
                         created.append(claim)
                 else:
                     claim = self._pick(rs, attachment, network, used[rs.family], deadline, self._start(rs, latest),
-                                       cache is not None)
+                                       blocks, cache)
                     created.append(claim)
                 plan[rs.index] = claim.ip
             if cache is not None and settle:
@@ -876,22 +1018,29 @@ class KubeStore(Store):
             plan[rs.index] = keep.ip
 
     def _pick(self, rs: RangeSet, attachment: Attachment, network: str, used: list[int], deadline: float,
-              cursor: Optional[IPAddress], from_cache: bool = False) -> Claim:
-        taken, skip = 0, self._skip(rs)
+              cursor: Optional[IPAddress], blocks: list[Block], cache: Optional[LeaseCache]) -> Claim:
+        """A new claim in ``rs``: a free address of one of this node's blocks (round-robin from
+        the cursor); when they are full, in a block acquired now; when no block is free, in
+        another node's block (borrowing). Each candidate is claimed by create (409: taken, by
+        another node's borrowed claim, an old-version node, or a second owner of the block:
+        marked used, next candidate)."""
         while True:
-            candidate = self._next(rs, used, cursor, skip)
-            if candidate is None and from_cache:
-                # The cache's used set may hold addresses freed since (a lagging watch, a 409
-                # placeholder outliving its Lease): "exhausted" is only said after a List.
-                from_cache = False
-                used[:] = self._used(deadline)[rs.family]
-                candidate = self._next(rs, used, cursor, skip)
+            own = self._own(rs, blocks)
+            candidate = self._next(own, used, cursor, 0) if own is not None else None
             if candidate is None:
-                raced = f" ({taken} candidates were claimed concurrently or held by whereabouts)" if taken else ""
-                raise CNIError(POOL_EXHAUSTED, f"no free address in range {rs.describe()}{raced}",
-                               "free addresses (DEL or GC attachments that are gone) or widen the range "
-                               "(range_start/range_end, or another ipRanges entry)")
-            ip = rs.ranges[0].address(candidate)
+                with cache.acquire_lock if cache is not None else nullcontext():
+                    if cache is not None:  # another ADD of this daemon may have acquired one meanwhile
+                        known = {b.name for b in blocks}
+                        fresh = [b for b in cache.blocks() if b.name not in known]
+                        if fresh:
+                            blocks.extend(fresh)
+                            continue
+                    block = self._acquire_block(rs, blocks, deadline, cache)
+                if block is None:
+                    return self._borrow(rs, attachment, network, used, blocks, deadline)
+                blocks.append(block)
+                continue
+            ip = own.ranges[0].address(candidate)
             try:
                 held_by = self._whereabouts_holder(ip, rs, deadline)
                 claim = self._create(ip, attachment, network, rs, deadline) if held_by is None else None
@@ -901,8 +1050,252 @@ class KubeStore(Store):
             insort(used, candidate)
             if claim is not None:
                 return claim
+            cursor = ip  # taken: go on from there
+
+    # -- blocks ---------------------------------------------------------------------------------
+
+    def _size(self, r: Range) -> int:
+        """Addresses per block in range ``r`` (never more than its subnet holds)."""
+        size = self.block_size or DEFAULT_BLOCK_SIZE[r.family]
+        return max(1, min(size, r.subnet.num_addresses))
+
+    def _span(self, r: Range, first: int) -> Optional[Range]:
+        """The addresses of the block at ``first`` that ``r`` may hand out (None: none)."""
+        lo, hi = max(first, r.start), min(first + self._size(r) - 1, r.end)
+        if lo > hi:
+            return None
+        span = Range(r.subnet, lo, hi, r.gateway, r.excludes)
+        return span if span.count_free(()) > 0 else None
+
+    def _block_range(self, rs: RangeSet, block: Block) -> Optional[Range]:
+        """The range of ``rs`` a block belongs to (same subnet, same size, overlapping it)."""
+        for r in rs.ranges:
+            if block.ip.version == r.family and block.ip in r.subnet and block.size == self._size(r) \
+                    and int(block.ip) <= r.end and block.last >= r.start:
+                return r
+        return None
+
+    def _own(self, rs: RangeSet, blocks: Sequence[Block]) -> Optional[RangeSet]:
+        """This node's blocks in ``rs`` as a range set of their own (candidates come from it)."""
+        spans = []
+        for b in blocks:
+            if b.node and b.node != self.node:
+                continue
+            r = self._block_range(rs, b)
+            span = self._span(r, int(b.ip)) if r is not None else None
+            if span is not None:
+                spans.append(span)
+        if not spans:
+            return None
+        spans.sort(key=lambda x: x.start)
+        return RangeSet(rs.index, tuple(spans), rs.origin)
+
+    def _block_count(self, rs: RangeSet) -> int:
+        total = 0
+        for r in rs.ranges:
+            size, net = self._size(r), int(r.subnet.network_address)
+            total += (r.end - net) // size - (r.start - net) // size + 1
+        return total
+
+    def _position(self, rs: RangeSet, j: int) -> tuple[Range, int]:
+        """The ``j``-th block of ``rs`` (its range and first address), counting range by range."""
+        for r in rs.ranges:
+            size, net = self._size(r), int(r.subnet.network_address)
+            lo, hi = (r.start - net) // size, (r.end - net) // size
+            if j <= hi - lo:
+                return r, net + (lo + j) * size
+            j -= hi - lo + 1
+        raise IndexError(j)
+
+    def _probe(self, rs: RangeSet, i: int) -> int:
+        """The ``i``-th entry of this node's hashed probe sequence over block numbers."""
+        digest = hashlib.sha256(f"{self.node}\0{rs.index}\0{i}".encode()).digest()
+        return int.from_bytes(digest[:16], "big")
+
+    def _blocks_selector(self) -> str:
+        return f"{L_DOMAIN}={self.dhash},{L_KIND}={KIND_BLOCK}"
+
+    def _acquire_block(self, rs: RangeSet, blocks: list[Block], deadline: float,
+                       cache: Optional[LeaseCache]) -> Optional[Block]:
+        """A block of ``rs`` that no node holds, made ours by creating its Lease (409: another
+        node's; next). First ``BLOCK_PROBES`` creates at this node's hashed positions (a large
+        range: almost always the first one succeeds), then one List of the domain's blocks and
+        the first unheld one after this node's position. None: every block is held (borrow)."""
+        notes = cache.notes if cache is not None else {}
+        until, listed = notes.get(("no-free-block", rs.index), (0.0, []))
+        if until > time.monotonic():
+            self._listed_blocks = listed  # the blocks seen held a moment ago: borrow among them
+            return None
+        total = self._block_count(rs)
+        if total <= 0:
+            return None
+        tried = {b.name for b in blocks}
+        if True:
+            for i in range(BLOCK_PROBES if total > SMALL_BLOCK_COUNT else 1):
+                r, first = self._position(rs, self._probe(rs, i) % total)
+                name = block_name(self.dhash, r.address(first), self._size(r))
+                if name in tried or self._span(r, first) is None:
+                    continue
+                tried.add(name)
+                block = self._create_block(r, first, deadline)
+                if block is not None:
+                    return block
+        _, listed = self._list_all(self._blocks_selector(), deadline, f"list blocks of domain {self.domain}")
+        self._listed_blocks = listed
+        held = tried | {b.name for b in listed}
+        start = self._probe(rs, 0) % total
+        for step in range(min(total, len(held) + BORROW_SCAN)):
+            r, first = self._position(rs, (start + step) % total)
+            name = block_name(self.dhash, r.address(first), self._size(r))
+            if name in held or self._span(r, first) is None:
+                continue
+            block = self._create_block(r, first, deadline)
+            if block is not None:
+                return block
+            held.add(name)
+        if cache is not None:
+            notes[("no-free-block", rs.index)] = (time.monotonic() + NO_FREE_BLOCK_SECONDS, listed)
+        return None
+
+    def _create_block(self, r: Range, first: int, deadline: float) -> Optional[Block]:
+        size = self._size(r)
+        ip = r.address(first)
+        name = block_name(self.dhash, ip, size)
+        notes = {"ipam-domain": self.domain, "range": str(r.subnet), "first": str(ip),
+                 "last": str(r.address(first + size - 1)), "size": str(size), "node": self.node,
+                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": name, "namespace": self.namespace,
+                             "labels": {L_DOMAIN: self.dhash, L_KIND: KIND_BLOCK, L_NODE: label_value(self.node),
+                                        L_BLOCK: block_id(ip, size)},
+                             "annotations": {f"{GROUP}/{k}": v for k, v in notes.items()}},
+                "spec": {"holderIdentity": self.node, "acquireTime": _now_micro()}}
+        for _ in range(3):
+            resp, retried = self._call("POST", self.path, f"create lease {name}", deadline, body=body)
+            if resp.status in (200, 201):
+                block = parse_block(resp.doc, self.dhash)
+                if block is None:
+                    raise CNIError(IO_FAILURE, f"Kubernetes API answered the create of lease {name} with an unreadable object",
+                                   "check that the API server (or a proxy) returns the created object")
+                if self.cache is not None:
+                    self.cache.created(block)
+                log.info("node %s acquired block %s of %s", self.node, block.id, self.domain)
+                return block
+            if resp.status != 409:
+                raise self._refused(resp, f"create lease {name}")
+            if not retried:
+                return None
+            # An earlier attempt may have created it before its answer was lost: read it back.
+            current = self._get_block(name, deadline)
+            if current is None:
+                continue
+            return current if current.node == self.node else None
+        return None
+
+    def _get_block(self, name: str, deadline: float) -> Optional[Block]:
+        resp, _ = self._call("GET", f"{self.path}/{name}", f"get lease {name}", deadline)
+        if resp.status == 404:
+            return None
+        if resp.status != 200:
+            raise self._refused(resp, f"get lease {name}")
+        block = parse_block(resp.doc, self.dhash)
+        if block is not None and self.cache is not None:
+            self.cache.observed(block)
+        return block
+
+    def _borrow(self, rs: RangeSet, attachment: Attachment, network: str, used: list[int],
+                blocks: list[Block], deadline: float) -> Claim:
+        """No block of ``rs`` is free: a claim in a held block (another node's, or ours with
+        addresses our view thought taken). Up to ``BORROW_BLOCKS`` blocks, in this node's hashed
+        order, are read by one List of their label each (at most a block's worth of Leases);
+        when none of them has a free address (or the range set has few blocks), the domain's
+        claims are read once, page by page, keeping only their addresses. The pool is usable to
+        its last address; "exhausted" (102) is said only after that whole read."""
+        listed = getattr(self, "_listed_blocks", None)
+        if listed is None:
+            _, listed = self._list_all(self._blocks_selector(), deadline, f"list blocks of domain {self.domain}")
+        self._listed_blocks = None
+        spans: dict[str, tuple[Block, Range]] = {}
+        for b in list(listed) + list(blocks):
+            r = self._block_range(rs, b)
+            span = self._span(r, int(b.ip)) if r is not None else None
+            if span is not None:
+                spans.setdefault(b.id, (b, span))
+        origin = self._probe(rs, 0)
+        order = sorted(spans.values(), key=lambda bs: ((int(bs[0].ip) // bs[0].size - origin) % (1 << 128)))
+        taken = 0
+        if self._block_count(rs) > SMALL_BLOCK_COUNT:
+            for block, span in order[:BORROW_BLOCKS]:
+                claims = self._list(f"{L_DOMAIN}={self.dhash},{L_BLOCK}={block.id}", deadline,
+                                    f"list claims of block {block.id} of domain {self.domain}")
+                here = sorted({int(c.ip) for c in claims if c.ip.version == rs.family})
+                claim, missed = self._claim_in(rs, [span], here, attachment, network, deadline)
+                taken += missed
+                if claim is not None:
+                    if block.node != self.node:
+                        log.info("node %s borrowed %s from block %s of node %s", self.node, claim.ip, block.id, block.node)
+                    return claim
+        # Every address of the range set, whatever block holds it (or none: a block being released),
+        # round-robin after the domain's most recently made claim, as before blocks existed.
+        everything, latest = self._domain_addresses(rs.family, deadline)
+        cursor, skip = self._start(rs, latest), self._skip(rs)
+        while True:
+            candidate = self._next(rs, everything, cursor, skip)
+            if candidate is None:
+                break
+            ip = rs.ranges[0].address(candidate)
+            try:
+                held_by = self._whereabouts_holder(ip, rs, deadline)
+                claim = self._create(ip, attachment, network, rs, deadline) if held_by is None else None
+            finally:
+                if self.cache is not None:
+                    self.cache.done(rs.family, candidate)
+            insort(everything, candidate)
+            if claim is not None:
+                log.info("node %s borrowed %s (no block of %s was free)", self.node, ip, self.domain)
+                return claim
             taken += 1
-            cursor, skip = rs.ranges[0].address(candidate), 0  # taken: go on from there
+            cursor, skip = ip, 0
+        raced = f" ({taken} candidates were claimed concurrently or held by whereabouts)" if taken else ""
+        raise CNIError(POOL_EXHAUSTED, f"no free address in range {rs.describe()}{raced}",
+                       "free addresses (DEL or GC attachments that are gone) or widen the range "
+                       "(range_start/range_end, or another ipRanges entry)")
+
+    def _claim_in(self, rs: RangeSet, spans: Sequence[Range], here: list[int], attachment: Attachment, network: str,
+                  deadline: float) -> tuple[Optional[Claim], int]:
+        """(a new claim on the lowest free address of ``spans`` by ``here``, candidates met taken)."""
+        missed = 0
+        for span in spans:
+            while True:
+                value = intervals.lowest_free(span.start, span.end, span.blocked, here)
+                if value is None:
+                    break
+                ip = span.address(value)
+                held_by = self._whereabouts_holder(ip, rs, deadline)
+                claim = self._create(ip, attachment, network, rs, deadline) if held_by is None else None
+                insort(here, value)
+                if claim is not None:
+                    return claim, missed
+                missed += 1
+        return None, missed
+
+    def _domain_addresses(self, family: int, deadline: float) -> tuple[list[int], dict[str, Claim]]:
+        """The sorted addresses of ``family`` that the domain's claims hold and the most recent
+        claim per range (the round-robin cursor): one paginated List folded page by page."""
+        scan = self._fold(self._claims_selector(), deadline, f"list leases of domain {self.domain}",
+                          lambda: DomainScan(None, set()), DomainScan.add)
+        return scan.sorted_used()[family], scan.latest
+
+    def _skip(self, rs: RangeSet) -> int:
+        """How many free addresses after the domain's cursor a borrowing node passes over for its
+        first candidate: nodes borrowing at the same instant share the cursor; each starts a few
+        free addresses further, by a count of its own (below ``NODE_WINDOW``, at most 1/16 of
+        the range set), so that they seldom aim at the same address. Range sets of fewer than
+        32 addresses keep the exact order."""
+        window = min(NODE_WINDOW, sum(r.end - r.start + 1 for r in rs.ranges) // 16)
+        if window <= 1:
+            return 0
+        return int.from_bytes(hashlib.sha256(f"{self.node}\0{rs.index}".encode()).digest()[:8], "big") % window
 
     def _next(self, rs: RangeSet, used: list[int], cursor: Optional[IPAddress], skip: int) -> Optional[int]:
         """The ``skip``-th free address after the cursor (fewer when the range runs out: never one
@@ -1005,7 +1398,9 @@ class KubeStore(Store):
             with self._holding(hint, attachment, deadline):
                 return [c.ip for c in self._attachment_claims(attachment, deadline) if self._delete(c, deadline)]
         with self._holding(cache, attachment, deadline):
-            return self._release_cached(cache, attachment, deadline)
+            freed = self._release_cached(cache, attachment, deadline)
+        self._release_idle_blocks(cache, deadline)
+        return freed
 
     def _release_cached(self, cache: LeaseCache, attachment: Attachment, deadline: float) -> list[IPAddress]:
         """DEL from the watch cache: the claims it shows are deleted with their uid and
@@ -1074,39 +1469,102 @@ class KubeStore(Store):
                            when.isoformat(timespec="seconds") if when else "")
 
     def list(self) -> list[Reservation]:
-        claims = self._list(self._selector(), self._deadline(), f"list leases of domain {self.domain}")
+        claims = self._list(self._claims_selector(), self._deadline(), f"list leases of domain {self.domain}")
         return _group(claims)
 
     # -- gc / status ----------------------------------------------------------------------------
 
     def gc(self, network: str, valid: set[Attachment]) -> list[Reservation]:
-        """Free this node's claims of ``network`` whose attachment is not in ``valid`` and older than the grace."""
+        """Free this node's claims of ``network`` whose attachment is not in ``valid`` and older
+        than the grace; then release this node's blocks that hold none of its claims and are
+        older than ``block_release`` (one paginated List of the node's objects of the domain)."""
         deadline = self._deadline()
-        selector = self._selector(**{L_NODE: label_value(self.node), L_NETWORK: label_value(network)})
-        claims = self._list(selector, deadline, f"list leases of {network} on node {self.node}")
+        claims, blocks = self._list_all(node_selector(self.dhash, self.node), deadline,
+                                        f"list leases of {network} on node {self.node}")
         now = datetime.now(timezone.utc)
         freed = []
+        kept = []
         for c in claims:
-            if c.attachment is None or c.attachment in valid:
+            if c.attachment is None or c.attachment in valid or c.network != network:
+                kept.append(c)
                 continue
             if c.time is None or (now - c.time).total_seconds() < self.gc_grace:
                 log.info("GC spares %s of %s: younger than %g s", c.ip, c.attachment, self.gc_grace)
+                kept.append(c)
                 continue
             if self._delete(c, deadline):
                 freed.append(c)
+            else:
+                kept.append(c)
+        values = sorted(int(c.ip) for c in kept)
+        for b in blocks:
+            if b.node != self.node or _any_within(values, int(b.ip), b.last):
+                continue
+            if b.time is not None and (now - b.time).total_seconds() >= self.block_release:
+                self._drop_block(b, deadline)
         return _group(freed)
+
+    def _release_idle_blocks(self, cache: LeaseCache, deadline: float) -> None:
+        """In the daemon, after a DEL: a block of this node that holds none of its claims (nor a
+        create in flight) is noted empty; one noted empty ``block_release`` seconds ago and
+        still empty is released (its Lease deleted with uid/resourceVersion preconditions).
+        Another node's claim in it (borrowed, or an old-version node's) is invisible here and
+        does not need to be seen: claims, not blocks, are what keep an address."""
+        now = time.monotonic()
+        with cache.acquire_lock:
+            for b in cache.blocks():
+                if b.node != self.node:
+                    continue
+                key = ("empty-since", b.name)
+                values = cache.used(b.ip.version)
+                if _any_within(values, int(b.ip), b.last) or _any_within(cache.pending(b.ip.version), int(b.ip), b.last):
+                    cache.notes.pop(key, None)
+                    continue
+                since = cache.notes.setdefault(key, now)
+                if now - since < self.block_release:
+                    continue
+                try:
+                    self._drop_block(b, deadline)
+                except CNIError as err:
+                    log.info("could not release block %s (retried after the next DEL): %s", b.id, err.msg)
+                    continue
+                cache.notes.pop(key, None)
+
+    def _drop_block(self, block: Block, deadline: float) -> bool:
+        body = {"apiVersion": "v1", "kind": "DeleteOptions",
+                "preconditions": {"uid": block.uid, "resourceVersion": block.resource_version}}
+        resp, retried = self._call("DELETE", f"{self.path}/{block.name}", f"delete lease {block.name}", deadline, body=body)
+        if resp.status in (200, 202) or (resp.status == 404 and retried):
+            if self.cache is not None:
+                self.cache.deleted(block)
+            log.info("node %s released empty block %s of %s", self.node, block.id, self.domain)
+            return True
+        if resp.status in (404, 409):
+            if self.cache is not None and resp.status == 404:
+                self.cache.absent(block.name, block.uid)
+            return False  # gone already, or changed (re-acquired): left alone
+        raise self._refused(resp, f"delete lease {block.name}")
 
     def status(self, range_sets: Sequence[RangeSet]) -> list[int]:
         cache = self._cache_source(False) if self._cache_source is not None else None
         if cache is not None and cache.has_state():  # a running informer answers; STATUS never starts one
-            free = [rs.count_free(cache.used(rs.family)) for rs in range_sets]
-            if all(free):  # "full" is only said after a List (the cache may lag behind a release)
+            blocks = cache.blocks()
+            owned = [self._own(rs, blocks) for rs in range_sets]
+            free = [own.count_free(cache.used(rs.family)) if own is not None else 0 for rs, own in zip(range_sets, owned)]
+            if all(free):  # free addresses in this node's blocks; else the domain's claims decide
                 return free
         try:
+            # Paginated, parsed page by page; only when this node's blocks are full (or no daemon).
             used = self._used(self._deadline())
         except CNIError as err:
             raise CNIError(NOT_AVAILABLE, f"lease-ipam cannot reach its Lease store: {err.msg}", err.details) from None
         return [rs.count_free(used[rs.family]) for rs in range_sets]
+
+
+def _any_within(values: Sequence[int], lo: int, hi: int) -> bool:
+    """Whether the sorted ``values`` hold one in ``[lo, hi]``."""
+    i = bisect_left(values, lo)
+    return i < len(values) and values[i] <= hi
 
 
 def _group(claims: Sequence[Claim]) -> list[Reservation]:

@@ -131,6 +131,9 @@ class LeaseCache:
         self._by_attachment: dict[Hashable, set[str]] = {}
         self._used: dict[int, list[int]] = {4: [], 6: []}
         self._latest: dict[str, Any] = {}  # range -> the most recently made claim seen (the round-robin cursor)
+        self._blocks: dict[str, Any] = {}  # name -> block (kube.Block): this node's address blocks
+        self.acquire_lock = threading.Lock()  # one block acquisition (or release) at a time in this process
+        self.notes: dict[Any, Any] = {}  # the store's memory across calls (when a block went empty, ...)
         self._pending: set[tuple[int, int]] = set()  # (version, address) of this process's creates in flight
         self._choosing = threading.Lock()
         self._dead: OrderedDict[str, bool] = OrderedDict()  # uid -> the List/Watch confirmed it
@@ -247,6 +250,16 @@ class LeaseCache:
         """The create of ``value`` has an answer (written through): no longer pending."""
         with self._cond:
             self._pending.discard((version, value))
+
+    def blocks(self) -> list[Any]:
+        """The block Leases the List/Watch (or our own writes) show."""
+        with self._cond:
+            return list(self._blocks.values())
+
+    def pending(self, version: int) -> list[int]:
+        """The addresses of ``version`` this process is creating right now."""
+        with self._cond:
+            return sorted(value for fam, value in self._pending if fam == version)
 
     def claims_of(self, attachment: Hashable) -> list[Any]:
         with self._cond:
@@ -366,6 +379,11 @@ class LeaseCache:
             self._dead.popitem(last=False)
 
     def _put(self, entry: Entry) -> None:
+        if getattr(entry.claim, "is_block", False):
+            self._entries[entry.name] = entry
+            self._blocks[entry.name] = entry.claim
+            self._cond.notify_all()
+            return
         old = self._entries.get(entry.name)
         if old is None:
             values = self._used.setdefault(entry.ip.version, [])
@@ -402,6 +420,9 @@ class LeaseCache:
     def _drop(self, name: str) -> None:
         old = self._entries.pop(name, None)
         if old is None:
+            return
+        if self._blocks.pop(name, None) is not None:
+            self._cond.notify_all()
             return
         self._unindex(old)
         values = self._used.get(old.ip.version, [])
@@ -445,11 +466,15 @@ class LeaseCache:
                     self._dead[uid] = True  # a fresh List without it: its deletion is confirmed
             self._entries.clear()
             self._by_attachment.clear()
+            self._blocks.clear()
             self._used = {4: [], 6: []}
             for c in parsed:
                 if c.uid in self._dead:
                     continue
                 self._entries[c.name] = Entry(c.name, c.ip, c, c.uid, True)
+                if getattr(c, "is_block", False):
+                    self._blocks[c.name] = c
+                    continue
                 if c.attachment is not None:
                     self._by_attachment.setdefault(c.attachment, set()).add(c.name)
                 self._used.setdefault(c.ip.version, []).append(int(c.ip))

@@ -292,6 +292,27 @@ class KubeTarget:
                            "check that the credentials may list leases in that namespace (RBAC)") from None
         return out
 
+    def list_blocks(self) -> list:
+        """The node blocks of the target's domain (:class:`ipam.store.kube.Block`; issue 17),
+        read page by page. Blocks are never judged by the reconciler: only claims keep addresses."""
+        from .store.kube import KIND_BLOCK, L_KIND, parse_block
+
+        out: list = []
+
+        def each(raw: dict) -> None:
+            md = raw.get("metadata") or {}
+            block = parse_block(raw, (md.get("labels") or {}).get(L_DOMAIN) or "")
+            if block is not None:
+                out.append(block)
+
+        selector = f"{self.selector or domain_selector(self.domain)},{L_KIND}={KIND_BLOCK}"
+        try:
+            self._pages(self.leases, [("labelSelector", selector)], each, out.clear)
+        except ApiError as err:
+            raise CNIError(NOT_AVAILABLE, f"cannot list Leases in namespace {self.namespace}: {err}",
+                           "check that the credentials may list leases in that namespace (RBAC)") from None
+        return sorted(out, key=lambda b: (b.ip.version, int(b.ip)))
+
     def begin_run(self) -> None:
         """Forget the pods read by an earlier run (each run reads them afresh, once)."""
         self._pods = {}

@@ -10,10 +10,14 @@ The JSON schema of ``-o json`` is stable::
 
     {"networks": [{"domain", "store", "claims": [{"address", "network", "containerID", "ifname",
                                                  "pod", "node", "age_seconds"}],
-                   "ranges": [{"range", "size", "used", "free"}]}]}
+                   "ranges": [{"range", "size", "used", "free"}],
+                   "blocks": [{"block", "first", "last", "size", "node", "used", "borrowed", "age_seconds"}]}]}
 
 ``pod`` is "namespace/name" or null, ``node`` a node name or null (the local store has neither),
-``age_seconds`` an int or null; ``ranges`` is empty when no config was given.
+``age_seconds`` an int or null; ``ranges`` is empty when no config was given. ``blocks`` (the
+Kubernetes store's node blocks, issue 17; empty for the local store): ``block`` is the block's
+label value (first address and size), ``used`` the claims inside it, ``borrowed`` those of them
+made by another node than the block's.
 
 A listing works without root on a readable store directory: when the store's lock cannot be
 opened (it is a root-owned 0600 file), the files are read without it; a listing then taken while
@@ -162,10 +166,11 @@ class NetworkView:
     ranges: list[dict] = field(default_factory=list)
     where: str = ""  # the store directory or namespace (table only)
     note: str = ""  # e.g. "read without the lock" (table only)
+    blocks: list[dict] = field(default_factory=list)  # the Kubernetes store's node blocks
 
     def to_json(self) -> dict:
         return {"domain": self.domain, "store": self.store, "claims": [c.to_json() for c in self.claims],
-                "ranges": self.ranges}
+                "ranges": self.ranges, "blocks": self.blocks}
 
 
 def age_of(when: str, now: Optional[datetime] = None) -> Optional[int]:
@@ -214,6 +219,24 @@ def range_counts(range_sets, claims: Sequence[Claim]) -> list[dict]:
         size = rs.count_free([])
         free = rs.count_free(used[rs.family])
         out.append({"range": rs.describe(), "size": size, "used": size - free, "free": free})
+    return out
+
+
+def block_fill(blocks, claims: Sequence[Claim], now: Optional[datetime] = None) -> list[dict]:
+    """Each node block with the claims inside it (``used``) and those another node made (``borrowed``)."""
+    import ipaddress
+    from bisect import bisect_left, bisect_right
+
+    spots = sorted((ip.version, int(ip), c.node or "") for c in claims for ip in [ipaddress.ip_address(c.address)])
+    keys = [(v, n) for v, n, _ in spots]
+    out = []
+    for b in blocks:
+        lo, hi = bisect_left(keys, (b.ip.version, int(b.ip))), bisect_right(keys, (b.ip.version, b.last))
+        inside = spots[lo:hi]
+        last = ipaddress.ip_address(b.last) if b.ip.version == 4 else ipaddress.IPv6Address(b.last)
+        out.append({"block": b.id, "first": str(b.ip), "last": str(last), "size": b.size, "node": b.node or None,
+                    "used": len(inside), "borrowed": sum(1 for _, _, node in inside if node and node != b.node),
+                    "age_seconds": age_of(b.time.isoformat(), now) if b.time else None})
     return out
 
 
@@ -281,6 +304,7 @@ def list_claims(network_config: Optional[str] = None, data_dir: Optional[str] = 
             target = reconcile.KubeTarget.from_config(config)
             claims = [c.to_claim(now) for c in target.list_claims()]
             view = NetworkView(parsed.domain, "kubernetes", sorted(claims, key=_sort_key), where=f"namespace {target.namespace}")
+            view.blocks = block_fill(target.list_blocks(), view.claims, now)
         else:
             reservations, note = _local_reservations(parsed.data_dir, parsed.domain)
             view = NetworkView(parsed.domain, "local", claims_of(reservations, now),
@@ -346,4 +370,8 @@ def render_table(views: Sequence[NetworkView]) -> str:
         if net["ranges"]:
             rows = [(r["range"], str(r["size"]), str(r["used"]), str(r["free"])) for r in net["ranges"]]
             parts.append(table(("RANGE", "SIZE", "USED", "FREE"), rows))
+        if net["blocks"]:
+            rows = [(f"{b['first']}-{b['last']}", b["node"] or "-", f"{b['used']}/{b['size']}", str(b["borrowed"]),
+                     human_age(b["age_seconds"])) for b in net["blocks"]]
+            parts.append(table(("BLOCK", "NODE", "USED/SIZE", "BORROWED", "AGE"), rows))
     return "\n".join(parts)

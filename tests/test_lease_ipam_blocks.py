@@ -1,0 +1,408 @@
+"""lease-ipam's node blocks (issue 17) against the fake API server over real HTTP.
+
+What a user would see: addresses are never handed out twice, whatever the nodes believe about
+their blocks (two owners after a partition, racing nodes, an API server restart mid-launch, a
+node of the old version that knows no blocks); small ranges are usable to the last address
+(borrowing); empty blocks go back after their grace period; ``rdmanet ipam ls`` shows them.
+"""
+
+from __future__ import annotations
+
+import collections
+import ipaddress
+import json
+import os
+import sys
+import threading
+import time
+
+import pytest
+
+from cni.core import skel
+from cni.core.errors import POOL_EXHAUSTED, CNIError
+from ipam.config import parse_ipam_config
+from ipam.kube_config import connect, kube_settings
+from ipam.location import CLUSTER_DOMAIN
+from ipam.plugin import LeaseIPAM
+from ipam.store import lease_cache
+from ipam.store.base import Attachment
+from ipam.store.kube import (
+    KIND_BLOCK,
+    L_DOMAIN,
+    L_KIND,
+    L_NODE,
+    LEASES_PATH,
+    ApiClientTransport,
+    KubeStore,
+    domain_hash,
+    lease_name,
+    use_watch_cache,
+)
+from rdmanet import cli
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kube_api_server import RESOURCES, write_kubeconfig  # noqa: E402
+from lease_objects import block_leases, claim_leases  # noqa: E402
+
+NS = "ipam"
+DHASH = domain_hash(CLUSTER_DOMAIN)
+
+
+@pytest.fixture
+def kubeconfig(server, tmp_path):
+    return write_kubeconfig(tmp_path / "kubeconfig", server.url, namespace=NS)
+
+
+@pytest.fixture
+def daemon():
+    """This process acts as node daemons (one watch cache per node it serves)."""
+    use_watch_cache(True, distrust_seconds=0.5, echo_budget=0.3, sync_budget=10.0)
+    yield
+    use_watch_cache(False)
+
+
+def netconf(kubeconfig, rng="10.0.0.0/24", **kube):
+    return {"cniVersion": "1.1.0", "name": "net-a", "type": "macvlan",
+            "ipam": {"type": "lease-ipam", "range": rng, "kubernetes": {"kubeconfig": str(kubeconfig), **kube}}}
+
+
+def call(command, conf, cid, node):
+    env = {"CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": "/var/run/netns/x", "CNI_IFNAME": "net1",
+           "CNI_PATH": "/opt/cni/bin", "RDMANET_NODE_NAME": node,
+           "CNI_ARGS": f"K8S_POD_NAMESPACE=default;K8S_POD_NAME={cid};K8S_POD_UID=uid-{cid}"}
+    return skel.handle(LeaseIPAM(), env, json.dumps(conf).encode())
+
+
+def add(conf, cid, node):
+    """The address an ADD returned, or None when the pool is exhausted (any other error fails)."""
+    code, out = call("ADD", conf, cid, node)
+    if code:
+        assert out["code"] == POOL_EXHAUSTED, out
+        return None
+    return out["ips"][0]["address"].split("/")[0]
+
+
+def store(kubeconfig, node, conf, **kw):
+    """A node's in-process store (no watch cache), as the plugin builds it without a daemon."""
+    settings = kube_settings(conf)
+    conn = connect(settings)
+    kw.setdefault("block_size", settings.block_size)
+    kw.setdefault("block_release", settings.block_release)
+    return KubeStore(ApiClientTransport(conn.api_client, conn.host), NS, CLUSTER_DOMAIN, node=node, **kw)
+
+
+def store_add(s, conf, cid):
+    try:
+        [ip] = s.allocate(Attachment(cid, "net1"), "net-a", parse_ipam_config(conf).range_sets, {})
+    except CNIError as err:
+        assert err.code == POOL_EXHAUSTED, err.msg
+        return None
+    return str(ip)
+
+
+def holders(server):
+    """address -> holderIdentity of every claim on the server (one claim per address by construction:
+    the name is the address)."""
+    return {o["metadata"]["annotations"]["rdmanet.io/ip"]: o["spec"]["holderIdentity"] for o in claim_leases(server, NS)}
+
+
+def usable(rng):
+    net = ipaddress.ip_network(rng)
+    return {str(ip) for ip in net.hosts()}
+
+
+def assert_each_address_once(got, server):
+    """Every successful ADD has its own address, and the server's claims say the same."""
+    ips = [ip for ip in got if ip is not None]
+    dup = [ip for ip, n in collections.Counter(ips).items() if n > 1]
+    assert not dup, dup
+    held = holders(server)
+    assert sorted(held) == sorted(ips)
+
+
+# -- target 4: never one address twice ----------------------------------------------------------------
+
+def test_two_nodes_that_both_own_one_block_never_hand_out_an_address_twice(server, kubeconfig, daemon):
+    """A partition: node-a's daemon holds the /28's one block and its watch stalls (it keeps
+    believing the block is its own); meanwhile the block Lease goes and node-b acquires the same
+    block. Both fill it at once: the per-address create is the only arbiter."""
+    conf = netconf(kubeconfig, "10.9.0.0/28")  # 14 addresses, one block of 16
+    assert add(conf, "a-0", "node-a") is not None
+    [blk] = block_leases(server, NS)
+    assert blk["spec"]["holderIdentity"] == "node-a"
+    server.pause_watches()  # node-a's view stands still
+    name = blk["metadata"]["name"]
+    assert server.api_delete(RESOURCES["leases"], NS, name, None, False)[0] == 200  # as another party would
+    b = store(kubeconfig, "node-b", conf)
+    first_b = store_add(b, conf, "b-0")
+    [blk_b] = block_leases(server, NS)
+    assert blk_b["metadata"]["name"] == name and blk_b["spec"]["holderIdentity"] == "node-b"  # the same block
+    [inf] = [i for i in lease_cache.informers() if "node-a" in i.name]
+    assert [x.name for x in inf.blocks()] == [name]  # node-a still believes it owns it
+
+    got = {"a": [], "b": [first_b]}
+    start = threading.Barrier(4)
+
+    def node_a(k):
+        start.wait()
+        for i in range(8):
+            got["a"].append(add(conf, f"a-{k}-{i}", "node-a"))
+
+    def node_b(k):
+        mine = store(kubeconfig, "node-b", conf)
+        start.wait()
+        for i in range(8):
+            got["b"].append(store_add(mine, conf, f"b-{k}-{i}"))
+
+    threads = [threading.Thread(target=f, args=(k,)) for f in (node_a, node_b) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    server.resume_watches()
+    first_a = next(ip for ip, h in holders(server).items() if h == "a-0/net1")
+    every = got["a"] + got["b"] + [first_a]
+    assert_each_address_once(every, server)
+    assert len([ip for ip in every if ip]) == 14  # the block is used to its last address, each once
+    assert {h.split("-")[0] for h in holders(server).values()} == {"a", "b"}  # both served from it
+
+
+def test_nodes_racing_for_a_small_range_get_distinct_addresses_to_the_last_one(server, kubeconfig):
+    """6 nodes x 3 threads (in-process stores, no daemon) race for a /26 of 4 blocks: 62 ADDs
+    succeed with 62 distinct addresses, every later one is told the pool is exhausted."""
+    conf = netconf(kubeconfig, "10.9.1.0/26")
+    got, start = [], threading.Barrier(18)
+    lock = threading.Lock()
+
+    def worker(node, k):
+        s = store(kubeconfig, node, conf)
+        start.wait()
+        for i in range(5):
+            ip = store_add(s, conf, f"{node}-{k}-{i}")
+            with lock:
+                got.append(ip)
+
+    threads = [threading.Thread(target=worker, args=(f"node-{n}", k)) for n in range(6) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ok = [ip for ip in got if ip]
+    assert len(ok) == 62 and set(ok) == usable("10.9.1.0/26")
+    assert_each_address_once(got, server)
+    assert len(block_leases(server, NS)) == 4  # each block held by one node, the other nodes borrowed
+
+
+def test_an_api_server_restart_mid_launch_loses_nothing_and_duplicates_nothing(server, kubeconfig, daemon):
+    """3 node daemons launch 20 pods each; halfway the API server restarts (every watch breaks,
+    the history is gone: 410, re-List) and answers a few requests 503. Every ADD succeeds once,
+    with its own address; the informers re-List their node's objects only."""
+    conf = netconf(kubeconfig, "10.9.2.0/24")
+    for n in range(3):
+        assert add(conf, f"warm-{n}", f"node-{n}") is not None
+    got, lock = {}, threading.Lock()
+    halfway = threading.Barrier(4)
+
+    def node(n):
+        for i in range(20):
+            if i == 10:
+                halfway.wait()
+            ip = add(conf, f"n{n}-{i}", f"node-{n}")
+            with lock:
+                got[f"n{n}-{i}"] = ip
+
+    threads = [threading.Thread(target=node, args=(n,)) for n in range(3)]
+    for t in threads:
+        t.start()
+    halfway.wait()
+    assert server.restart_watches() >= 3
+    server.fail_next(4, status=503)
+    for t in threads:
+        t.join()
+    assert None not in got.values() and len(set(got.values())) == 60
+    assert_each_address_once(list(got.values()) + [ip for ip, h in holders(server).items() if h.startswith("warm-")],
+                             server)
+    infs = [i for i in lease_cache.informers() if "node-" in i.name]
+    assert len(infs) == 3
+    deadline = time.monotonic() + 10
+    # each watch was broken and re-opened (a re-List where its history was gone: 410)
+    while not all(i.stats["watches"] >= 2 and i.usable() for i in infs):
+        assert time.monotonic() < deadline, [i.stats for i in infs]
+        time.sleep(0.05)
+    for i in infs:  # each informer holds its node's claims and blocks, nothing of the other nodes
+        node_label = i.selector.split(f"{L_NODE}=")[1]
+        with i._cond:
+            names = set(i._entries)
+        mine = {o["metadata"]["name"] for o in server.objects("leases", NS)
+                if o["metadata"]["labels"].get(L_NODE) == node_label}
+        assert names == mine
+    for cid, ip in got.items():
+        assert call("DEL", conf, cid, f"node-{cid[1]}") == (0, None)
+    assert sorted(h for h in holders(server).values()) == ["warm-0/net1", "warm-1/net1", "warm-2/net1"]
+
+
+def old_version_add(kubeconfig, cid, rng, node="node-old"):
+    """A node of the previous version: no blocks. It Lists the domain's Leases, takes the lowest
+    address no claim names and creates its per-address Lease (409: the next one)."""
+    conn = connect(kube_settings(netconf(kubeconfig)))
+    t = ApiClientTransport(conn.api_client, conn.host)
+    path = LEASES_PATH.format(namespace=NS)
+    while True:
+        listed = t.request("GET", path, [("labelSelector", f"{L_DOMAIN}={DHASH}")], None, 5.0).doc["items"]
+        taken = {o["metadata"]["name"] for o in listed}
+        free = [ip for ip in sorted(usable(rng), key=ipaddress.ip_address)
+                if lease_name(DHASH, ipaddress.ip_address(ip)) not in taken]
+        if not free:
+            return None
+        for ip in free:
+            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": {"name": lease_name(DHASH, ipaddress.ip_address(ip)), "namespace": NS,
+                                 "labels": {L_DOMAIN: DHASH, "rdmanet.io/network": "net-a", L_NODE: node},
+                                 "annotations": {"rdmanet.io/ip": ip, "rdmanet.io/node": node}},
+                    "spec": {"holderIdentity": f"{cid}/net1"}}
+            status = t.request("POST", path, [], body, 5.0).status
+            if status == 201:
+                return ip
+            assert status == 409
+        # every candidate was taken meanwhile: list again
+
+
+def test_a_mixed_cluster_with_an_old_version_node_never_hands_out_an_address_twice(server, kubeconfig, daemon):
+    """During an upgrade an old node (per-address Leases, no blocks, no block label) allocates
+    in the same /27 as a new node's daemon and a new in-process node, at the same time. Its
+    claims land inside the new nodes' blocks, where their node-scoped views cannot see them: the
+    create's 409 tells them. 30 addresses, 30 distinct holders, no duplicate."""
+    rng = "10.9.3.0/27"
+    conf = netconf(kubeconfig, rng)
+    got, lock = [], threading.Lock()
+    start = threading.Barrier(3)
+
+    def run(fn, n):
+        start.wait()
+        for i in range(n):
+            ip = fn(i)
+            with lock:
+                got.append(ip)
+
+    new_b = store(kubeconfig, "node-b", conf)
+    threads = [threading.Thread(target=run, args=(lambda i: old_version_add(kubeconfig, f"old-{i}", rng), 15)),
+               threading.Thread(target=run, args=(lambda i: add(conf, f"a-{i}", "node-a"), 12)),
+               threading.Thread(target=run, args=(lambda i: store_add(new_b, conf, f"b-{i}"), 12))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ok = [ip for ip in got if ip]
+    assert len(ok) == 30 and set(ok) == usable(rng)  # the pool is used to its last address
+    assert_each_address_once(got, server)
+    kinds = collections.Counter(h.split("-")[0] for h in holders(server).values())
+    assert kinds["old"] >= 1 and kinds["a"] >= 1 and kinds["b"] >= 1, kinds
+    # the old node's List saw the block Leases and ignored them: their names are not addresses
+    assert all(o["metadata"]["name"].startswith(f"lipb-{DHASH}-") for o in block_leases(server, NS))
+
+
+# -- target 5: small networks -------------------------------------------------------------------------
+
+def test_a_24_shared_by_64_nodes_is_usable_to_the_last_address(server, kubeconfig):
+    """16 blocks for 64 nodes: 48 nodes never get a block and borrow; all 254 addresses are
+    handed out once, then every node is told the pool is exhausted."""
+    conf = netconf(kubeconfig, "10.9.4.0/24")
+    stores = [store(kubeconfig, f"node-{n:02d}", conf) for n in range(64)]
+    got = [store_add(s, conf, f"{s.node}-{i}") for i in range(4) for s in stores]
+    ok = [ip for ip in got if ip]
+    assert len(ok) == 254 and set(ok) == usable("10.9.4.0/24")
+    assert got.count(None) == 2
+    assert_each_address_once(got, server)
+    owners = collections.Counter(o["spec"]["holderIdentity"] for o in block_leases(server, NS))
+    assert sum(owners.values()) == 16
+    borrowed = [o for o in claim_leases(server, NS) if o["metadata"]["labels"][L_NODE] not in owners]
+    assert len(borrowed) >= 254 - 16 * 16 + 48  # every node without a block got its addresses by borrowing
+    assert store_add(stores[5], conf, "late") is None
+
+
+def test_a_28_is_usable_to_the_last_address_by_two_nodes(server, kubeconfig):
+    conf = netconf(kubeconfig, "10.9.5.0/28")
+    a, b = store(kubeconfig, "node-a", conf), store(kubeconfig, "node-b", conf)
+    got = [store_add(s, conf, f"{s.node}-{i}") for i in range(8) for s in (a, b)]
+    assert set(ip for ip in got if ip) == usable("10.9.5.0/28")
+    assert got.count(None) == 2
+    assert_each_address_once(got, server)
+    [blk] = block_leases(server, NS)  # one block of 16 (the /28): one owner, the other node borrowed
+    assert blk["metadata"]["labels"][L_KIND] == KIND_BLOCK
+
+
+def test_a_64_gives_each_node_its_own_block(server, kubeconfig):
+    conf = netconf(kubeconfig, "fd09::/64")
+    got = {}
+    for node in ("node-a", "node-b", "node-c"):
+        s = store(kubeconfig, node, conf)
+        got[node] = [ipaddress.ip_address(store_add(s, conf, f"{node}-{i}")) for i in range(3)]
+    blocks = {o["spec"]["holderIdentity"]: o for o in block_leases(server, NS)}
+    assert sorted(blocks) == ["node-a", "node-b", "node-c"]
+    for node, ips in got.items():
+        name = blocks[node]["metadata"]["name"]
+        first = int(name.split("-")[2], 16)
+        assert all(first <= int(ip) < first + 64 for ip in ips), (node, ips, name)  # in its own block of 64
+    assert_each_address_once([str(ip) for ips in got.values() for ip in ips], server)
+
+
+# -- target 6: freed capacity returns -------------------------------------------------------------------
+
+def test_an_empty_block_is_released_after_its_grace_by_the_daemon(server, kubeconfig, daemon):
+    conf = netconf(kubeconfig, "10.9.6.0/24", block_release_seconds=0.5)
+    assert add(conf, "a", "node-a") is not None
+    assert len(block_leases(server, NS)) == 1
+    assert call("DEL", conf, "a", "node-a") == (0, None)
+    assert len(block_leases(server, NS)) == 1  # just emptied: kept for its grace (a new pod may come)
+    time.sleep(0.6)
+    assert call("DEL", conf, "a", "node-a") == (0, None)  # any later DEL releases it
+    assert block_leases(server, NS) == [] and claim_leases(server, NS) == []
+
+
+def test_cni_gc_frees_claims_of_gone_attachments_and_releases_empty_blocks(server, kubeconfig):
+    conf = netconf(kubeconfig, "10.9.7.0/24", block_release_seconds=0)
+    s = store(kubeconfig, "node-a", conf, gc_grace=0)
+    kept = store_add(s, conf, "kept")
+    store_add(s, conf, "gone")
+    assert len(block_leases(server, NS)) == 1
+    freed = s.gc("net-a", {Attachment("kept", "net1")})
+    assert [r.attachment.container_id for r in freed] == ["gone"]
+    assert list(holders(server)) == [kept] and len(block_leases(server, NS)) == 1  # still holds "kept"
+    s.gc("net-a", set())
+    assert holders(server) == {} and block_leases(server, NS) == []
+
+
+def test_the_reconciler_frees_claims_by_pod_uid_and_leaves_blocks_alone(server, kubeconfig, capsys):
+    conf = netconf(kubeconfig, "10.9.8.0/24")
+    server.add_pod("default", "live", uid="uid-live")
+    assert add(conf, "live", "node-a") is not None
+    assert add(conf, "gone", "node-a") is not None
+    conf_file = os.path.join(os.path.dirname(kubeconfig), "net.json")
+    with open(conf_file, "w") as f:
+        json.dump(conf, f)
+    assert cli.main(["ipam", "reconcile", "--network-config", conf_file, "--grace-seconds", "0", "--misses", "1",
+                     "-o", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {c["containerID"]: c["action"] for c in doc["claims"]} == {"live": "kept", "gone": "freed"}
+    assert list(holders(server).values()) == ["live/net1"]
+    assert len(block_leases(server, NS)) == 1
+
+
+def test_ipam_ls_shows_blocks_their_nodes_and_their_fill(server, kubeconfig, capsys):
+    conf = netconf(kubeconfig, "10.9.9.0/28")
+    a, b = store(kubeconfig, "node-a", conf), store(kubeconfig, "node-b", conf)
+    for i in range(3):
+        store_add(a, conf, f"a{i}")
+    store_add(b, conf, "b0")  # no free block: node-b borrows in node-a's
+    conf_file = os.path.join(os.path.dirname(kubeconfig), "net.json")
+    with open(conf_file, "w") as f:
+        json.dump(conf, f)
+    assert cli.main(["ipam", "ls", "--network-config", conf_file, "-o", "json"]) == 0
+    [net] = json.loads(capsys.readouterr().out)["networks"]
+    [blk] = net["blocks"]
+    assert (blk["block"], blk["first"], blk["last"], blk["size"], blk["node"], blk["used"], blk["borrowed"]) == \
+        ("10.9.9.0-16", "10.9.9.0", "10.9.9.15", 16, "node-a", 4, 1)
+    assert len(net["claims"]) == 4
+    assert cli.main(["ipam", "ls", "--network-config", conf_file]) == 0
+    out = capsys.readouterr().out
+    assert "BLOCK" in out and "10.9.9.0-10.9.9.15" in out and "4/16" in out

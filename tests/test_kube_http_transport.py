@@ -26,6 +26,7 @@ from ipam.store.http_transport import HTTPTransport
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_api_server import KubeAPIServer  # noqa: E402
+from lease_objects import claim_leases  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NS = "ipam"
@@ -96,7 +97,7 @@ def test_add_and_del_with_a_token_in_the_kubeconfig_never_import_the_kubernetes_
         assert json.loads(delete) == [0, None]
         assert modules == "[]"
         assert set(auth_headers(server)) == {"Bearer s3cret"}
-        assert server.objects("leases", NS) == []
+        assert claim_leases(server, NS) == []
 
 
 def test_a_rejected_token_is_a_cni_error_naming_the_credentials(tmp_path):
@@ -105,7 +106,7 @@ def test_a_rejected_token_is_a_cni_error_naming_the_credentials(tmp_path):
         code, out = call("ADD", netconf(path))
         assert code != 0 and out["code"] == IO_FAILURE
         assert "HTTP 401" in out["msg"] and "credentials" in out["details"]
-        assert server.objects("leases", NS) == []
+        assert claim_leases(server, NS) == []
 
 
 def test_token_file_is_read_again_after_rotation(tmp_path):
@@ -316,7 +317,7 @@ def test_client_certificate_and_ca_from_files(tmp_path, pki, mtls_server):
                       user={"client-certificate": "client.crt", "client-key": "client.key"})
     code, out = call("ADD", netconf(path))
     assert code == 0 and out["ips"][0]["address"] == "10.3.0.1/29"
-    assert auth_headers(mtls_server) == [None, None]  # the certificate is the credential
+    assert auth_headers(mtls_server) == [None, None, None]  # the certificate is the credential (List, block, claim)
 
 
 def test_client_certificate_and_ca_as_data(tmp_path, pki, mtls_server):

@@ -48,6 +48,7 @@ from ipam.store.kube import use_watch_cache
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_api_server import KubeAPIServer, write_kubeconfig  # noqa: E402
+from lease_objects import claim_leases  # noqa: E402
 
 NS = "ipam"
 TIMEOUT = 2.0  # timeout_seconds: the whole verb's budget
@@ -106,7 +107,7 @@ def ip_of(out):
 def leases(server):
     """{ip: holder} of every claim Lease on the server."""
     return {o["metadata"]["annotations"]["rdmanet.io/ip"]: o["spec"]["holderIdentity"]
-            for o in server.objects("leases", NS)}
+            for o in claim_leases(server, NS)}
 
 
 def gc(conf, node, valid):

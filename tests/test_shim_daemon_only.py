@@ -269,3 +269,15 @@ def test_a_full_accept_queue_is_waited_for_not_taken_for_absence(root):
         for c in held:
             c.close()
         server.close()
+
+
+@pytest.mark.parametrize("socket_path", ["/run/rdmanet/daemon.sock", "/daemon.sock", "daemon.sock", "run//x/d.sock",
+                                         "//d.sock", "/run/rdmanet/"])
+@pytest.mark.parametrize("cid", [b"c1", b"x" * 150, b""])
+def test_hot_path_journal_path_is_the_launchers(socket_path, cid):
+    """The shim's hot path (shim.fast) removes the journaled DEL an ADD supersedes by its own copy
+    of journal_path (it does not import os): the same file the launcher writes."""
+    from shim import fast
+
+    environb = {b"CNI_CONTAINERID": cid, b"CNI_IFNAME": b"net1"}
+    assert fast.journal_path(socket_path, "macvlan-rdma", environb) == launcher.journal_path(socket_path, "macvlan-rdma", environb)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import zlib
 from contextlib import contextmanager
 from typing import Callable, Iterator
@@ -33,26 +34,56 @@ POLL = 0.05
 RUN_LOCK_DIR = "/run/rdmanet/locks"
 
 
+_in_process: dict[str, threading.Lock] = {}
+_in_process_guard = threading.Lock()
+
+
+def _thread_lock(path: str) -> threading.Lock:
+    with _in_process_guard:
+        return _in_process.setdefault(path, threading.Lock())
+
+
+def _wait(acquire: Callable[[float], bool], what: str) -> None:
+    """``acquire(timeout)`` until it succeeds, each try bounded by the call's deadline."""
+    deadline = call_deadline.current()
+    while not acquire(max(0.0, min(POLL * 4, deadline.remaining()))):
+        if deadline.remaining() <= 0:
+            raise CNIError(TRY_AGAIN_LATER, f"{what} is locked by another CNI operation that did not finish in time",
+                           "the runtime retries; if it persists, look for a hung call in the rdmanet daemon log")
+        if deadline.caller_gone():  # nobody waits for this call any more: do not queue behind others
+            raise call_deadline.Abandoned(f"the caller went away while waiting for the lock of {what}")
+
+
+def _file_acquire(lock: FileLock) -> Callable[[float], bool]:
+    def acquire(timeout: float) -> bool:
+        try:
+            lock.acquire(timeout=timeout, poll_interval=POLL)
+        except Timeout:
+            return False
+        return True
+
+    return acquire
+
+
 @contextmanager
 def locked(path: str, what: str) -> Iterator[None]:
-    """Hold the flock at ``path``; waits until the call's deadline (CNI error 11 past it)."""
+    """Hold the flock at ``path``; waits until the call's deadline (CNI error 11 past it).
+
+    Threads of one process (the daemon's workers) first queue on an in-process lock per path:
+    the one that gets it takes the flock at once unless another process holds it, so a stripe
+    shared by two calls in the daemon costs the second one the first one's time, not a poll."""
     roots.ensure_dir(os.path.dirname(path), key="lock directory")
-    lock = FileLock(path)
-    deadline = call_deadline.current()
-    while True:
-        try:
-            lock.acquire(timeout=min(POLL * 4, deadline.remaining()), poll_interval=POLL)
-            break
-        except Timeout:
-            if deadline.remaining() <= 0:
-                raise CNIError(TRY_AGAIN_LATER, f"{what} is locked by another CNI operation that did not finish in time",
-                               "the runtime retries; if it persists, look for a hung call in the rdmanet daemon log") from None
-            if deadline.caller_gone():  # nobody waits for this call any more: do not queue behind others
-                raise call_deadline.Abandoned(f"the caller went away while waiting for the lock of {what}") from None
+    local = _thread_lock(path)
+    _wait(lambda timeout: local.acquire(timeout=timeout), what)
     try:
-        yield
+        lock = FileLock(path)
+        _wait(_file_acquire(lock), what)
+        try:
+            yield
+        finally:
+            lock.release()
     finally:
-        lock.release()
+        local.release()
 
 
 @contextmanager

@@ -34,6 +34,7 @@ down with it):
 - A fixed pool of ``--workers`` threads (default :data:`WORKERS`) serves the calls; up to
   :data:`QUEUED` accepted connections wait for one, the rest wait in the listen backlog (the
   shims retry a full backlog for a while), so threads and fds are bounded whatever the burst.
+- Memory stays flat (:mod:`shim.memory`): glibc arenas bounded, free memory given back when idle.
 - RLIMIT_NOFILE is raised to its hard limit at start (systemd and containerd give services a soft
   1024; a host-device ADD holds about 12 fds). A call that still runs out of fds or memory
   answers CNI error 11 (try again later), not 999.
@@ -73,7 +74,7 @@ from cni.core.errors import INVALID_CONFIG, INVALID_ENVIRONMENT, CNIError
 from cni.core.ipam_exec import CRASH_HOOKS
 from ipam import node_gc
 
-from . import del_journal, socket_activation
+from . import del_journal, memory, socket_activation
 
 from .launcher import DEFAULT_SOCKET, JSON_PROTOCOL, LATEST, PLUGINS, PROTOCOL, DaemonLost, NoDaemon, b64, exchange, unb64
 
@@ -89,6 +90,10 @@ MAX_JSON_LINE = 8 << 20  # base64 of the above
 NOFILE_CAP = 1 << 20
 
 _LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"  # = skel.configure_logging
+# Libraries whose DEBUG chatter a request's RDMANET_LOG_LEVEL=DEBUG does not get from the daemon
+# (in-process it does): pyroute2 logs several DEBUG lines per netlink message, and the root
+# logger has to stay at DEBUG here for the requests that ask for it, so each line would be built.
+QUIET_LIBRARIES = ("pyroute2", "asyncio", "filelock")
 
 _real_stderr = sys.__stderr__
 
@@ -164,6 +169,8 @@ def _install_logging() -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(logging.DEBUG)  # the filter decides, per request
+    for library in QUIET_LIBRARIES:  # their DEBUG records would be made (and dropped) on every request
+        logging.getLogger(library).setLevel(logging.INFO)
     node = logging.getLogger("rdmanet.node")
     node_events = _NodeEvents(logging.WARNING)
     node.handlers = [h for h in node.handlers if not isinstance(h, _NodeEvents)] + [node_events]
@@ -490,6 +497,7 @@ class DaemonServer(socketserver.UnixStreamServer):
                 log_event("request_failed", "error", error=repr(sys.exc_info()[1]))
             finally:
                 self.shutdown_request(request)
+                memory.trim_when_idle(self.in_flight + self._queue.qsize())
 
     def server_close(self) -> None:
         """Finish the queued and in-flight requests, stop the workers, close the socket."""
@@ -578,6 +586,7 @@ def run(socket_path: str = DEFAULT_SOCKET, allowed_uids: Iterable[int] = (0,), w
         roots.set_process_policy(policy)
     t0 = time.monotonic()
     nofile = raise_nofile()
+    arenas = memory.limit_arenas()  # before any worker thread exists
     plugins = load_plugins()
     try:
         if listening is None:
@@ -600,7 +609,8 @@ def run(socket_path: str = DEFAULT_SOCKET, allowed_uids: Iterable[int] = (0,), w
     loop.start()
     log_event("started", socket=socket_path, socket_activated=listening is not None, pid=os.getpid(),
               import_ms=round((time.monotonic() - t0) * 1000, 1), allowed_uids=sorted(server.allowed_uids),
-              workers=workers, call_timeout=call_timeout, nofile=nofile, node_policy=getattr(policy, "source", None))
+              workers=workers, call_timeout=call_timeout, nofile=nofile,
+              malloc_arenas=memory.ARENAS if arenas else None, node_policy=getattr(policy, "source", None))
     del_journal.start(socket_path, plugins, stop)  # DELs the shims could not get done (Multus swallows them)
     node_gc.start(stop, log_event)  # this node's claims whose pod is gone
     try:

@@ -1,6 +1,7 @@
 """Link, address and route operations over rtnetlink (pyroute2), for a socket in some netns.
 
-Every function takes an open ``IPRoute``; :func:`rtnl_in` opens one inside a namespace. Kernel
+Every function takes an open ``IPRoute`` (or the :class:`cni.linux.rtnl.Rtnl` that :func:`rtnl_in`
+opens inside a namespace: IPRoute's interface without its per-request event loop). Kernel
 refusals become CNIError 100 (LINK_FAILURE) with the operation and the errno text, so a user
 reads "set MTU 9000 on net1: Invalid argument" rather than a traceback.
 """
@@ -21,6 +22,7 @@ from cni.core.errors import LINK_FAILURE, CNIError
 from cni.core.result import IPConfig, Route
 
 from . import netns, sysctl
+from .rtnl import Rtnl
 
 IFA_F_TENTATIVE = 0x40
 IFA_F_DADFAILED = 0x08
@@ -32,9 +34,9 @@ def rtnl_in(netns_path: Optional[str] = None) -> Iterator[IPRoute]:
     """An rtnetlink socket bound to ``netns_path`` (the caller's namespace when None)."""
     if netns_path:
         with netns.entered(netns_path):
-            ipr = IPRoute()
+            ipr = Rtnl()
     else:
-        ipr = IPRoute()
+        ipr = Rtnl()
     try:
         yield ipr
     finally:
@@ -45,7 +47,7 @@ def rtnl_in(netns_path: Optional[str] = None) -> Iterator[IPRoute]:
 def rtnl_in_fd(fd: int) -> Iterator[IPRoute]:
     """An rtnetlink socket bound to the namespace open as ``fd``."""
     with netns.entered_fd(fd):
-        ipr = IPRoute()
+        ipr = Rtnl()
     try:
         yield ipr
     finally:
@@ -82,24 +84,38 @@ class Link:
 
     @classmethod
     def from_msg(cls, msg) -> "Link":
+        attrs = _first_attrs(msg)
+        info = attrs.get("IFLA_LINKINFO")
+        info_attrs = _first_attrs(info) if info is not None else {}
+        data = info_attrs.get("IFLA_INFO_DATA")
+        data_attrs = _first_attrs(data) if hasattr(data, "get_attrs") else {}
         return cls(
             index=msg["index"],
-            name=msg.get("IFLA_IFNAME"),
-            kind=msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_KIND") or "",
+            name=attrs.get("IFLA_IFNAME"),
+            kind=info_attrs.get("IFLA_INFO_KIND") or "",
             mac=hardware_address(msg),
-            mtu=msg.get("IFLA_MTU") or 0,
+            mtu=attrs.get("IFLA_MTU") or 0,
             up=bool(msg["flags"] & 1),
-            alias=msg.get("IFLA_IFALIAS") or "",
-            altnames=_altnames(msg),
-            macvlan_mode=msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_DATA", "IFLA_MACVLAN_MODE") or "",
-            parent_index=msg.get("IFLA_LINK") or 0,
-            parent_netnsid=msg.get("IFLA_LINK_NETNSID"),
+            alias=attrs.get("IFLA_IFALIAS") or "",
+            altnames=_altnames(attrs.get("IFLA_PROP_LIST")),
+            macvlan_mode=data_attrs.get("IFLA_MACVLAN_MODE") or "",
+            parent_index=attrs.get("IFLA_LINK") or 0,
+            parent_netnsid=attrs.get("IFLA_LINK_NETNSID"),
             link_type=msg.get("ifi_type") or 0,
-            ipoib_pkey=msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_DATA", "IFLA_IPOIB_PKEY"),
-            ipoib_mode=msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_DATA", "IFLA_IPOIB_MODE") or "",
-            perm_mac=(msg.get("IFLA_PERM_ADDRESS") or "").lower(),
-            parent_dev=msg.get("IFLA_PARENT_DEV_NAME") or "",
+            ipoib_pkey=data_attrs.get("IFLA_IPOIB_PKEY"),
+            ipoib_mode=data_attrs.get("IFLA_IPOIB_MODE") or "",
+            perm_mac=(attrs.get("IFLA_PERM_ADDRESS") or "").lower(),
+            parent_dev=attrs.get("IFLA_PARENT_DEV_NAME") or "",
         )
+
+
+def _first_attrs(msg) -> dict:
+    """{NLA name: value of its first occurrence} in one pass (``msg.get`` scans all NLAs per name)."""
+    found: dict = {}
+    for slot in msg["attrs"]:
+        if slot[0] not in found:
+            found[slot[0]] = slot[1]
+    return found
 
 
 def hardware_address(msg) -> str:
@@ -116,8 +132,8 @@ def hardware_address(msg) -> str:
     return ""
 
 
-def _altnames(msg) -> tuple:
-    props = msg.get("IFLA_PROP_LIST")
+def _altnames(props) -> tuple:
+    """The IFLA_ALT_IFNAME values of an IFLA_PROP_LIST."""
     return tuple(value for key, value in props["attrs"] if key == "IFLA_ALT_IFNAME") if props else ()
 
 

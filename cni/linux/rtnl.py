@@ -1,0 +1,198 @@
+"""A synchronous rtnetlink socket driven with pyroute2's own request processing and messages.
+
+pyroute2 0.9's ``IPRoute`` is a synchronous face on its asyncio core: every ``IPRoute()`` makes an
+event loop and every request runs that loop (tasks, futures, a selector) around one
+``send``/``recv``. In the daemon that machinery was the larger part of an ADD's CPU. :class:`Rtnl`
+keeps what makes pyroute2 worth using, its request filters (``link("set", state="up")``,
+``kind="macvlan"``, ...), its message classes (ifinfmsg, ifaddrmsg, rtmsg) and its parser, and
+replaces only the transport: a plain NETLINK_ROUTE socket, one request at a time, the answer read
+until its ACK (or NLMSG_DONE for a dump). The messages that go out are built by the same
+pyroute2 code as ``IPRoute``'s, field by field and attribute by attribute.
+
+Only the requests the plugins make on their hot path are served this way (see :data:`FAST`);
+anything else (``put``/``get`` of a hand-built message, ``get_addr``, ``get_routes``, ...) goes
+to a real ``IPRoute`` opened on first use in the same network namespace, so the two always agree.
+
+A netlink socket stays bound to the namespace it was created in, whichever namespace the thread
+is in later (cni.linux.netns).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from typing import Any, Optional
+
+from pyroute2.iproute.linux import get_arguments_processor, get_dump_filter
+from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR
+from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl import (
+    RTM_DELLINK,
+    RTM_DELLINKPROP,
+    RTM_GETLINK,
+    RTM_NEWADDR,
+    RTM_NEWLINK,
+    RTM_NEWROUTE,
+)
+from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
+from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
+from pyroute2.netlink.rtnl.marshal import MarshalRtnl
+from pyroute2.netlink.rtnl.rtmsg import rtmsg
+
+from . import netns
+
+REQ = NLM_F_REQUEST | NLM_F_ACK
+# (mode, command) -> (message class, type, flags, the keyword arguments served here): as IPRoute's
+# command maps (pyroute2.iproute.linux); other arguments or commands go to IPRoute itself.
+FAST = {
+    ("link", "get"): (ifinfmsg, RTM_GETLINK, REQ, {"index", "ifname"}),
+    ("link", "add"): (ifinfmsg, RTM_NEWLINK, REQ | NLM_F_CREATE | NLM_F_EXCL,
+                      {"ifname", "kind", "link", "macvlan_mode", "net_ns_fd", "address", "mtu"}),
+    ("link", "set"): (ifinfmsg, RTM_NEWLINK, REQ, {"index", "ifname", "ifalias", "state", "net_ns_fd", "mtu", "address"}),
+    ("link", "del"): (ifinfmsg, RTM_DELLINK, REQ, {"index"}),
+    ("link", "property_del"): (ifinfmsg, RTM_DELLINKPROP, REQ, {"index", "altname"}),
+    ("addr", "add"): (ifaddrmsg, RTM_NEWADDR, REQ | NLM_F_CREATE | NLM_F_EXCL, {"index", "address", "prefixlen"}),
+    ("route", "add"): (rtmsg, RTM_NEWROUTE, REQ | NLM_F_CREATE | NLM_F_EXCL,
+                       {"dst", "oif", "gateway", "priority", "table", "scope"}),
+}
+RECV = 1 << 16
+
+
+class Rtnl:
+    """An rtnetlink socket in the namespace the calling thread is in (``IPRoute``'s interface for
+    the requests in :data:`FAST`, ``IPRoute`` itself for the rest)."""
+
+    def __init__(self) -> None:
+        self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.NETLINK_ROUTE)
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+            self._sock.bind((0, 0))
+            self._ns = netns.current_netns_fd()  # for the IPRoute of the other requests
+        except BaseException:
+            self._sock.close()
+            raise
+        self._pid = self._sock.getsockname()[0]
+        self._seq = 0
+        self._marshal = MarshalRtnl()
+        self._ipr: Optional[Any] = None
+        self._broken = False
+
+    # ------------------------------------------------------------------ IPRoute's interface
+
+    def link(self, command: str, **kwarg: Any):
+        return self._request("link", command, kwarg)
+
+    def addr(self, command: str, **kwarg: Any):
+        return self._request("addr", command, kwarg)
+
+    def route(self, command: str, **kwarg: Any):
+        return self._request("route", command, kwarg)
+
+    def get_links(self, *argv: Any, **kwarg: Any):
+        if argv or kwarg:
+            return self._fallback().get_links(*argv, **kwarg)
+        return self._exchange(self._message(ifinfmsg, RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP, "link", "dump", {}), dump=True)
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._fallback(), name)
+
+    def close(self) -> None:
+        if self._ipr is not None:
+            self._ipr.close()
+            self._ipr = None
+        if self._ns is not None:
+            os.close(self._ns)
+            self._ns = None
+        self._sock.close()
+
+    def __enter__(self) -> "Rtnl":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ transport
+
+    def _fallback(self):
+        if self._ipr is None:
+            from pyroute2.iproute.linux import IPRoute
+
+            with netns.entered_fd(self._ns):
+                self._ipr = IPRoute()
+        return self._ipr
+
+    def _request(self, mode: str, command: str, kwarg: dict):
+        msg = self.build(mode, command, kwarg)
+        if msg is None:
+            return getattr(self._fallback(), mode)(command, **kwarg)
+        return self._exchange(msg)
+
+    def build(self, mode: str, command: str, kwarg: dict):
+        """The encoded request ``IPRoute.<mode>(command, **kwarg)`` would send (None: not served here)."""
+        spec = FAST.get((mode, command))
+        if spec is None or not kwarg.keys() <= spec[3]:
+            return None
+        cls, msg_type, flags, _ = spec
+        kwarg = dict(kwarg)
+        if mode == "route":  # as IPRoute.route does for add
+            kwarg["proto"] = kwarg.get("proto", "static") or "static"
+            kwarg["type"] = kwarg.get("type", "unicast") or "unicast"
+        return self._message(cls, msg_type, flags, mode, command, kwarg)
+
+    def _message(self, cls: type, msg_type: int, flags: int, mode: str, command: str, kwarg: dict):
+        """The request as NetlinkRequest fills it (fields, then the NLAs the filters made)."""
+        parameters = {"strict_check": False} if mode == "route" else None  # as IPRoute.route (no strict checking)
+        _, kwarg = get_dump_filter(mode, command, kwarg, parameters)
+        request_filter = get_arguments_processor(mode, command, kwarg, parameters)
+        msg = cls()
+        self._seq = self._seq % 0x7FFFFFFF + 1
+        msg["header"]["type"] = msg_type
+        msg["header"]["flags"] = flags
+        msg["header"]["sequence_number"] = self._seq
+        msg["header"]["pid"] = self._pid
+        msg.reset()
+        for field in msg.fields:
+            msg[field[0]] = request_filter.get_value(field[0], default=0, mode="field")
+        for key, value in request_filter.items():
+            nla = cls.name2nla(key)
+            if msg.valid_nla(nla) and value is not None:
+                msg["attrs"].append([nla, value])
+        if "attrs" in request_filter:
+            msg["attrs"].extend(request_filter["attrs"])
+        msg.encode()
+        return msg
+
+    def _exchange(self, msg, dump: bool = False) -> list:
+        """Send ``msg``; its answers up to the ACK (or NLMSG_DONE); NetlinkError when refused."""
+        if self._broken:
+            raise NetlinkError(errno.EIO, "rtnetlink socket lost its place in an earlier request")
+        seq = msg["header"]["sequence_number"]
+        self._sock.send(msg.data)
+        out = []
+        try:
+            while True:
+                data = self._sock.recv(RECV)
+                for answer in self._marshal.parse(data):
+                    header = answer["header"]
+                    if header["sequence_number"] != seq:
+                        continue  # a late answer to an earlier request
+                    kind = header["type"]
+                    if kind == NLMSG_ERROR:
+                        if header["error"] is not None:
+                            raise header["error"]
+                        return out  # the ACK
+                    if kind == NLMSG_DONE:
+                        return out
+                    if header.get("error") is not None:
+                        raise header["error"]
+                    out.append(answer)
+                    if not dump and not header["flags"] & 0x2:  # NLM_F_MULTI
+                        continue  # the ACK follows
+        except NetlinkError:
+            raise
+        except BaseException:
+            self._broken = True  # an answer may still be queued: never read it as the next one's
+            raise

@@ -681,6 +681,8 @@ class KubeStore(Store):
                 query.append(("continue", cont))
             resp, _ = self._call("GET", self.path, what, deadline, query=query)
             if resp.status == 410 and cont and restarts < 3:
+                log.info("%s: the continue token expired (HTTP 410): listing again from the start", what)
+                self.calls["relist"] = self.calls.get("relist", 0) + 1
                 cont, restarts = "", restarts + 1
                 yield None
                 continue
@@ -879,18 +881,22 @@ class KubeStore(Store):
                 used = {4: hint.used(4), 6: hint.used(6)}
                 return self._allocate(attachment, network, range_sets, requested, deadline, mine, used, hint.blocks(),
                                       hint, hint.latest(), settle=False)
-        # Without a watch cache: this node's own claims and blocks (paginated), never the domain.
-        claims, blocks = self._list_all(node_selector(self.dhash, self.node), deadline,
-                                        f"list leases of domain {self.domain} on node {self.node}")
-        used: dict[int, list[int]] = {4: [], 6: []}
-        for c in claims:
-            used[c.ip.version].append(int(c.ip))
-        for values in used.values():
-            values.sort()
-        mine = [c for c in claims if c.attachment == attachment]
-        created = self._allocate(attachment, network, range_sets, requested, deadline, mine, used, blocks, None,
-                                 latest_by_range(claims))
-        return created
+        # Without a watch cache: this node's own claims and blocks, never the domain's; the List
+        # is paginated and folded page by page (used ints, the attachment's claims, the cursor).
+        scan, blocks = DomainScan(attachment, set()), []
+        for page in self._pages(node_selector(self.dhash, self.node), deadline,
+                                f"list leases of domain {self.domain} on node {self.node}"):
+            if page is None:
+                scan, blocks = DomainScan(attachment, set()), []
+                continue
+            for item in page:
+                got = parse_lease(item, self.dhash)
+                if isinstance(got, Claim):
+                    scan.add(got)
+                elif isinstance(got, Block):
+                    blocks.append(got)
+        return self._allocate(attachment, network, range_sets, requested, deadline, scan.mine, scan.sorted_used(),
+                              blocks, None, scan.latest)
 
     def _allocate_cached(self, cache: LeaseCache, attachment: Attachment, network: str,
                          range_sets: Sequence[RangeSet], requested: Mapping[int, IPAddress],

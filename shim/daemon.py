@@ -13,7 +13,7 @@ own, printing exactly what the in-process run would print (``skel.render``) with
   or print on stderr goes into that request's answer, never into another's (a contextvar-routed
   ``sys.stderr``). Network namespaces are entered per thread and always left (cni.linux.netns).
 - lease-ipam as ``ipam.type`` runs in-process (``ipam_exec.IN_PROCESS_PLUGINS``), not by exec.
-- Requests carrying a test crash hook (LEASE_IPAM_TEST_CRASH_AT, which os._exit()s) are declined
+- Requests carrying a test crash hook (ipam_exec.CRASH_HOOKS, which os._exit()) are declined
   ("exec") so the shim runs them in a process of their own.
 - Two framings (:mod:`shim.launcher`): the shims' binary one and one JSON line for tools
   (health) and the first shims. A request of another protocol version is declined ("exec"): a

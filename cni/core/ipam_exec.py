@@ -42,7 +42,7 @@ IN_PROCESS: dict[str, InProcessHandler] = {}
 # IPAM type -> (module, class) of the plugins shipped with rdmanet, imported on first use.
 IN_PROCESS_PLUGINS = {"lease-ipam": ("ipam.plugin", "LeaseIPAM")}
 # Test-only hooks that os._exit() the process that runs the plugin.
-CRASH_HOOKS = ("LEASE_IPAM_TEST_CRASH_AT",)
+CRASH_HOOKS = ("LEASE_IPAM_TEST_CRASH_AT", "HOST_DEVICE_RDMA_TEST_CRASH_AT")
 
 
 def find_plugin(name: str, path: list[str]) -> str:

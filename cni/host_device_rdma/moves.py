@@ -1,11 +1,17 @@
-"""Moving a netdev into a pod and back, always through a temporary netns (Go host-device, 2024).
+"""Moving a netdev into a pod and back, always through a staging netns (Go host-device, 2024).
 
-Into the pod: host -> temporary netns, renamed to CNI_IFNAME with IFLA_IFALIAS = the original
+Into the pod: host -> staging netns, renamed to CNI_IFNAME with IFLA_IFALIAS = the original
 name (an altname equal to the old name dropped) -> pod, where MTU/MAC are set and it goes up.
-The temporary netns keeps both the host and the pod free of half-renamed devices and of udev
+The staging netns keeps both the host and the pod free of half-renamed devices and of udev
 or NetworkManager races. Back to the host: the reverse, restoring name, MAC, MTU, alias and the
-up/down state recorded before ADD. If anything fails half-way the device is sent home first:
-a virtual device left in a closing temporary netns would be destroyed.
+up/down state recorded before ADD. If anything fails half-way the device is sent home first.
+
+The staging netns is *pinned* at a path the caller derives from the attachment (under the state
+dir; cni.linux.netns.pinned) and removed once the device left it. A call killed while the device
+is inside leaves it there, alive (an unnamed netns would die with the process, and a veth with
+it; a PF or VF would come home under the pod's name): the next DEL or repeat ADD of the
+attachment finds it at that path, sends the device home as it was (:func:`rescue_from_staging`)
+and removes the netns.
 
 A moved link is followed by its ifindex (the kernel keeps it across a netns move unless the
 target already uses it), never found again by a name a pod could have given another link.
@@ -17,13 +23,23 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Optional
+from contextlib import contextmanager
+from typing import Iterator, Optional
 
+from cni.core import env as request_env
 from cni.core.errors import INVALID_ENVIRONMENT, LINK_FAILURE, CNIError
 from cni.linux import links, netns
 from cni.linux.links import Link
 
 log = logging.getLogger("rdmanet.host-device-rdma")
+# TEST-ONLY: the process os._exit()s at the named step ("add:in-staging", "add:renamed",
+# "del:in-staging"), as a SIGKILL there would; a daemon declines such calls (cni.core.ipam_exec.CRASH_HOOKS).
+CRASH_ENV = "HOST_DEVICE_RDMA_TEST_CRASH_AT"
+
+
+def _crash(step: str) -> None:
+    if request_env.get(CRASH_ENV) == step:
+        os._exit(137)
 
 
 def identity_of(link: Link) -> dict:
@@ -60,19 +76,21 @@ def _followed(ipr, index: int, name: str) -> Link:
     return found
 
 
-def move_into_pod(host, link: Link, pod_fd: int, ifname: str, *, mtu: Optional[int], mac: Optional[str]) -> Link:
+def move_into_pod(host, link: Link, pod_fd: int, ifname: str, *, mtu: Optional[int], mac: Optional[str], staging_path: str) -> Link:
     with links.rtnl_in_fd(pod_fd) as pod:
         if clash := links.find_link(pod, ifname):
             raise CNIError(INVALID_ENVIRONMENT, f"CNI_IFNAME {ifname} already exists in the pod netns (a {clash.kind or 'link'})",
                            "choose another interface name, or DEL the attachment that owns it first")
     original = {"name": link.name, "mac": link.mac, "mtu": link.mtu, "up": link.up, "alias": link.alias}
-    with netns.temporary() as tmp:
+    with _staged(staging_path) as tmp:
         links.set_attrs(host, link.index, f"move {link.name} out of the host netns", net_ns_fd=tmp)
         with links.rtnl_in_fd(tmp) as staging:
             index = _followed(staging, link.index, link.name).index
+            _crash("add:in-staging")
             try:
                 links.set_attrs(staging, index, f"rename {link.name} to {ifname}", ifname=ifname, ifalias=link.name)
                 links.drop_altname(staging, index, link.name)
+                _crash("add:renamed")
                 links.set_attrs(staging, index, f"move {ifname} into the pod netns", net_ns_fd=pod_fd)
             except CNIError:
                 _send_home(staging, index, original)
@@ -86,27 +104,77 @@ def move_into_pod(host, link: Link, pod_fd: int, ifname: str, *, mtu: Optional[i
                 links.set_attrs(pod, moved.index, f"set MAC {mac} on {ifname}", address=mac)
             links.set_up(pod, moved.index, ifname)
         except CNIError:
-            move_to_host(pod_fd, moved, original)
+            move_to_host(pod_fd, moved, original, staging_path)
             raise
         return links.link_by_index(pod, moved.index)
 
 
-def move_to_host(pod_fd: int, link: Link, original: dict) -> None:
+def move_to_host(pod_fd: int, link: Link, original: dict, staging_path: str) -> None:
     """Send ``link`` (found in the pod by the caller) home as it was.
 
     If the host netns already has another link called like the original (created while the
-    device was in the pod), the device stays in the pod and CNIError 100 says so: it must never
-    be left in the closing temporary netns (a virtual device would be destroyed, a physical one
-    would come home under a kernel-made name), and the stranger must not be touched.
+    device was in the pod), the device stays in the pod and CNIError 100 says so, and the
+    stranger is not touched.
     """
     with links.rtnl_in_fd(pod_fd) as pod:
         _refuse_name_clash(link.name, original["name"])
         links.set_attrs(pod, link.index, f"set {link.name} down", state="down")
-        with netns.temporary() as tmp:
+        with _staged(staging_path) as tmp:
             links.set_attrs(pod, link.index, f"move {link.name} out of the pod netns", net_ns_fd=tmp)
             with links.rtnl_in_fd(tmp) as staging:
                 index = _followed(staging, link.index, link.name).index
+                _crash("del:in-staging")
                 _send_home(staging, index, original, back_to=(pod_fd, link.name, link.up))
+
+
+def rescue_from_staging(staging_path: str, original: dict, index: Optional[int]) -> bool:
+    """Send home, as it was, the device a killed call left in the staging netns pinned at
+    ``staging_path`` (found at ``index`` or by its identity), then remove the staging netns.
+    True when the device was there. If the host refuses it (a link took its name meanwhile)
+    CNIError 100 says so and the staging netns is kept, the device in it, for the next call."""
+    try:
+        fd = netns.open_netns(staging_path)
+    except netns.NetnsGone:
+        _remove_staging(staging_path)  # nothing, or a plain file a call killed before the mount left
+        return False
+    try:
+        with links.rtnl_in_fd(fd) as staging:
+            link = links.link_by_index(staging, index) if index else None
+            if link is None or link.name == "lo" or not identify(link, original):
+                link = next((l for l in map(Link.from_msg, staging.get_links()) if l.name != "lo" and identify(l, original)), None)
+            if link is not None:
+                log.info("%s was left in the staging netns %s by an interrupted call: sending it home", original["name"], staging_path)
+                _send_home(staging, link.index, original)
+    finally:
+        os.close(fd)
+    _remove_staging(staging_path)
+    return link is not None
+
+
+def _remove_staging(path: str) -> None:
+    try:
+        netns.remove_pinned(path)
+    except OSError as exc:
+        raise CNIError(LINK_FAILURE, f"cannot remove the staging netns {path}: {exc}", "see the daemon log; DEL again") from None
+
+
+@contextmanager
+def _staged(path: str) -> Iterator[int]:
+    """The staging netns pinned at ``path``: kept after a failure only while a device is still in
+    it (for the next call to send home), removed otherwise."""
+    try:
+        with netns.pinned(path, keep_if=_holds_a_device) as fd:
+            yield fd
+    except (OSError, ValueError) as exc:
+        raise CNIError(LINK_FAILURE, f"staging netns {path}: {exc}", "see the daemon log; DEL the attachment") from None
+
+
+def _holds_a_device(fd: int) -> bool:
+    try:
+        with links.rtnl_in_fd(fd) as staging:
+            return any(msg.get("IFLA_IFNAME") != "lo" for msg in staging.get_links())
+    except Exception:  # cannot tell: keep it, the next call looks again
+        return True
 
 
 def _refuse_name_clash(ifname: str, name: str) -> None:

@@ -7,14 +7,18 @@ rollback, a later DEL or a repeat ADD can undo from:
   save the state and claim the device (allocation record with this ADD's token) -> apply VF
   settings through the PF -> InfiniBand VF: node and port GUID through the PF, then a driver
   rebind (ib_vf.py) -> move the RDMA device (exclusive mode) -> move the netdev through a
-  temporary netns (rename to CNI_IFNAME, alias = original name) into the pod -> IPAM ->
-  device-info file -> save the state (done).
+  staging netns pinned at a path derived from the attachment (rename to CNI_IFNAME, alias =
+  original name; moves.py) into the pod -> IPAM -> device-info file -> save the state (done).
 Between steps ADD stops when its deadline passed or its caller went away (cni.core.deadline) and
 undoes what it did. A rollback that could not undo everything keeps the state file, marked
 ``repair``, and the claim on the device: a later DEL (or repeat ADD, or GC) tries again.
 
+A repeat ADD of the attachment (the runtime lost the answer of a killed call) first undoes
+whatever the earlier one left, finished or not, as DEL would, and then ADDs: one clean ADD.
+
 DEL and GC undo from the state file alone, and treat "already gone" as done at every step (netns
-gone, a leftover plain file at its path, a newer netns at the same path, device or VF/PF gone).
+gone, a leftover plain file at its path, a newer netns at the same path, device or VF/PF gone);
+a device a killed call left in the staging netns is sent home first.
 They touch the device only while its allocation record carries the state's token (a stale DEL
 after the device went to another pod cleans up only its own state and IPAM), and move only the
 link that *is* the device (ifindex, kind, permanent MAC, bus device as recorded at ADD), never
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import hashlib
 import logging
 import os
 import uuid
@@ -49,11 +54,12 @@ from cni.core.ipam_exec import IPAM
 from cni.core.rdma_policy import decide_exclusive
 from cni.core.result import DNS, Interface, Result
 from cni.core.rollback import Undo
-from cni.linux import device_info, links, netns, sysfs
+from cni.linux import device_info, links, netns, roots, sysfs
 from cni.linux.state import StateDir
 
 from . import device_lock, ib_vf, state_dir
-from .moves import identify, identity_of, move_into_pod, move_to_host, restore_in_host, strongly_identified
+from .moves import (identify, identity_of, move_into_pod, move_to_host, rescue_from_staging, restore_in_host,
+                    strongly_identified)
 from .selection import DeviceRef, select_device
 
 if TYPE_CHECKING:
@@ -75,7 +81,7 @@ class HostDeviceRdma:
         states = StateDir(root)
         key = states.key(inv.network_name, inv.container_id, inv.ifname)
         with device_lock.attachment_held(root, _holder(inv)):
-            _clear_previous(states, key)
+            _clear_previous(states, key, conf, inv)
             call_deadline.check("selecting the device")
             with links.rtnl_in() as host:
                 ref = _select(conf, host)
@@ -99,6 +105,8 @@ class HostDeviceRdma:
                     errors.append(exc)
             if state is not None:
                 _forget_or_keep(states, key, state, errors)
+            else:
+                states.remove(key)  # the temp file of a first save a kill cut short
             if errors:
                 raise errors[0]
 
@@ -284,10 +292,11 @@ class _Add:
             if link is not None:
                 step(f"moving {link.name} into the pod")
                 # the kernel keeps an ifindex across netns moves unless the target already uses it
-                state["netdev"] = {"pod_index": link.index}
+                state["netdev"] = {"pod_index": link.index, "staging": staging_path(self.root, state)}
                 self._save()
-                self.undo.push(f"return {link.name} to the host", _netdev_to_host, state, inv.netns)
-                moved = move_into_pod(host, link, pod_fd, inv.ifname, mtu=conf.mtu or None, mac=self.mac)
+                self.undo.push(f"return {link.name} to the host", _netdev_to_host, state, inv.netns, self.root)
+                moved = move_into_pod(host, link, pod_fd, inv.ifname, mtu=conf.mtu or None, mac=self.mac,
+                                      staging_path=state["netdev"]["staging"])
                 if moved.index != link.index:
                     state["netdev"]["pod_index"] = moved.index
                     self._save()
@@ -347,6 +356,8 @@ def _recover_from_stale(states: StateDir, stale: dict, ref: DeviceRef) -> Device
         return ref
     original = previous["original"]
     try:
+        # its ADD or DEL may have been killed while the device was in its staging netns
+        rescue_from_staging(staging_path(states.root, previous), original, (previous.get("netdev") or {}).get("pod_index"))
         restored = restore_in_host(original)
     except CNIError as exc:
         log.warning("could not give %s back its name before taking it over: %s", original["name"], exc.msg)
@@ -367,18 +378,24 @@ def _forget_or_keep(states: StateDir, key: str, state: dict, errors: list) -> No
     states.save(key, state)
 
 
-def _clear_previous(states: StateDir, key: str) -> None:
-    """A finished attachment must be DELed first (SPEC); one an interrupted ADD left behind (or
-    one whose rollback was incomplete) is undone now, so a retried ADD starts from the host as it
-    was."""
+def _clear_previous(states: StateDir, key: str, conf: HostDeviceConf, inv: Invocation) -> None:
+    """A repeat ADD of an attachment ends as one clean ADD. Whatever an earlier ADD of it left
+    (finished, interrupted by a kill or a deadline, or with an incomplete rollback) is undone
+    first, as its DEL would (the device back in the host as it was, the IPAM reservation
+    released), so this ADD starts from the host as it was: the runtime retries an ADD whose answer
+    it lost (the call was killed after the attachment was complete), and SPEC lets a plugin treat
+    an ADD of an existing attachment as a replacement."""
     previous = states.load(key)
     if previous is None:
         return
     if previous.get("done"):
-        device = (previous.get("original") or {}).get("name") or DeviceRef.from_dict(previous["device"]).describe()
-        raise CNIError(INVALID_ENVIRONMENT, f"attachment {previous['containerID']}/{previous['ifname']} of network "
-                       f"{previous['network']} already exists (it holds {device})", "DEL the attachment before ADDing it again")
+        log.info("ADD %s: the attachment exists (a repeat ADD): undoing it first", key)
     errors = undo_attachment(previous, previous.get("netns", ""), states.root)
+    if not errors and conf.ipam:
+        try:
+            IPAM(conf.ipam.type, inv).delete()
+        except CNIError as exc:
+            errors.append(exc)
     _forget_or_keep(states, key, previous, errors)
     if errors:
         raise errors[0]
@@ -390,6 +407,7 @@ def undo_attachment(state: dict, netns_path: str, root: str) -> list[CNIError]:
     of steps that could not be done. The claim is dropped once everything is undone."""
     ref = DeviceRef.from_dict(state["device"])
     with device_lock.held(root, ref.lock_key):
+        device_lock.remove_partial_writes_of_record(root, ref.lock_key)
         record = device_lock.read_record(root, ref.lock_key)
         if not device_lock.owns(record, state):
             if record is not None:
@@ -397,18 +415,18 @@ def undo_attachment(state: dict, netns_path: str, root: str) -> list[CNIError]:
                             "own state and IPAM are cleaned up", state.get("containerID"), state.get("ifname"),
                             ref.describe(), record.get("attachment"), record.get("netns"))
             return []
-        errors = _undo_device(state, ref, netns_path)
+        errors = _undo_device(state, ref, netns_path, root)
         if not errors:
             device_lock.release_allocation(root, ref.lock_key, state)
         return errors
 
 
-def _undo_device(state: dict, ref: DeviceRef, netns_path: str) -> list[CNIError]:
+def _undo_device(state: dict, ref: DeviceRef, netns_path: str, root: str) -> list[CNIError]:
     errors: list[CNIError] = []
     original = state.get("original")
     # version 1 states recorded no netdev intent: the netdev was moved if it had an original
     if original and not ref.dpdk and ("netdev" in state or state.get("version", 1) < 2):
-        _collect(errors, _netdev_to_host, state, netns_path)
+        _collect(errors, _netdev_to_host, state, netns_path, root)
     rdma = state.get("rdma")
     if rdma and rdma.get("moved") and netns_path:
         _collect(errors, _move_rdma_to_host, rdma["device"], netns_path, state.get("netns_id"))
@@ -464,8 +482,19 @@ def _find_in_pod(pod, state: dict) -> Optional[links.Link]:
     return None
 
 
-def _netdev_to_host(state: dict, netns_path: str) -> None:
+def staging_path(root: str, state: dict) -> str:
+    """Where the attachment's device waits between two netns while it moves (moves.py): derived
+    from the attachment, so a call after a kill finds it, under the node's state dir."""
+    attachment = f"{state['network']}/{state['containerID']}/{state['ifname']}"
+    directory = roots.ensure_dir(os.path.join(root, "netns"), key="staging netns directory")
+    return os.path.join(directory, "staging-" + hashlib.sha256(attachment.encode()).hexdigest()[:24])
+
+
+def _netdev_to_host(state: dict, netns_path: str, root: str) -> None:
     original = state["original"]
+    staging = staging_path(root, state)
+    # a call killed while the device was between two netns left it in the staging netns
+    rescue_from_staging(staging, original, (state.get("netdev") or {}).get("pod_index"))
     if netns.is_alive(netns_path, state.get("netns_id")):
         try:
             with _open_pod(netns_path) as pod_fd:
@@ -473,7 +502,7 @@ def _netdev_to_host(state: dict, netns_path: str) -> None:
                     link = _find_in_pod(pod, state)
                     named = links.find_link(pod, state["ifname"])
                 if link is not None:
-                    move_to_host(pod_fd, link, original)
+                    move_to_host(pod_fd, link, original, staging)
                     return
                 if named is not None:
                     log.warning("%s in %s is not the device ADD moved there (%s, ifindex %s; found a %s, ifindex %d): "

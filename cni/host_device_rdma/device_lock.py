@@ -28,7 +28,7 @@ from typing import Iterator, Optional
 
 from cni.core.errors import DEVICE_BUSY, IO_FAILURE, CNIError
 from cni.linux import attachment_lock, netns
-from cni.linux.files import atomic_write
+from cni.linux.files import atomic_write, remove_partial_writes
 
 def _safe(key: str) -> str:
     return key.replace("/", "_")
@@ -106,3 +106,8 @@ def release_allocation(root: str, key: str, state: dict) -> None:
             os.unlink(_record_path(root, key))
         except FileNotFoundError:
             pass
+
+
+def remove_partial_writes_of_record(root: str, key: str) -> None:
+    """The temp files of record writes a kill cut short (the caller holds the device lock)."""
+    remove_partial_writes(_record_path(root, key))

@@ -1,9 +1,11 @@
 """Replace a small file atomically and durably: temp file in the same directory, fsync, rename,
 fsync of the directory. A reader sees the old content or the new, never a mix; after a crash the
-file is one or the other."""
+file is one or the other, and the writer's temp file (``.<name>.<random>.tmp``) may be left:
+:func:`remove_partial_writes` removes those."""
 
 from __future__ import annotations
 
+import glob
 import os
 import tempfile
 
@@ -36,3 +38,14 @@ def atomic_write(path: str, content: bytes, mode: int = 0o600, dir_mode: int = 0
                 os.unlink(tmp)
             except OSError:
                 pass
+
+
+def remove_partial_writes(path: str) -> None:
+    """Remove the temp files that writers of ``path`` killed before their rename left. Only for a
+    caller that holds whatever serialises the writers of ``path`` (a live writer's file would go)."""
+    directory, name = os.path.split(os.path.abspath(path))
+    for tmp in glob.glob(os.path.join(glob.escape(directory), f".{glob.escape(name)}.*.tmp")):
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass

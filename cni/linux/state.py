@@ -14,7 +14,7 @@ from typing import Iterator, Optional
 
 from cni.core.errors import IO_FAILURE, CNIError
 
-from .files import atomic_write
+from .files import atomic_write, remove_partial_writes
 
 
 class StateDir:
@@ -46,10 +46,13 @@ class StateDir:
                            f"make {self.root} writable by root (the node policy's hostDeviceStateDir)") from None
 
     def remove(self, key: str) -> None:
+        """Remove the state file, and the temp files of writes a kill cut short (the caller holds
+        the attachment's lock)."""
         try:
             os.unlink(self._path(key))
         except FileNotFoundError:
             pass
+        remove_partial_writes(self._path(key))
 
     def entries(self) -> Iterator[tuple[str, dict]]:
         try:

@@ -14,6 +14,9 @@
 - ``%`` in CNI_IFNAME: 4, nothing changed.
 - A rollback that cannot finish keeps the state file (marked ``repair``); DEL finishes it later.
 - A netns path that is a plain file left behind: DEL treats the netns as gone.
+- A call killed while the device waits in the staging netns between two netns (test crash hook
+  ``HOST_DEVICE_RDMA_TEST_CRASH_AT``, an ``os._exit()`` at that step): the device stays alive
+  there, and DEL or a repeat ADD brings it home (and, for the ADD, into the pod) as it was.
 
 The device is a veth end (the ``master`` fixture), as in test_host_device_rdma.py. The VF case
 (a stale DEL must not restore an old VF snapshot) is in the VM stage: test_vm_host_device.py.
@@ -35,12 +38,15 @@ import pytest
 try:
     from netns_tests import nstools as nt
     from netns_tests.test_host_device_rdma import (ORIGINAL_MAC, VF_PCI, allocations, assert_restored, exec_err,
-                                                   exec_ok, fake_vf, hd, nothing_recorded, prepared, state_files)
+                                                   exec_ok, fake_vf, hd, nothing_recorded, prepared, staging_left,
+                                                   state_files)
 except ImportError:  # pragma: no cover
     import nstools as nt  # type: ignore[no-redef]
     from test_host_device_rdma import (ORIGINAL_MAC, VF_PCI, allocations, assert_restored,  # type: ignore[no-redef]
-                                       exec_err, exec_ok, fake_vf, hd, nothing_recorded, prepared, state_files)
+                                       exec_err, exec_ok, fake_vf, hd, nothing_recorded, prepared, staging_left,
+                                       state_files)
 
+from cni.host_device_rdma.moves import CRASH_ENV
 from shim.testing import Daemon, write_shims
 
 PLUGIN = "host-device-rdma"
@@ -458,4 +464,39 @@ def test_an_incomplete_rollback_keeps_the_state_for_del(cni, node, netns, master
     nt.ip("link", "del", m.name)  # the stranger goes (with its peer)
     exec_ok(cni, "DEL", stdin, ns=ns, container_id="c1", cni_path=[cni.cni_bin, node.bin])
     assert_restored(m.name, before)
+    nothing_recorded(cni)
+
+
+@pytest.mark.skipif(nt.lease_ipam_missing() is not None, reason=str(nt.lease_ipam_missing()))
+@pytest.mark.parametrize("step,then", [("add:in-staging", "DEL"), ("add:renamed", "DEL"), ("add:in-staging", "ADD"),
+                                       ("add:renamed", "ADD"), ("del:in-staging", "DEL"), ("del:in-staging", "ADD")])
+def test_a_call_killed_with_the_device_in_the_staging_netns(cni, netns, master, step, then):
+    """The device is a veth whose peer is in a netns of the test's: a veth dies with the netns it
+    is in, so the device outliving the killed call proves the staging netns outlived it too."""
+    ns, fixture = netns(), netns()
+    m = master(peer_ns=fixture)
+    nt.ip("link", "set", m.name, "address", ORIGINAL_MAC)
+    before = nt.settled_link(None, m.name)
+    prefix, _ = nt.random_subnet()
+    stdin = nt.single(f"{ns.name}-net", "1.0.0", hd(cni, m.name, nt.lease_ipam(cni.data_dir, f"{prefix}.0/24")))
+    verb = "ADD" if step.startswith("add") else "DEL"
+    if verb == "DEL":
+        exec_ok(cni, "ADD", stdin, ns=ns, container_id="c1")
+    proc = cni.exec(verb, stdin, plugin=PLUGIN, ns=ns, container_id="c1", extra_env={CRASH_ENV: step})
+    assert proc.returncode == 137, f"the {verb} was to die at {step}: {proc.returncode} {proc.stdout} {proc.stderr}"
+    assert nt.link(None, m.name) is None and nt.link(ns.name, "net1") is None, "the device is not between two netns"
+    assert nt.link(fixture.name, m.peer) is not None, "the device died with the killed call"
+    assert staging_left(cni), "no staging netns pinned under the state dir"
+    if then == "ADD":
+        result = exec_ok(cni, "ADD", stdin, ns=ns, container_id="c1")
+        link = nt.link(ns.name, "net1")
+        assert link["ifalias"] == m.name and link["address"] == ORIGINAL_MAC, link
+        assert nt.addresses(ns.name, "net1") == [result["ips"][0]["address"]]
+        assert list(nt.owners(cni.data_dir).values()) == ["c1"]
+        assert staging_left(cni) == []
+    for _ in (1, 2):
+        exec_ok(cni, "DEL", stdin, ns=ns, container_id="c1")
+    assert [name for _, name in nt.link_names(ns.name)] == ["lo"]
+    assert_restored(m.name, before)
+    assert nt.owners(cni.data_dir) == {}
     nothing_recorded(cni)

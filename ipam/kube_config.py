@@ -206,6 +206,8 @@ def _connect_stdlib(settings: KubeSettings, text: Optional[bytes]) -> Optional[C
                       "create the kubeconfig (e.g. from a ServiceAccount token) or fix the path")
         try:
             endpoint = kc.from_kubeconfig(text, settings.kubeconfig, settings.timeout)
+            if endpoint.exec_plugin is None:
+                endpoint.ssl_context()  # a CA or client certificate that does not load is the kubeconfig's fault
         except kc.NotCovered:
             return None
         except kc.KubeconfigError as exc:

@@ -221,7 +221,7 @@ class ExecPlugin:
                                 "spec": {"interactive": False}}
         if self.cluster is not None:
             info["spec"]["cluster"] = self.cluster
-        env = dict(os.environ, **self.extra_env, KUBERNETES_EXEC_INFO=json.dumps(info))
+        env = {**os.environ, **self.extra_env, "KUBERNETES_EXEC_INFO": json.dumps(info)}
         name = self.argv[0]
         try:
             proc = subprocess.run(self.argv, stdin=subprocess.DEVNULL, capture_output=True, cwd=self.cwd, env=env,
@@ -321,6 +321,12 @@ class Endpoint:
             return self._ctx
 
     def _build_context(self, cert: Any) -> ssl.SSLContext:
+        try:
+            return self._context_for(cert)
+        except (ssl.SSLError, OSError, ValueError) as exc:
+            raise KubeconfigError(f"the certificate authority or client certificate is not usable: {exc}") from None
+
+    def _context_for(self, cert: Any) -> ssl.SSLContext:
         if self.ca_pem is not None or self.ca_file is not None:
             ctx = ssl.create_default_context(cafile=self.ca_file,
                                              cadata=self.ca_pem.decode("ascii", "replace") if self.ca_pem else None)

@@ -371,3 +371,20 @@ def test_in_cluster_service_account(tmp_path, pki, monkeypatch):
         monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
         with pytest.raises(kube_credentials.KubeconfigError, match="KUBERNETES_SERVICE_HOST"):
             kube_credentials.in_cluster(str(sa))
+
+
+def test_a_ca_that_does_not_load_is_a_config_error(tmp_path):
+    path = kubeconfig(tmp_path / "kc", "https://127.0.0.1:9",
+                      cluster={"certificate-authority-data": base64.b64encode(b"not a certificate").decode()})
+    code, out = call("ADD", netconf(path))
+    assert out["code"] == INVALID_CONFIG
+    assert "ipam.kubernetes.kubeconfig" in out["msg"] and "certificate authority" in out["msg"]
+
+
+def test_tls_connection_is_kept_alive_across_requests(tmp_path, pki):
+    with KubeAPIServer(tls=(str(pki / "server.crt"), str(pki / "server.key"))) as server:
+        t = transport(kubeconfig(tmp_path / "kc", server.url, cluster={"certificate-authority": str(pki / "ca.crt")}))
+        assert t.request("GET", LEASES, [], None, 5).status == 200
+        (first,) = t._idle
+        assert t.request("GET", LEASES, [], None, 5).status == 200
+        assert t._idle == [first]  # one TLS handshake for a verb's requests

@@ -22,7 +22,7 @@ from urllib.parse import quote, urlencode, urlsplit
 
 from cni.core.errors import IO_FAILURE, CNIError
 
-from ..kube_credentials import CredentialError, Endpoint
+from ..kube_credentials import CredentialError, Endpoint, KubeconfigError
 from .kube import Response, Transport, Unreachable, WatchStream
 
 USER_AGENT = "rdmanet-lease-ipam"
@@ -114,7 +114,7 @@ class HTTPTransport(Transport):
             conn = self._take(timeout)
             conn.request(method, target, body=body, headers=headers)
             return conn, conn.getresponse()
-        except CredentialError as exc:  # a client certificate from an exec plugin
+        except (CredentialError, KubeconfigError) as exc:  # a client certificate from an exec plugin
             if conn is not None:
                 conn.close()
             raise CNIError(IO_FAILURE, f"no credentials for the Kubernetes API {self.host}: {exc}",

@@ -50,6 +50,7 @@ except ImportError:  # pragma: no cover
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests"))
 from kube_api_server import KubeAPIServer, write_kubeconfig  # noqa: E402
+from lease_objects import claim_leases  # noqa: E402
 
 SEED = int(os.environ.get("RDMANET_KILL_SEED") or secrets.randbits(32))
 # Rounds per case; RDMANET_KILL_ROUNDS sets them all (a soak). The defaults keep the suite short:
@@ -181,8 +182,9 @@ class _KubeStore:
                 "kubernetes": {"kubeconfig": str(self.kubeconfig)}}
 
     def held(self) -> dict[str, str]:
+        """{address: holder} of every claim (a node's address block stays the node's: not a leak)."""
         return {o["metadata"]["annotations"]["rdmanet.io/ip"]: o["spec"]["holderIdentity"].split("/")[0]
-                for o in self.server.objects("leases", LEASE_NS)}
+                for o in claim_leases(self.server, LEASE_NS)}
 
 
 @pytest.fixture(params=["local", "kube"])

@@ -480,3 +480,24 @@ def node_b_store(conf):
     conn = connect(kube_settings(conf), stdlib=True)
     return kube_store.KubeStore(conn.transport(), conn.namespace, CLUSTER_DOMAIN, node="node-b",
                                 timeout=TIMEOUT, request_timeout=REQUEST_TIMEOUT)
+
+
+@pytest.mark.parametrize("mode", ["in-process", "daemon"])
+def test_a_server_slower_than_the_budget(server, kubeconfig, request, mode):
+    """Every answer takes longer than the whole verb's budget: ADD answers 11 within the budget
+    (+ the rollback's grace), though the server serves the requests later. Whatever they made
+    after the ADD gave up is a claim of the attachment: the runtime's DEL, or GC, frees it."""
+    if mode == "daemon":
+        request.getfixturevalue("daemon_mode")
+    conf = netconf(kubeconfig)
+    if mode == "daemon":
+        code, out, _ = call("ADD", conf, "warm", "node-a")
+        assert code == 0, out
+    server.inject_latency(TIMEOUT + 0.5)
+    code, out, took = call("ADD", conf, "slow1", "node-a")
+    assert code == 1 and out["code"] == TRY_AGAIN_LATER and took <= TIMEOUT + MARGIN, (out, took)
+    server.inject_latency(0)
+    time.sleep(TIMEOUT + 0.6)  # the requests the server still sleeps on are served (the last arrived before the lift)
+    assert call("DEL", conf, "slow1", "node-a")[0] == 0
+    assert gc(conf, "node-a", ["warm"] if mode == "daemon" else [])[0] == 0
+    assert set(leases(server).values()) <= {"warm/net1"}

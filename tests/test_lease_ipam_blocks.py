@@ -406,3 +406,22 @@ def test_ipam_ls_shows_blocks_their_nodes_and_their_fill(server, kubeconfig, cap
     assert cli.main(["ipam", "ls", "--network-config", conf_file]) == 0
     out = capsys.readouterr().out
     assert "BLOCK" in out and "10.9.9.0-10.9.9.15" in out and "4/16" in out
+
+
+def test_status_in_the_daemon_never_lists_the_domain_until_an_add_found_it_full(server, kubeconfig, daemon):
+    """Runtimes ask STATUS every few seconds on every node: a daemon answers from its view, also
+    when its blocks are full (it can acquire or borrow); only after one of its ADDs found the
+    range exhausted does STATUS read the domain (and say 50 while it is full)."""
+    conf = netconf(kubeconfig, "10.9.10.0/29")  # 6 addresses, one block of 8
+    b = store(kubeconfig, "node-b", conf)
+    assert add(conf, "a0", "node-a") is not None  # node-a holds the block
+    got = [store_add(b, conf, f"b{i}") for i in range(5)]  # node-b borrows the rest
+    assert None not in got
+    server.reset_counts()
+    assert call("STATUS", conf, "s", "node-a") == (0, None)  # node-a's view: not full
+    assert server.count("list", "leases") == 0
+    assert add(conf, "a1", "node-a") is None  # full: said after reading the domain
+    server.reset_counts()
+    code, err = call("STATUS", conf, "s", "node-a")
+    assert code == 1 and err["code"] == 50, err
+    assert server.count("list", "leases") == 1

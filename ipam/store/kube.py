@@ -122,7 +122,8 @@ SMALL_BLOCK_COUNT = 64  # a range set with at most this many blocks lists them a
 BORROW_SCAN = 4096  # blocks looked at beyond the listed ones when searching a free one
 NODE_WINDOW = 64  # a borrowing node's first candidate passes over fewer free addresses than this
 BORROW_BLOCKS = 8  # held blocks read one by one before the domain's claims are read
-NO_FREE_BLOCK_SECONDS = 5.0  # a daemon that found every block held borrows without re-listing for this long
+NO_FREE_BLOCK_SECONDS = 5.0
+EXHAUSTED_SECONDS = 30.0  # after an ADD found a range exhausted, STATUS checks the domain for this long  # a daemon that found every block held borrows without re-listing for this long
 NODE_ENV = "RDMANET_NODE_NAME"
 LEASES_PATH = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 
@@ -1262,6 +1263,8 @@ class KubeStore(Store):
                 return claim
             taken += 1
             cursor, skip = ip, 0
+        if self.cache is not None:
+            self.cache.notes[("exhausted", rs.index)] = time.monotonic()
         raced = f" ({taken} candidates were claimed concurrently or held by whereabouts)" if taken else ""
         raise CNIError(POOL_EXHAUSTED, f"no free address in range {rs.describe()}{raced}",
                        "free addresses (DEL or GC attachments that are gone) or widen the range "
@@ -1554,10 +1557,20 @@ class KubeStore(Store):
     def status(self, range_sets: Sequence[RangeSet]) -> list[int]:
         cache = self._cache_source(False) if self._cache_source is not None else None
         if cache is not None and cache.has_state():  # a running informer answers; STATUS never starts one
+            # Free addresses of this node's blocks; a node whose blocks are full can still acquire
+            # or borrow, so its view of the range answers. STATUS (runtimes ask it every few
+            # seconds, on every node) Lists the domain only after an ADD here found the range
+            # exhausted a moment ago.
             blocks = cache.blocks()
-            owned = [self._own(rs, blocks) for rs in range_sets]
-            free = [own.count_free(cache.used(rs.family)) if own is not None else 0 for rs, own in zip(range_sets, owned)]
-            if all(free):  # free addresses in this node's blocks; else the domain's claims decide
+            now = time.monotonic()
+            free = []
+            for rs in range_sets:
+                own = self._own(rs, blocks)
+                count = own.count_free(cache.used(rs.family)) if own is not None else 0
+                if not count and cache.notes.get(("exhausted", rs.index), -1e9) + EXHAUSTED_SECONDS < now:
+                    count = rs.count_free(cache.used(rs.family))
+                free.append(count)
+            if all(free):
                 return free
         try:
             # Paginated, parsed page by page; only when this node's blocks are full (or no daemon).

@@ -78,6 +78,7 @@ import logging
 import random
 import re
 import socket
+import sys
 import time
 from bisect import bisect_left, insort
 from contextlib import contextmanager, nullcontext
@@ -429,7 +430,7 @@ class PodInfo:
     uid: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # a daemon's cache holds one per Lease: no per-instance dict
 class Claim:
     name: str
     ip: IPAddress
@@ -454,8 +455,8 @@ def parse_claim(item: Any, dhash: str) -> Optional[Claim]:
     notes = md.get("annotations") or {}
     when = _parse_time(spec.get("acquireTime")) or _parse_time(md.get("creationTimestamp"))
     return Claim(name, ip, parse_holder(spec.get("holderIdentity")), str(md.get("uid") or ""),
-                 str(md.get("resourceVersion") or ""), str(notes.get(f"{GROUP}/network") or ""), when,
-                 str(notes.get(f"{GROUP}/range") or ""))
+                 str(md.get("resourceVersion") or ""), sys.intern(str(notes.get(f"{GROUP}/network") or "")), when,
+                 sys.intern(str(notes.get(f"{GROUP}/range") or "")))  # shared by every claim of a network
 
 
 @dataclass(frozen=True)

@@ -105,7 +105,7 @@ class Broken(Exception):
         self.lasted = lasted
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Entry:
     name: str
     ip: Any  # ipaddress object

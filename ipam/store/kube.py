@@ -118,7 +118,8 @@ L_KIND = f"{GROUP}/kind"
 KIND_BLOCK = "block"
 BLOCK_PREFIX = "lipb"
 DEFAULT_BLOCK_SIZE = {4: 16, 6: 64}  # addresses per block (docs/lease-ipam.md: how to size blocks)
-BLOCK_PROBES = 8  # hashed block creates tried before the domain's blocks are listed
+BLOCK_PROBES = 8  # hashed block positions tried before the domain's blocks are listed
+PROBE_MISSES = 2  # ... but two 409s in a row already say the range is crowded: List then
 SMALL_BLOCK_COUNT = 64  # a range set with at most this many blocks lists them at once instead of probing
 BORROW_SCAN = 4096  # blocks looked at beyond the listed ones when searching a free one
 NODE_WINDOW = 64  # a borrowing node's first candidate passes over fewer free addresses than this
@@ -1126,8 +1127,9 @@ class KubeStore(Store):
     def _acquire_block(self, rs: RangeSet, blocks: list[Block], deadline: float,
                        cache: Optional[LeaseCache]) -> Optional[Block]:
         """A block of ``rs`` that no node holds, made ours by creating its Lease (409: another
-        node's; next). First ``BLOCK_PROBES`` creates at this node's hashed positions (a large
-        range: almost always the first one succeeds), then one List of the domain's blocks and
+        node's; next). Creates at this node's hashed positions (a range of more than
+        ``SMALL_BLOCK_COUNT`` blocks; on a roomy range the first one succeeds), skipping the
+        blocks known held, until ``PROBE_MISSES`` 409s; then one List of the domain's blocks and
         the first unheld one after this node's position. None: every block is held (borrow)."""
         notes = cache.notes if cache is not None else {}
         until, listed = notes.get(("no-free-block", rs.index), (0.0, []))
@@ -1137,30 +1139,43 @@ class KubeStore(Store):
         total = self._block_count(rs)
         if total <= 0:
             return None
-        tried = {b.name for b in blocks}
-        if True:
-            for i in range(BLOCK_PROBES if total > SMALL_BLOCK_COUNT else 1):
-                r, first = self._position(rs, self._probe(rs, i) % total)
-                name = block_name(self.dhash, r.address(first), self._size(r))
-                if name in tried or self._span(r, first) is None:
-                    continue
-                tried.add(name)
-                block = self._create_block(r, first, deadline)
-                if block is not None:
-                    return block
+        mine = {b.name for b in blocks}
+        # What this daemon learnt on earlier acquisitions: the blocks other nodes hold (409s, the
+        # last List of blocks) and how far along its probe sequence it is, so that a block found
+        # held costs one 409 once, not one per acquisition.
+        held: set = notes.setdefault(("held", rs.index), set())
+        i = notes.get(("probe", rs.index), 0)
+        probes, misses, looked = (BLOCK_PROBES if total > SMALL_BLOCK_COUNT else 1), 0, 0
+        while misses < min(probes, PROBE_MISSES) and looked < probes * 16:
+            looked += 1
+            r, first = self._position(rs, self._probe(rs, i) % total)
+            i += 1
+            name = block_name(self.dhash, r.address(first), self._size(r))
+            if name in mine or name in held or self._span(r, first) is None:
+                continue
+            block = self._create_block(r, first, deadline)
+            if block is not None:
+                notes[("probe", rs.index)] = i
+                return block
+            held.add(name)
+            misses += 1
+        notes[("probe", rs.index)] = i
         _, listed = self._list_all(self._blocks_selector(), deadline, f"list blocks of domain {self.domain}")
         self._listed_blocks = listed
-        held = tried | {b.name for b in listed}
-        start = self._probe(rs, 0) % total
-        for step in range(min(total, len(held) + BORROW_SCAN)):
+        held.clear()
+        held.update(b.name for b in listed if b.name not in mine)
+        start = self._probe(rs, i) % total
+        taken = held | mine
+        for step in range(min(total, len(taken) + BORROW_SCAN)):
             r, first = self._position(rs, (start + step) % total)
             name = block_name(self.dhash, r.address(first), self._size(r))
-            if name in held or self._span(r, first) is None:
+            if name in taken or self._span(r, first) is None:
                 continue
             block = self._create_block(r, first, deadline)
             if block is not None:
                 return block
             held.add(name)
+            taken.add(name)
         if cache is not None:
             notes[("no-free-block", rs.index)] = (time.monotonic() + NO_FREE_BLOCK_SECONDS, listed)
         return None
@@ -1216,9 +1231,19 @@ class KubeStore(Store):
         """No block of ``rs`` is free: a claim in a held block (another node's, or ours with
         addresses our view thought taken). Up to ``BORROW_BLOCKS`` blocks, in this node's hashed
         order, are read by one List of their label each (at most a block's worth of Leases);
-        when none of them has a free address (or the range set has few blocks), the domain's
-        claims are read once, page by page, keeping only their addresses. The pool is usable to
+        when two in a row have no free address (or the range set has few blocks), the domain's
+        claims are read once, page by page, keeping only their addresses (a daemon then borrows
+        from that view for ``NO_FREE_BLOCK_SECONDS``, a 409 correcting it). The pool is usable to
         its last address; "exhausted" (102) is said only after that whole read."""
+        cache, memo_key = self.cache, ("borrow", rs.index)
+        if cache is not None:  # a daemon that read the domain a moment ago borrows from that view
+            with cache.acquire_lock:
+                until, seen, latest = cache.notes.get(memo_key, (0.0, None, {}))
+                seen = list(seen) if seen is not None and until > time.monotonic() else None
+            if seen is not None:
+                claim, _ = self._borrow_round_robin(rs, seen, latest, attachment, network, deadline)
+                if claim is not None:
+                    return claim
         listed = getattr(self, "_listed_blocks", None)
         if listed is None:
             _, listed = self._list_all(self._blocks_selector(), deadline, f"list blocks of domain {self.domain}")
@@ -1233,12 +1258,16 @@ class KubeStore(Store):
         order = sorted(spans.values(), key=lambda bs: ((int(bs[0].ip) // bs[0].size - origin) % (1 << 128)))
         taken = 0
         if self._block_count(rs) > SMALL_BLOCK_COUNT:
+            full = 0
             for block, span in order[:BORROW_BLOCKS]:
+                if full >= 2:
+                    break  # two full blocks in a row: the blocks are crowded, read the domain once
                 claims = self._list(f"{L_DOMAIN}={self.dhash},{L_BLOCK}={block.id}", deadline,
                                     f"list claims of block {block.id} of domain {self.domain}")
                 here = sorted({int(c.ip) for c in claims if c.ip.version == rs.family})
                 claim, missed = self._claim_in(rs, [span], here, attachment, network, deadline)
                 taken += missed
+                full = full + 1 if claim is None else 0
                 if claim is not None:
                     if block.node != self.node:
                         log.info("node %s borrowed %s from block %s of node %s", self.node, claim.ip, block.id, block.node)
@@ -1246,11 +1275,30 @@ class KubeStore(Store):
         # Every address of the range set, whatever block holds it (or none: a block being released),
         # round-robin after the domain's most recently made claim, as before blocks existed.
         everything, latest = self._domain_addresses(rs.family, deadline)
-        cursor, skip = self._start(rs, latest), self._skip(rs)
+        if cache is not None:
+            with cache.acquire_lock:
+                cache.notes[memo_key] = (time.monotonic() + NO_FREE_BLOCK_SECONDS, list(everything), latest)
+        claim, missed = self._borrow_round_robin(rs, everything, latest, attachment, network, deadline)
+        taken += missed
+        if claim is not None:
+            return claim
+        if self.cache is not None:
+            self.cache.notes[("exhausted", rs.index)] = time.monotonic()
+        raced = f" ({taken} candidates were claimed concurrently or held by whereabouts)" if taken else ""
+        raise CNIError(POOL_EXHAUSTED, f"no free address in range {rs.describe()}{raced}",
+                       "free addresses (DEL or GC attachments that are gone) or widen the range "
+                       "(range_start/range_end, or another ipRanges entry)")
+
+    def _borrow_round_robin(self, rs: RangeSet, used: list[int], latest: Mapping[str, Claim], attachment: Attachment,
+                            network: str, deadline: float) -> tuple[Optional[Claim], int]:
+        """A claim on the next free address by ``used`` (the domain's claims as read, or as a
+        daemon read them a moment ago) after the domain's latest claim; each address met taken
+        (409) or claimed is added to the daemon's remembered view. (claim or None, 409s met)."""
+        cursor, skip, missed = self._start(rs, latest), self._skip(rs), 0
         while True:
-            candidate = self._next(rs, everything, cursor, skip)
+            candidate = self._next(rs, used, cursor, skip)
             if candidate is None:
-                break
+                return None, missed
             ip = rs.ranges[0].address(candidate)
             try:
                 held_by = self._whereabouts_holder(ip, rs, deadline)
@@ -1258,18 +1306,18 @@ class KubeStore(Store):
             finally:
                 if self.cache is not None:
                     self.cache.done(rs.family, candidate)
-            insort(everything, candidate)
+                    with self.cache.acquire_lock:
+                        memo = self.cache.notes.get(("borrow", rs.index))
+                        if memo is not None and memo[1] is not None:
+                            i = bisect_left(memo[1], candidate)
+                            if i == len(memo[1]) or memo[1][i] != candidate:
+                                memo[1].insert(i, candidate)
+            insort(used, candidate)
             if claim is not None:
                 log.info("node %s borrowed %s (no block of %s was free)", self.node, ip, self.domain)
-                return claim
-            taken += 1
+                return claim, missed
+            missed += 1
             cursor, skip = ip, 0
-        if self.cache is not None:
-            self.cache.notes[("exhausted", rs.index)] = time.monotonic()
-        raced = f" ({taken} candidates were claimed concurrently or held by whereabouts)" if taken else ""
-        raise CNIError(POOL_EXHAUSTED, f"no free address in range {rs.describe()}{raced}",
-                       "free addresses (DEL or GC attachments that are gone) or widen the range "
-                       "(range_start/range_end, or another ipRanges entry)")
 
     def _claim_in(self, rs: RangeSet, spans: Sequence[Range], here: list[int], attachment: Attachment, network: str,
                   deadline: float) -> tuple[Optional[Claim], int]:

@@ -15,7 +15,9 @@ node with its own kubeconfig).
   ``timeout_seconds`` plus the rollback grace and a margin; no address is ever handed to two
   live attachments (checked at every ADD) and a repeat ADD returns the same address; at the end
   every live attachment's Lease holds its address, and after the runtime's pending DELs and one
-  CNI GC per node nothing else is left (so no leaked claim that GC cannot free).
+  CNI GC per node (in-process mode) or one reconciler run (daemon mode; the pods of the live
+  attachments exist, the others are gone) nothing else is left: no leaked claim that GC or the
+  reconciler cannot free.
   The seed is printed (``-s`` shows it; a failure names it); ``RDMANET_STORM_SEED=<n>`` replays
   one (the fault schedule and every thread's choices; the threads' interleaving is the OS's),
   ``RDMANET_STORM_LARGE=1`` runs a larger storm (more nodes, threads and operations).
@@ -301,7 +303,7 @@ def storm(server, tmp_path, seed, nodes, threads, phases):
     return ledger, confs, log
 
 
-def settle_and_check(server, ledger, confs, seed, log):
+def settle_and_check(server, ledger, confs, seed, log, free_by):
     about = f"(seed {seed}; replay with RDMANET_STORM_SEED={seed}; faults {log[:40]})"
     assert not ledger.violations, f"{ledger.violations[:10]} {about}"
     # the runtime's DELs that failed during the storm are retried once the API server is back
@@ -313,11 +315,20 @@ def settle_and_check(server, ledger, confs, seed, log):
     for cid, ip in live.items():
         assert held.get(ip) == f"{cid}/net1", f"{cid} was given {ip}, which the server shows held by {held.get(ip)} {about}"
     leftover = {ip: h for ip, h in held.items() if h.split("/")[0] not in live}
-    # whatever the DELs did not free (none expected), CNI GC of each node must
-    for node, conf in confs.items():
-        valid = [cid for cid, (n, _) in ledger.live.items() if n == node]
-        code, out, _ = gc(conf, node, valid)
-        assert code == 0, f"GC on {node}: {out} {about}"
+    if free_by == "GC":  # whatever the DELs did not free, CNI GC of each node must
+        for node, conf in confs.items():
+            valid = [cid for cid, (n, _) in ledger.live.items() if n == node]
+            code, out, _ = gc(conf, node, valid)
+            assert code == 0, f"GC on {node}: {out} {about}"
+    else:  # or the reconciler (the CronJob; the daemon's node GC runs the same), by pod UID
+        from ipam import reconcile
+        from ipam.kube_config import kube_settings
+
+        for cid in live:
+            server.add_pod("default", cid, uid=f"uid-{cid}")
+        target = reconcile.KubeTarget.for_settings(kube_settings(next(iter(confs.values()))))
+        outcome = reconcile.reconcile_target(target, grace_seconds=0, misses=1)
+        assert not outcome.errors and outcome.count(reconcile.FREED) == len(leftover), (outcome.to_json()["summary"], about)
     held = leases(server)
     assert {ip: h.split("/")[0] for ip, h in held.items()} == {ip: cid for cid, ip in live.items()}, about
     return leftover
@@ -333,9 +344,9 @@ def test_fault_storm_over_several_nodes(server, tmp_path, request, mode):
     if mode == "daemon":
         request.getfixturevalue("daemon_mode")
     ledger, confs, log = storm(server, tmp_path, seed, nodes, threads, phases)
-    leftover = settle_and_check(server, ledger, confs, seed, log)
+    leftover = settle_and_check(server, ledger, confs, seed, log, "GC" if mode == "in-process" else "reconciler")
     print(f"fault storm ({mode}) seed {seed}: {ledger.stats}, faults {len(log)}, "
-          f"claims left after DELs {len(leftover)} (freed by GC)")
+          f"claims left after DELs {len(leftover)} (freed by {'GC' if mode == 'in-process' else 'the reconciler'})")
     for ip, h in leftover.items():
         print("LEFT", ip, h, HISTORY.get(h.split("/")[0]))
     assert ledger.stats["add_ok"] > 0, f"no ADD succeeded: the storm proved nothing (seed {seed})"

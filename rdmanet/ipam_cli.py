@@ -87,6 +87,8 @@ def run(args: argparse.Namespace, out=None) -> int:
 
         if args.misses < 1:
             raise CNIError(INVALID_CONFIG, "--misses must be at least 1", "give the number of consecutive misses, e.g. --misses 3")
+        if args.deadline_seconds <= 0:
+            raise CNIError(INVALID_CONFIG, "--deadline-seconds must be positive", "e.g. --deadline-seconds 480")
         if args.grace_seconds < 0:
             raise CNIError(INVALID_CONFIG, "--grace-seconds must not be negative", "e.g. --grace-seconds 300")
         if args.all:

@@ -430,3 +430,17 @@ def test_an_add_over_a_domain_of_20k_claims_holds_one_page_at_a_time():
     assert transport.pages == math.ceil(count / LIST_PAGE)
     assert int(got[0]) > int(ipaddress.ip_address("10.0.0.0")) + count  # past every claim of the List
     assert peak < 12, f"peak {peak:.1f} MiB for {count} claims"
+
+
+def test_the_reconcile_command_takes_a_deadline(server, kubeconfig, tmp_path, capsys):
+    from rdmanet.cli import main
+
+    seed_claims(server, 3, age_seconds=3600)
+    path = tmp_path / "net.json"
+    path.write_text(json.dumps(_reconcile_conf(kubeconfig)))
+    assert main(["ipam", "reconcile", "--network-config", str(path), "--deadline-seconds", "0"]) == 2
+    assert "--deadline-seconds must be positive" in capsys.readouterr().err
+    assert main(["ipam", "reconcile", "--network-config", str(path), "--grace-seconds", "60", "--misses", "1",
+                 "--deadline-seconds", "300", "-o", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["summary"] == {"freed": 3} and server.objects("leases", NS) == []

@@ -135,6 +135,7 @@ class Connection:
     namespace: str
     host: Optional[str] = None  # k8s_api_root: used instead of the kubeconfig's server
     endpoint: Any = None  # ipam.kube_credentials.Endpoint of a standard-library connection
+    server: str = ""  # the API server the credentials name (kubeconfig or in-cluster): k8s_api_root must match
     _transport: Any = None
 
     def transport(self) -> Any:
@@ -190,6 +191,8 @@ def connect(settings: KubeSettings, *, stdlib: bool = False) -> Connection:
         else:
             conn = (_connect_stdlib(settings, text) if stdlib else None) or _connect(settings)
             _cache[key] = (digest, conn)
+    if settings.api_root:  # the node's credentials go to no server a NAD picks (docs/security.md)
+        policy.check_api_root(settings.api_root, conn.server)
     policy.check_lease_namespace(conn.namespace)
     return conn
 
@@ -223,10 +226,11 @@ def _connect_stdlib(settings: KubeSettings, text: Optional[bytes]) -> Optional[C
                            'set "kubernetes": {"kubeconfig": "/path/to/kubeconfig"}, or run the plugin in a pod') from None
         if namespace is None:
             namespace = _sa_namespace()
+    server = endpoint.server
     if settings.api_root:
         endpoint.server = settings.api_root.rstrip("/")
     return Connection(None, namespace or DEFAULT_NAMESPACE, settings.api_root.rstrip("/") if settings.api_root else None,
-                      endpoint=endpoint)
+                      endpoint=endpoint, server=server)
 
 
 def _sa_namespace() -> Optional[str]:
@@ -274,4 +278,4 @@ def _connect(settings: KubeSettings) -> Connection:
     # k8s_api_root is applied per request (Connection.host): the kubeconfig loader's token-refresh
     # hook re-sets cfg.host from the kubeconfig before every request.
     return Connection(client.ApiClient(cfg), namespace or DEFAULT_NAMESPACE,
-                      settings.api_root.rstrip("/") if settings.api_root else None)
+                      settings.api_root.rstrip("/") if settings.api_root else None, server=cfg.host)

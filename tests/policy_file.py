@@ -17,3 +17,12 @@ def write_policy(path: pathlib.Path, **keys) -> pathlib.Path:
     path.write_text(json.dumps(keys))
     os.chmod(path, 0o600)
     return path
+
+
+def with_keys(path: pathlib.Path, **keys) -> pathlib.Path:
+    """The policy in force (``RDMANET_NODE_POLICY``, else none) with ``keys`` added, written to ``path``."""
+    from cni.linux import roots
+
+    current = os.environ.get(roots.POLICY_ENV)
+    doc = json.loads(pathlib.Path(current).read_text()) if current else {}
+    return write_policy(path, **{**doc, **keys})

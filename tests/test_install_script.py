@@ -31,6 +31,7 @@ from shim.testing import health
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_api_server import KubeAPIServer  # noqa: E402
+from policy_file import with_keys  # noqa: E402
 from lease_objects import claim_leases  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -555,6 +556,8 @@ def test_kube_store_through_the_daemon_follows_token_rotation(node):
     """lease-ipam's Lease store in the daemon, through a shim, with the kubeconfig install.sh wrote:
     after the token rotates (same length), the API server takes only the new one, and ADD works."""
     server = KubeAPIServer(token=node.token)
+    # the kubeconfig names the cluster's address (10.96.0.1); the node owner lets configs send it to the fake server
+    node.env["RDMANET_NODE_POLICY"] = str(with_keys(node.base / "policy-api.json", apiRoots=[server.url]))
     try:
         proc = node.start()
         conf = json.dumps({"cniVersion": "1.0.0", "name": "kubenet", "type": "lease-ipam",

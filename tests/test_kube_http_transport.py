@@ -18,6 +18,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from cni.core import skel
+from cni.linux import roots
 from cni.core.errors import INVALID_CONFIG, IO_FAILURE, TRY_AGAIN_LATER
 from ipam import kube_credentials
 from ipam.kube_config import connect, kube_settings
@@ -26,6 +27,7 @@ from ipam.store.http_transport import HTTPTransport
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_api_server import KubeAPIServer  # noqa: E402
+from policy_file import with_keys  # noqa: E402
 from lease_objects import claim_leases  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -124,9 +126,10 @@ def test_token_file_is_read_again_after_rotation(tmp_path):
         assert auth_headers(server) == ["Bearer first", "Bearer second-token"]
 
 
-def test_the_context_namespace_and_k8s_api_root(tmp_path):
+def test_the_context_namespace_and_k8s_api_root(tmp_path, monkeypatch):
     with KubeAPIServer() as server:
         path = kubeconfig(tmp_path / "kc", "http://127.0.0.1:9", namespace="ctx-ns")  # nothing listens there
+        monkeypatch.setenv(roots.POLICY_ENV, str(with_keys(tmp_path / "policy.json", apiRoots=[server.url])))
         conn = connect(kube_settings(netconf(path, k8s_api_root=server.url + "/")), stdlib=True)
         assert conn.namespace == "ctx-ns"
         assert conn.transport().request("GET", "/apis/coordination.k8s.io/v1/namespaces/ctx-ns/leases", [], None,

@@ -17,6 +17,7 @@ import time
 import pytest
 
 from cni.core import skel
+from cni.linux import roots
 from cni.core.errors import (ADDRESS_UNAVAILABLE, CHECK_FAILED, INVALID_CONFIG, NOT_AVAILABLE, POOL_EXHAUSTED,
                              TRY_AGAIN_LATER)
 from ipam.kube_config import DEFAULT_NAMESPACE, kube_settings
@@ -26,7 +27,8 @@ from ipam.store.http_transport import HTTPTransport
 from ipam.store.kube import ApiClientTransport, block_first, block_id, domain_hash, lease_name
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kube_api_server import write_kubeconfig  # noqa: E402
+from kube_api_server import KubeAPIServer, write_kubeconfig  # noqa: E402
+from policy_file import with_keys  # noqa: E402
 from lease_objects import block_leases, claim_leases  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -450,11 +452,37 @@ def test_in_cluster_without_service_account_is_code_7(monkeypatch):
     assert err["code"] == INVALID_CONFIG and "in-cluster" in err["msg"], err
 
 
-def test_k8s_api_root_overrides_the_kubeconfig_server(server, tmp_path):
+def test_k8s_api_root_overrides_the_kubeconfig_server(server, tmp_path, monkeypatch):
+    """Only where the node owner allows it (apiRoots): the node's credentials go there."""
     kc = write_kubeconfig(tmp_path / "kc", f"http://127.0.0.1:{_closed_port()}", namespace=NS)
+    monkeypatch.setenv(roots.POLICY_ENV, str(with_keys(tmp_path / "policy.json", apiRoots=[server.url + "/"])))
     code, out = call("ADD", netconf(kc, kube={"k8s_api_root": server.url}))
     assert code == 0, out
     assert len(leases(server)) == 1
+
+
+def test_k8s_api_root_the_kubeconfig_already_names_needs_no_policy(server, kubeconfig):
+    code, out = call("ADD", netconf(kubeconfig, kube={"k8s_api_root": server.url.upper().replace("HTTP://", "http://") + "/"}))
+    assert code == 0, out
+    assert len(leases(server)) == 1
+
+
+def test_k8s_api_root_elsewhere_never_receives_the_credentials(server, tmp_path):
+    """A tenant's NAD naming a server of its own: error 7 naming the key, and not one request
+    (so not one token) reaches that server."""
+    elsewhere = KubeAPIServer().start()
+    try:
+        kc = write_kubeconfig(tmp_path / "kc", server.url, namespace=NS)
+        for command in ("ADD", "CHECK", "DEL"):
+            code, err = call(command, netconf(kc, kube={"k8s_api_root": elsewhere.url}))
+            if command == "DEL" and code == 0:
+                continue  # DEL only cleans up: nothing to free, nothing sent
+            assert code != 0 and err["code"] == INVALID_CONFIG, (command, err)
+            assert "ipam.kubernetes.k8s_api_root" in err["msg"] and "apiRoots" in err["details"], err
+        assert elsewhere.count() == 0
+        assert leases(server) == []
+    finally:
+        elsewhere.stop()
 
 
 def test_local_store_never_imports_kubernetes(tmp_path):

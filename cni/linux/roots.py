@@ -64,6 +64,7 @@ class NodePolicy:
     device_info_dir: str = "/var/run/k8s.cni.cncf.io/devinfo/cni"
     host_device_state_dir: str = "/var/lib/cni/host-device-rdma"
     lease_namespaces: Optional[tuple[str, ...]] = None  # None: whatever the credentials' RBAC grants
+    api_roots: tuple[str, ...] = ()  # API servers a config's k8s_api_root may name besides its kubeconfig's own
     source: str = field(default="built-in defaults", compare=False)
 
     def roots(self, kind: str) -> tuple[str, ...]:
@@ -82,14 +83,34 @@ class NodePolicy:
                            f"allowed on this node (allowed: {', '.join(self.lease_namespaces) or 'none'})",
                            f"set ipam.kubernetes.namespace to one of them; {HOW_TO_WIDEN} (leaseNamespaces)")
 
+    def check_api_root(self, api_root: str, server: str) -> None:
+        """A config's ``k8s_api_root`` would receive the node's credentials: it must be the server
+        the kubeconfig (or the in-cluster config) already names, or one the node owner listed."""
+        if api_url(api_root) == api_url(server) or api_url(api_root) in self.api_roots:
+            return
+        raise CNIError(INVALID_CONFIG,
+                       f"invalid network config: ipam.kubernetes.k8s_api_root: {api_root!r} is not the API server of "
+                       f"the credentials ({server!r}) nor one this node allows (apiRoots: "
+                       f"{', '.join(self.api_roots) or 'none'}); the node's credentials are never sent elsewhere",
+                       f"remove k8s_api_root (the kubeconfig's server is used) or set it to {server!r}; "
+                       f"{HOW_TO_WIDEN} (apiRoots)")
+
 
 _FILE_KEYS = {"logRoots": "log_roots", "dataRoots": "data_roots", "kubeconfigRoots": "kubeconfig_roots",
               "configRoots": "config_roots", "deviceInfoDir": "device_info_dir",
-              "hostDeviceStateDir": "host_device_state_dir", "leaseNamespaces": "lease_namespaces"}
+              "hostDeviceStateDir": "host_device_state_dir", "leaseNamespaces": "lease_namespaces",
+              "apiRoots": "api_roots"}
 
 
 class PolicyError(ValueError):
     """The node policy file is unusable (the node owner's mistake, not the config's)."""
+
+
+def api_url(value: str) -> str:
+    """An API server URL compared as the client uses it: scheme and host lower-cased, no trailing '/'."""
+    scheme, sep, rest = value.partition("://")
+    host, slash, path = rest.partition("/")
+    return f"{scheme.lower()}{sep}{host.lower()}{slash}{path}".rstrip("/")
 
 
 def absolute_path(value: object, what: str) -> str:
@@ -109,7 +130,12 @@ def policy_from_dict(doc: object, source: str) -> NodePolicy:
         if key not in doc:
             continue
         value = doc[key]
-        if key.endswith("Roots"):
+        if key == "apiRoots":
+            if not isinstance(value, list) or not all(isinstance(v, str) and re.match(r"^https?://[^/\s]+", v)
+                                                      for v in value):
+                raise PolicyError(f"{source}: apiRoots must be a list of http(s) URLs of API servers")
+            values[attr] = tuple(api_url(v) for v in value)
+        elif key.endswith("Roots"):
             if not isinstance(value, list):
                 raise PolicyError(f"{source}: {key} must be a list of absolute directories")
             values[attr] = tuple(absolute_path(v, f"{source}: {key} entry") for v in value)

@@ -1296,7 +1296,7 @@ class KubeStore(Store):
         (409) or claimed is added to the daemon's remembered view. (claim or None, 409s met)."""
         cursor, skip, missed = self._start(rs, latest), self._skip(rs), 0
         while True:
-            candidate = self._next(rs, used, cursor, skip)
+            candidate = self._next(rs, used, cursor, skip, listed=True)
             if candidate is None:
                 return None, missed
             ip = rs.ranges[0].address(candidate)
@@ -1355,7 +1355,8 @@ class KubeStore(Store):
             return 0
         return int.from_bytes(hashlib.sha256(f"{self.node}\0{rs.index}".encode()).digest()[:8], "big") % window
 
-    def _next(self, rs: RangeSet, used: list[int], cursor: Optional[IPAddress], skip: int) -> Optional[int]:
+    def _next(self, rs: RangeSet, used: list[int], cursor: Optional[IPAddress], skip: int,
+              listed: bool = False) -> Optional[int]:
         """The ``skip``-th free address after the cursor (fewer when the range runs out: never one
         twice). In a process with a watch cache (the daemon) the ADDs running at once all start
         from the same cursor: each passes over the candidates the others are creating right now
@@ -1375,14 +1376,19 @@ class KubeStore(Store):
         if self.cache is None:
             return advance()
 
+        cache = self.cache
+
         def choose(pending: Sequence[int]) -> Optional[int]:
-            for value in pending:
+            # The creates in flight, and those that finished since this ADD read the cache (the
+            # node's own share: a few hundred addresses at most), are not candidates. ``listed``:
+            # ``used`` comes from a List just made, fresher than the cache (which may lag).
+            for value in (pending if listed else (*pending, *cache.used(rs.family))):
                 i = bisect_left(used, value)
                 if i == len(used) or used[i] != value:
                     used.insert(i, value)
             return advance()
 
-        return self.cache.choose(rs.family, choose)
+        return cache.choose(rs.family, choose)
 
     def _whereabouts_holder(self, ip: IPAddress, rs: RangeSet, deadline: float) -> Optional[str]:
         """Which of whereabouts' objects holds ``ip`` (None: none, or the check is off)."""

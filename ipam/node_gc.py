@@ -22,13 +22,15 @@ about 4 to 6 minutes after its pod, well within a pool's life; a live pod's clai
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import socket
 import threading
+import time
 from typing import Any, Callable, Optional
 
-from cni.core.errors import CNIError
+from cni.core.errors import IO_FAILURE, CNIError
 
 log = logging.getLogger("rdmanet.ipam.gc")
 
@@ -90,6 +92,8 @@ def run_once(node: str, grace: float = GRACE, misses: int = MISSES, say: Say = _
         try:
             target = KubeTarget.for_settings(settings, node=node)
             outcome = reconcile_target(target, grace_seconds=grace, misses=misses)
+            for block in release_blocks(target, node, grace):
+                say("node_gc_block_released", block=block.id, node=node)
         except CNIError as err:
             say("node_gc_failed", "warning", node=node, kubeconfig=settings.kubeconfig or "in-cluster", error=err.msg)
             continue
@@ -100,6 +104,58 @@ def run_once(node: str, grace: float = GRACE, misses: int = MISSES, say: Say = _
                     address=c.address, pod=c.pod, container=c.container_id, ifname=c.ifname, reason=action.reason)
         outcomes.append(outcome)
     return outcomes
+
+
+_empty_since: dict[str, float] = {}  # block Lease UID -> when a run first found it holding no claim
+
+
+def release_blocks(target: Any, node: str, grace: float, now: Optional[float] = None) -> list[Any]:
+    """Release this node's address blocks (issue 17) that held none of its claims in two runs at
+    least ``grace`` seconds apart: the DEL that emptied a block may have been the node's last
+    call, so the daemon's GC gives the block back. The delete carries uid/resourceVersion
+    preconditions (a block re-acquired since is left alone); a claim made in the block meanwhile
+    stays valid (claims, not blocks, keep addresses). Returns the blocks released."""
+    import ipaddress
+
+    from .reconcile import ApiError
+
+    blocks = [b for b in target.list_blocks() if b.node == node]
+    if len(_empty_since) > 65536:  # entries of blocks released elsewhere: forget them all (a run's delay)
+        _empty_since.clear()
+    if not blocks:
+        return []
+    used: dict[str, list[int]] = {}
+    for c in target.list_claims():
+        dhash = c.name.split("-")[1] if c.name.count("-") >= 2 else ""
+        try:
+            used.setdefault(dhash, []).append(int(ipaddress.ip_address(c.address)))
+        except (TypeError, ValueError):
+            continue
+    for values in used.values():
+        values.sort()
+    now = time.monotonic() if now is None else now
+    released = []
+    for b in blocks:
+        dhash = b.name.split("-")[1]
+        values = used.get(dhash, [])
+        i = bisect.bisect_left(values, int(b.ip))
+        if i < len(values) and values[i] <= b.last:
+            _empty_since.pop(b.uid, None)
+            continue
+        since = _empty_since.setdefault(b.uid, now)
+        if now - since < grace:
+            continue
+        body = {"apiVersion": "v1", "kind": "DeleteOptions",
+                "preconditions": {"uid": b.uid, "resourceVersion": b.resource_version}}
+        try:
+            target.api.request("DELETE", f"{target.leases}/{b.name}", body=body)
+        except ApiError as err:
+            if err.status not in (404, 409):
+                raise CNIError(IO_FAILURE, f"could not release block {b.id}: {err}", "the next node GC retries") from None
+        else:
+            released.append(b)
+        _empty_since.pop(b.uid, None)
+    return released
 
 
 def _setting(name: str, default: float, say: Say) -> float:

@@ -425,3 +425,25 @@ def test_status_in_the_daemon_never_lists_the_domain_until_an_add_found_it_full(
     code, err = call("STATUS", conf, "s", "node-a")
     assert code == 1 and err["code"] == 50, err
     assert server.count("list", "leases") == 1
+
+
+def test_the_node_gc_releases_a_block_left_empty_by_the_nodes_last_del(server, kubeconfig, daemon):
+    """The DEL that emptied a block was the node's last call: the daemon's node GC gives the
+    block back once two of its runs, ``grace`` apart, found it empty; a block holding a claim
+    stays, and another node's block is never touched."""
+    from ipam import node_gc
+    from ipam.reconcile import KubeTarget
+
+    conf = netconf(kubeconfig, "10.9.11.0/24")
+    assert add(conf, "a", "node-a") is not None
+    assert call("DEL", conf, "a", "node-a") == (0, None)
+    assert store_add(store(kubeconfig, "node-b", conf), conf, "b") is not None
+    target = KubeTarget.for_settings(kube_settings(conf), node="node-a")
+    assert node_gc.release_blocks(target, "node-a", grace=60, now=1000.0) == []  # first seen empty
+    assert len(block_leases(server, NS)) == 2
+    [gone] = node_gc.release_blocks(target, "node-a", grace=60, now=1061.0)
+    assert gone.node == "node-a"
+    assert [o["spec"]["holderIdentity"] for o in block_leases(server, NS)] == ["node-b"]
+    target_b = KubeTarget.for_settings(kube_settings(conf), node="node-b")
+    assert node_gc.release_blocks(target_b, "node-b", grace=0, now=2000.0) == []  # b's claim keeps it
+    assert len(block_leases(server, NS)) == 1

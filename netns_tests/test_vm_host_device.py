@@ -290,3 +290,45 @@ def test_macvlan_rdma_logs_the_gid_index_of_the_pod_address(vm):
     assert int(logged["port"]) == 1 and int(logged["index"]) == table["index"], (logged.group(0), entry["gids"])
     assert entry["gid_index_lib"] == [1, table["index"], "RoCE v2"]
     assert "unknown" not in add["stderr"]
+
+
+# ------------------------------------------------------------------- a kill with a PF between two netns
+
+
+def test_pf_left_in_the_staging_netns_by_a_killed_add_comes_home_on_del(vm):
+    """The netdevsim PF's port netdev (a bus device: a netns that dies hands such a device back
+    to the host, under a kernel-made or the pod's name) as host-device-rdma's device; the ADD is
+    killed (os._exit at the test crash hook) after the rename in the staging netns. The device
+    stays there, renamed net1 with its original name as alias, since the staging netns is pinned
+    under the state dir and outlives the call; the pod got nothing. DEL brings it home as it was
+    and leaves no state, staging netns or reservation."""
+    entry = section(vm, "hd_pf_killed")
+    before = entry["before"]
+    assert entry["add_killed"]["rc"] == 137, entry["add_killed"]
+    assert entry["host_after_kill"] is None, "the device is still (or back) in the host"
+    assert entry["pod_links_after_kill"] == ["lo"]
+    [staging] = entry["staging_after_kill"]
+    assert staging.startswith("staging-"), entry["staging_after_kill"]
+    assert {"ifname": "net1", "ifalias": before["ifname"], "address": before["address"]} in entry["staging_links_after_kill"]
+    dele = entry["del"]
+    assert dele["rc"] == 0 and dele["stdout"] is None, dele
+    assert_link_as_before(before, entry["after_del"])
+    assert state_json(entry["files_after_del"]) == []  # no state, allocation record or staging netns
+
+
+def test_pf_in_a_deleted_pod_netns_is_restored_by_del(vm):
+    """The pod netns is deleted with the PF's port netdev in it (the runtime's DEL comes later):
+    the kernel hands the device back to the host under its pod name (CNI_IFNAME, the alias ADD
+    set still on it), unlike a veth, which dies. DEL, with the netns gone, finds it by its bus
+    device and gives it back its name, MAC, MTU and state."""
+    entry = section(vm, "hd_pf_killed")
+    ok(entry["add"])
+    assert entry["pod_link"]["ifalias"] == entry["before"]["ifname"]
+    refunded = entry["host_after_netns_del"]
+    assert refunded is not None and refunded["ifalias"] == entry["before"]["ifname"], refunded
+    assert refunded["parentdev"] == entry["before"]["parentdev"]
+    dele = entry["del_gone"]
+    assert dele["rc"] == 0 and dele["stdout"] is None, dele
+    assert state_json(entry["files_after"]) == []
+    assert entry["ipam_after"] == []
+    assert_link_as_before(entry["before"], entry["after_del_gone"])

@@ -58,7 +58,10 @@ then, on the same VF 0 and fake tree:
                (vlan 200, another mac); A's late DEL must leave B's VF settings and netdev alone;
                B's DEL restores the VF as before A
   hd_vf_gone   ADD with a vlan, then sriov_numvfs 0 (the VF and its settings are gone): DEL
-               succeeds, nothing left (must stay last: it removes the PF's VFs)
+               succeeds, nothing left (after the VF sections: it removes the PF's VFs)
+  hd_pf_killed host-device-rdma on the PF's port netdev: an ADD killed (crash hook) with the device
+               in the staging netns, then DEL; the pod netns deleted with the device in it, then
+               DEL (last: it moves the PF itself)
 """
 
 from __future__ import annotations
@@ -434,7 +437,7 @@ def rdma_devs(ns: str | None = None) -> list[str]:
 
 
 def hd_conf(name: str, **fields) -> dict:
-    subnet = {"hdreq": "198.18.6.0/24", "hdexcl": "198.18.7.0/24", "hdvf": "198.18.8.0/24"}[name]
+    subnet = {"hdreq": "198.18.6.0/24", "hdexcl": "198.18.7.0/24", "hdvf": "198.18.8.0/24", "hdpf": "198.18.9.0/24"}[name]
     return {
         "cniVersion": "1.0.0",
         "name": name,
@@ -982,6 +985,45 @@ def _hd_vf_gone(entry):
     entry["host_after"] = link_json(VF_NETDEV)
     entry["state_files_after"] = files_under(hd_state(conf))
     entry["ipam_after"] = ipam_ips("hdvf")
+
+
+@section("hd_pf_killed")
+def _hd_pf_killed(entry):
+    """host-device-rdma on the netdevsim PF's port netdev (a bus device, unlike a veth); last, as
+    it takes the PF away from the VF sections. 1: an ADD killed (test crash hook, os._exit) while
+    the device, renamed, waits in the staging netns; then DEL. 2: the pod netns deleted with the
+    device in it (what a kernel does with such a device); then DEL with the netns gone."""
+    pf, _ = pf_of_nsim()
+    conf = hd_conf("hdpf", device=pf)
+    staging_dir = os.path.join(hd_state(conf), "netns")
+    entry["before"] = before = link_json(pf)
+    sh("ip", "netns", "add", "hd-pf-pod")
+    netns = "/run/netns/hd-pf-pod"
+    killed = hd_exec("ADD", "pf-killed", netns, conf)
+    killed.env["HOST_DEVICE_RDMA_TEST_CRASH_AT"] = "add:renamed"
+    entry["add_killed"] = killed.start().finish()
+    entry["host_after_kill"] = link_json(pf)
+    entry["pod_links_after_kill"] = [l["ifname"] for l in json.loads(sh("ip", "-n", "hd-pf-pod", "-j", "link", "show").stdout)]
+    entry["staging_after_kill"] = files_under(staging_dir)
+    entry["staging_links_after_kill"] = [
+        {"ifname": l["ifname"], "ifalias": l.get("ifalias"), "address": l.get("address")}
+        for name in entry["staging_after_kill"]
+        for l in json.loads(sh("nsenter", f"--net={os.path.join(staging_dir, name)}", "ip", "-j", "link", "show").stdout)]
+    entry["del"] = hd_call("DEL", "pf-killed", netns, conf)
+    entry["after_del"], _ = settled(pf, before)
+    entry["files_after_del"] = files_under(hd_state(conf))
+    entry["add"] = hd_call("ADD", "pf-gone", netns, conf)
+    entry["pod_link"] = link_json("net1", "hd-pf-pod")
+    sh("ip", "netns", "del", "hd-pf-pod")
+    deadline = time.monotonic() + 5
+    while link_json("net1") is None and time.monotonic() < deadline:  # the netns is cleaned up asynchronously
+        time.sleep(0.1)
+    entry["host_after_netns_del"] = link_json("net1")
+    entry["del_gone"] = hd_call("DEL", "pf-gone", netns, conf)
+    entry["after_del_gone"], _ = settled(pf, before)
+    entry["files_after"] = files_under(hd_state(conf))
+    entry["ipam_after"] = ipam_ips("hdpf")
+
 
 out["total_seconds"] = round(time.monotonic() - T0, 2)
 text = json.dumps(out, indent=1, default=repr)

@@ -430,7 +430,9 @@ def self_signed(directory: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
 
 
 def leases(kube: KubeAPIServer) -> list[dict]:
-    return kube.objects("leases", NAMESPACE_OF_SA)
+    """The claim Leases (one per address); a node's address blocks (rdmanet.io/kind=block) are not claims."""
+    return [o for o in kube.objects("leases", NAMESPACE_OF_SA)
+            if ((o.get("metadata") or {}).get("labels") or {}).get("rdmanet.io/kind") != "block"]
 
 
 # --------------------------------------------------------------------------- tests

@@ -447,3 +447,27 @@ def test_the_node_gc_releases_a_block_left_empty_by_the_nodes_last_del(server, k
     target_b = KubeTarget.for_settings(kube_settings(conf), node="node-b")
     assert node_gc.release_blocks(target_b, "node-b", grace=0, now=2000.0) == []  # b's claim keeps it
     assert len(block_leases(server, NS)) == 1
+
+
+def test_claims_made_before_the_upgrade_stay_their_attachments(server, kubeconfig, daemon):
+    """A node upgraded in place: the claims its old version made (same names, no block label, no
+    block) are its node's, so the new daemon sees them: a repeat ADD of such an attachment gets
+    its address back, new ADDs never take one of them, and DEL frees them."""
+    conf = netconf(kubeconfig, "10.9.12.0/24")
+    old = store(kubeconfig, "node-a", conf)
+    rs = parse_ipam_config(conf).range_sets[0]
+    conn = connect(kube_settings(conf))
+    t = ApiClientTransport(conn.api_client, conn.host)
+    before = {}
+    for n in (5, 6, 7, 20, 21):  # spread over two would-be blocks
+        ip = ipaddress.ip_address(f"10.9.12.{n}")
+        body = old._body(ip, Attachment(f"old{n}", "net1"), "net-a", rs)
+        del body["metadata"]["labels"]["rdmanet.io/block"]  # the old version had no blocks
+        assert t.request("POST", LEASES_PATH.format(namespace=NS), [], body, 5.0).status == 201
+        before[f"old{n}"] = str(ip)
+    assert add(conf, "old6", "node-a") == before["old6"]  # a repeat ADD after the upgrade
+    new = [add(conf, f"new{i}", "node-a") for i in range(30)]
+    assert not set(new) & set(before.values())
+    assert_each_address_once(new + list(before.values()), server)
+    assert call("DEL", conf, "old20", "node-a") == (0, None)
+    assert before["old20"] not in holders(server)

@@ -500,3 +500,31 @@ def test_a_call_killed_with_the_device_in_the_staging_netns(cni, netns, master, 
     assert_restored(m.name, before)
     assert nt.owners(cni.data_dir) == {}
     nothing_recorded(cni)
+
+
+@pytest.mark.skipif(nt.lease_ipam_missing() is not None, reason=str(nt.lease_ipam_missing()))
+def test_an_add_whose_caller_went_away_leaves_the_finished_attachment_alone(cni, netns, master):
+    """Through the daemon, an ADD whose shim the runtime killed may get the attachment's lock only
+    after the runtime's retried ADD finished: it must stop (11) and undo nothing, not treat the
+    retry's attachment as an earlier ADD to replace (found by the kill-at-random soak through the
+    daemon: the pod was left without its device after a successful repeat ADD). Served here in
+    this process with a caller that is gone, as the daemon serves it."""
+    from cni.core import deadline as call_deadline
+    from cni.core import skel
+    from cni.host_device_rdma.plugin import HostDeviceRdma
+
+    ns = netns()
+    m, _ = prepared(master)
+    prefix, _ = nt.random_subnet()
+    stdin = nt.single(f"{ns.name}-net", "1.0.0", hd(cni, m.name, nt.lease_ipam(cni.data_dir, f"{prefix}.0/24")))
+    exec_ok(cni, "ADD", stdin, ns=ns, container_id="c1")
+    link, owners, states = nt.link(ns.name, "net1"), nt.owners(cni.data_dir), state_files(cni)
+    env = nt.bare_env(CNI_COMMAND="ADD", CNI_CONTAINERID="c1", CNI_NETNS=ns.path, CNI_IFNAME="net1",
+                      CNI_PATH=str(cni.cni_bin), **cni.policy_env)
+    gone = call_deadline.Deadline.after(30, caller_gone=lambda: True)
+    code, doc = skel.handle(HostDeviceRdma(), env, json.dumps(stdin).encode(), deadline=gone)
+    assert code != 0 and doc["code"] == 11, doc
+    assert nt.link(ns.name, "net1") == link
+    assert nt.owners(cni.data_dir) == owners and state_files(cni) == states
+    exec_ok(cni, "DEL", stdin, ns=ns, container_id="c1")
+    nothing_recorded(cni)

@@ -81,6 +81,9 @@ class HostDeviceRdma:
         states = StateDir(root)
         key = states.key(inv.network_name, inv.container_id, inv.ifname)
         with device_lock.attachment_held(root, _holder(inv)):
+            # An ADD whose caller went away while it waited (its shim was killed) must not undo
+            # what a later ADD of the runtime, served first, has built: it stops here.
+            call_deadline.check("looking at the attachment's earlier ADD")
             _clear_previous(states, key, conf, inv)
             call_deadline.check("selecting the device")
             with links.rtnl_in() as host:

@@ -3,9 +3,9 @@ bin dir. STANDARD LIBRARY ONLY: a pod start must not pay for pydantic/pyroute2 i
 runs on a node's own ``python3`` (DaemonSet mode, below), so it keeps to Python 3.6 syntax and
 library (a test parses it with ``feature_version=(3, 6)``).
 
-:func:`render_shim` writes this module's own source into the shim, with the plugin name, the
-venv's site-packages (or None: daemon only) and the daemon socket baked in, under
-``#!<python> -IS``.
+:func:`render_shim` writes the shim: the hot path (:mod:`shim.fast`) as its code, this module's
+source as a string compiled only on a cold path, the plugin name, the venv's site-packages (or
+None: daemon only) and the daemon socket baked in, under ``#!<python> -IS``.
 
 Protocol: one request per connection, answered once; the daemon then closes. A CNI call uses a
 binary framing, so that the shim needs neither ``json`` nor ``socket.py`` (together ~9 ms of

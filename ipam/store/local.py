@@ -10,14 +10,15 @@ Layout under ``<dataDir>/<domain>/`` (directories 0700, files 0600)::
                                  long); JSON {containerID, ifname, network, time, addresses}
     .tmp.*                       temp files of atomic writes; garbage once no one holds the lock
 
-Why no crash (kill -9, or power loss after the fsyncs) can give an address twice or leak one:
-1. ADD writes the index first, as an intent listing every address it is about to create, and
-   fsyncs it. Address files are created afterwards with O_EXCL (a name exists at most once),
-   their content fsynced before ADD answers.
+Why no kill (SIGKILL of the plugin or the daemon at any instant) can give an address twice or
+leak one (a power loss ends every attachment of the node: files.py says why nothing is fsynced):
+1. ADD writes the index first, as an intent listing every address it is about to create.
+   Address files are created afterwards with O_EXCL (a name exists at most once), their content
+   written before ADD answers.
 2. An address file is removed only (a) by DEL/GC of the attachment its content names, or
    (b) when it is empty or unparsable: DEL/GC of an attachment whose index lists it, any GC,
    the repeat ADD of that attachment, or an ADD that requests exactly that address. (b) is
-   safe: every writer holds the lock from create to fsync, so under the lock such a file is
+   safe: every writer holds the lock from create to write, so under the lock such a file is
    the claim of a crashed ADD, which never answered: the address was never handed out.
 3. So after a crash at any point, every address file the crashed ADD made is listed in its
    index: a later DEL or GC of that attachment removes it, and a repeat ADD adopts a complete
@@ -60,7 +61,7 @@ from .files import (
     create_exclusive,
     encode,
     ensure_dir,
-    fsync_dir,
+    sync_dir,
     read_json,
     remove,
 )
@@ -219,7 +220,7 @@ class LocalStore(Store):
         if leftovers:  # our own interrupted claims (rule 2b): free them so they can be picked again
             for ip in leftovers:
                 remove(self._addr_path(ip))
-            fsync_dir(self.root)
+            sync_dir(self.root)
 
         plan, spare = place_held(held, range_sets, lambda ip: ip)  # spare: in no range set of this config
 
@@ -265,7 +266,7 @@ class LocalStore(Store):
                     raise _Raced(ip)
                 created.append(ip)
                 self._crash("after-address")
-            fsync_dir(self.root)
+            sync_dir(self.root)
         except BaseException:
             self._undo(created, index_path, old_index)
             raise
@@ -273,7 +274,7 @@ class LocalStore(Store):
         if spare:
             for ip in spare:
                 self._remove_if_ours(ip, attachment)
-            fsync_dir(self.root)
+            sync_dir(self.root)
             atomic_write(self.index_dir, os.path.basename(index_path),
                          encode(dict(intent, addresses=[str(ip) for ip in final])))
         for rs, ip, picked in new:
@@ -286,12 +287,12 @@ class LocalStore(Store):
         """Roll a failed ADD back: the new address files, then the index as it was."""
         for ip in created:
             remove(self._addr_path(ip))
-        fsync_dir(self.root)
+        sync_dir(self.root)
         if isinstance(old_index, dict):
             atomic_write(self.index_dir, os.path.basename(index_path), encode(old_index))
         else:
             remove(index_path)
-            fsync_dir(self.index_dir)
+            sync_dir(self.index_dir)
 
     # -- release / find / list ----------------------------------------------------------------
 
@@ -309,10 +310,10 @@ class LocalStore(Store):
                 listed = listed_addresses(index)
             freed = [ip for ip in listed if self._remove_if_ours(ip, attachment)]
             if freed:
-                fsync_dir(self.root)
+                sync_dir(self.root)
             self._crash("after-release")
             remove(index_path)
-            fsync_dir(self.index_dir)
+            sync_dir(self.index_dir)
             return freed
 
     def find(self, attachment: Attachment) -> Optional[Reservation]:
@@ -365,8 +366,8 @@ class LocalStore(Store):
                     remove(self._addr_path(ip))
                     orphans.setdefault(who, []).append(ip)
             freed += [Reservation(who, network, tuple(ips)) for who, ips in sorted(orphans.items())]
-            fsync_dir(self.root)
-            fsync_dir(self.index_dir)
+            sync_dir(self.root)
+            sync_dir(self.index_dir)
         return freed
 
     def status(self, range_sets: Sequence[RangeSet]) -> list[int]:

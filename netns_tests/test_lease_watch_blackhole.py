@@ -17,7 +17,8 @@ import sys
 import time
 
 from ipam.store import lease_cache
-from ipam.store.kube import KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES, LEASES_PATH, ApiClientTransport
+from ipam.store.kube import LEASES_PATH
+from ipam.store.kube_transport import KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES, ApiClientTransport
 
 try:
     from netns_tests import nstools as nt

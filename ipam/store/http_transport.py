@@ -23,7 +23,7 @@ from urllib.parse import quote, urlencode, urlsplit
 from cni.core.errors import IO_FAILURE, CNIError
 
 from ..kube_credentials import CredentialError, Endpoint, KubeconfigError
-from .kube import Response, Transport, Unreachable, WatchStream
+from .kube_transport import Response, Transport, Unreachable, WatchStream
 
 USER_AGENT = "rdmanet-lease-ipam"
 WATCH_CONNECT_TIMEOUT = 10.0

@@ -72,11 +72,8 @@ A failed ADD deletes the claims it made before reporting the error.
 from __future__ import annotations
 
 import hashlib
-import ipaddress
-import json
 import logging
 import random
-import re
 import socket
 import sys
 import time
@@ -85,7 +82,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import partial
-from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Optional, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, TypeVar
 
 from cni.core.errors import (
     ADDRESS_UNAVAILABLE,
@@ -103,20 +100,15 @@ from . import lease_cache
 from .base import Attachment, Reservation, Store, place_held, refuse_other_request
 from .lease_cache import LeaseCache
 from .whereabouts import WhereaboutsView
+from .kube_transport import ApiClientTransport, Response, Transport, Unreachable  # noqa: F401  (re-exported)
+from .lease_names import (  # noqa: F401  (GROUP, L_POD_UID ... re-exported: tests and tools use them from here)
+    GROUP, KIND_BLOCK, L_ATTACHMENT, L_BLOCK, L_DOMAIN, L_KIND, L_NETWORK, L_NODE, L_POD_UID, _now_micro, _parse_time,
+    attachment_hash, block_first, block_id, block_name, block_of_name, domain_hash, holder_of, ip_of_name, label_value,
+    lease_name, parse_holder,
+)
 
 log = logging.getLogger("rdmanet.ipam")
 
-NAME_PREFIX = "lip"
-GROUP = "rdmanet.io"
-L_DOMAIN = f"{GROUP}/ipam-domain"
-L_NETWORK = f"{GROUP}/network"
-L_NODE = f"{GROUP}/node"
-L_ATTACHMENT = f"{GROUP}/attachment"
-L_POD_UID = f"{GROUP}/pod-uid"
-L_BLOCK = f"{GROUP}/block"
-L_KIND = f"{GROUP}/kind"
-KIND_BLOCK = "block"
-BLOCK_PREFIX = "lipb"
 DEFAULT_BLOCK_SIZE = {4: 16, 6: 64}  # addresses per block (docs/lease-ipam.md: how to size blocks)
 BLOCK_PROBES = 8  # hashed block positions tried before the domain's blocks are listed
 PROBE_MISSES = 2  # ... but two 409s in a row already say the range is crowded: List then
@@ -124,294 +116,16 @@ SMALL_BLOCK_COUNT = 64  # a range set with at most this many blocks lists them a
 BORROW_SCAN = 4096  # blocks looked at beyond the listed ones when searching a free one
 NODE_WINDOW = 64  # a borrowing node's first candidate passes over fewer free addresses than this
 BORROW_BLOCKS = 8  # held blocks read one by one before the domain's claims are read
-NO_FREE_BLOCK_SECONDS = 5.0
-EXHAUSTED_SECONDS = 30.0  # after an ADD found a range exhausted, STATUS checks the domain for this long  # a daemon that found every block held borrows without re-listing for this long
+NO_FREE_BLOCK_SECONDS = 5.0  # a daemon that found every block held borrows without re-listing for this long
+EXHAUSTED_SECONDS = 30.0  # after an ADD found a range exhausted, STATUS checks the domain for this long
 NODE_ENV = "RDMANET_NODE_NAME"
 LEASES_PATH = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _BACKOFF_BASE = 0.05
 _BACKOFF_CAP = 1.0
 _ROLLBACK_GRACE = 1.0  # a failed ADD's rollback may run this long past the verb's deadline
 LIST_PAGE = 500  # Leases per List page: a List holds one page's JSON at a time
 _T = TypeVar("_T")
-
-
-# -- names and labels -----------------------------------------------------------------------------
-
-def domain_hash(domain: str) -> str:
-    return hashlib.sha256(domain.encode()).hexdigest()[:16]
-
-
-def attachment_hash(attachment: Attachment) -> str:
-    return hashlib.sha224(str(attachment).encode()).hexdigest()  # 56 hex: fits a label value
-
-
-def label_value(text: str) -> str:
-    """``text`` when it is a valid label value, else ``h-`` and 40 hex of its sha256."""
-    if text and len(text) <= 63 and _LABEL_VALUE.match(text):
-        return text
-    return "h-" + hashlib.sha256(text.encode()).hexdigest()[:40]
-
-
-def spell(ip: IPAddress) -> str:
-    return str(ip) if ip.version == 4 else f"{int(ip):032x}"
-
-
-def lease_name(dhash: str, ip: IPAddress) -> str:
-    return f"{NAME_PREFIX}-{dhash}-{spell(ip)}"
-
-
-def block_id(first: IPAddress, size: int) -> str:
-    """A block's label value: its first address and its size (``10.0.0.16-16``)."""
-    return f"{spell(first)}-{size}"
-
-
-def block_name(dhash: str, first: IPAddress, size: int) -> str:
-    return f"{BLOCK_PREFIX}-{dhash}-{block_id(first, size)}"
-
-
-def block_first(subnet: Any, value: int, size: int) -> int:
-    """The first address of the ``size``-aligned block (counted from the subnet's network
-    address) that holds ``value``."""
-    net = int(subnet.network_address)
-    return net + (value - net) // size * size
-
-
-def _parse_spelled(rest: str) -> Optional[IPAddress]:
-    try:
-        if "." in rest:
-            ip = ipaddress.IPv4Address(rest)
-            return ip if str(ip) == rest else None
-        if len(rest) == 32 and re.fullmatch(r"[0-9a-f]{32}", rest):
-            return ipaddress.IPv6Address(int(rest, 16))
-    except ValueError:
-        return None
-    return None
-
-
-def ip_of_name(name: str, dhash: str) -> Optional[IPAddress]:
-    """The address a Lease name of this domain stands for; None for any other name."""
-    prefix = f"{NAME_PREFIX}-{dhash}-"
-    if not name.startswith(prefix):
-        return None
-    return _parse_spelled(name[len(prefix):])
-
-
-def block_of_name(name: str, dhash: str) -> Optional[tuple[IPAddress, int]]:
-    """(first address, size) of a block Lease name of this domain; None for any other name."""
-    prefix = f"{BLOCK_PREFIX}-{dhash}-"
-    if not name.startswith(prefix):
-        return None
-    spelled, _, size = name[len(prefix):].rpartition("-")
-    first = _parse_spelled(spelled)
-    if first is None or not size.isdigit() or not 0 < int(size) <= (1 << 30) or str(int(size)) != size:
-        return None
-    return first, int(size)
-
-
-def holder_of(attachment: Attachment) -> str:
-    return f"{attachment.container_id}/{attachment.ifname}"
-
-
-def parse_holder(text: Any) -> Optional[Attachment]:
-    """``<containerID>/<ifname>``: a container ID never holds '/', so the first '/' splits."""
-    if not isinstance(text, str) or "/" not in text:
-        return None
-    cid, ifname = text.split("/", 1)
-    return Attachment(cid, ifname) if cid and ifname else None
-
-
-def _now_micro() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _parse_time(text: Any) -> Optional[datetime]:
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
-
-
-# -- transport ------------------------------------------------------------------------------------
-
-class Response(NamedTuple):
-    status: int
-    doc: Any
-    headers: Mapping[str, str]
-
-
-class Unreachable(Exception):
-    """No HTTP answer: connection refused/reset, timeout, TLS failure."""
-
-
-class WatchStream:
-    """An open watch request. ``status`` (and ``doc``, the error body, when it is not 200);
-    ``events()`` yields the decoded JSON lines of a 200 answer and raises when the stream
-    breaks; ``abort()``, from any thread, ends a blocked read; ``close()`` releases it."""
-
-    def __init__(self, status: int, doc: Any = None) -> None:
-        self.status = status
-        self.doc = doc
-
-    def events(self) -> Iterator[Any]:
-        return iter(())
-
-    def socket(self) -> Optional[socket.socket]:
-        """The connection's socket, when the transport has one (see :func:`keep_alive`)."""
-        return None
-
-    def abort(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-KEEPALIVE_IDLE = 5  # seconds of silence on a watch connection before the kernel probes the peer
-KEEPALIVE_INTERVAL = 2
-KEEPALIVE_PROBES = 3  # unanswered probes before the connection is dead: 5 + 2 x 3 = 11 s
-USER_TIMEOUT_MS = 15000  # data sent but not acknowledged this long: dead too
-
-
-def keep_alive(sock: Optional[socket.socket]) -> None:
-    """TCP keepalive on a watch connection, short: a watch is quiet for minutes when nothing
-    changes, so without it a peer gone silently (a partition, a dead host or load balancer that
-    sends no FIN/RST) would only be noticed at the watch's read timeout (minutes). Every
-    :class:`Transport` that opens watches sets this on the watch's socket."""
-    if sock is None:
-        return
-    options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
-    for name, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL),
-                        ("TCP_KEEPCNT", KEEPALIVE_PROBES), ("TCP_USER_TIMEOUT", USER_TIMEOUT_MS)):
-        if hasattr(socket, name):
-            options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
-    for level, opt, value in options:
-        try:
-            sock.setsockopt(level, opt, value)
-        except OSError as exc:  # e.g. a TLS-wrapped or non-TCP socket without the option
-            log.debug("cannot set socket option %s on a watch connection: %s", opt, exc)
-
-
-class Transport:
-    """One HTTP request to the API server; the store does the retrying."""
-
-    host = ""
-
-    def request(self, method: str, path: str, query: Sequence[tuple[str, str]], body: Any,
-                timeout: float) -> Response:
-        raise NotImplementedError
-
-    def watch(self, path: str, query: Sequence[tuple[str, str]], timeout: float) -> WatchStream:
-        """Open a watch (``query`` carries ``watch=true``); ``timeout`` bounds each read."""
-        raise NotImplementedError
-
-
-class ApiClientTransport(Transport):
-    """Requests through the ``kubernetes`` client's ApiClient (auth, TLS, token refresh, pool).
-
-    The generated typed methods are bypassed: they validate and deserialise every Lease into
-    model objects, which costs more than the JSON itself, and they hide the status code.
-    """
-
-    def __init__(self, api_client: Any, host: Optional[str] = None) -> None:
-        import urllib3
-
-        from kubernetes.client.exceptions import ApiException
-
-        self.api = api_client
-        self.override = host
-        self.host = host or api_client.configuration.host
-        self._errors = (urllib3.exceptions.HTTPError, OSError, ApiException)
-
-    def request(self, method: str, path: str, query: Sequence[tuple[str, str]], body: Any,
-                timeout: float) -> Response:
-        headers = {"Accept": "application/json", "Content-Type": "application/json"}
-        try:
-            req = self.api.param_serialize(method, path, query_params=list(query), header_params=headers,
-                                           body=body, auth_settings=["BearerToken"], _host=self.override)
-            resp = self.api.call_api(*req, _request_timeout=(timeout, timeout))
-            data = resp.read()
-        except self._errors as exc:
-            raise Unreachable(f"{type(exc).__name__}: {exc}") from None
-        try:
-            doc = json.loads(data) if data else None
-        except ValueError:
-            doc = None
-        return Response(resp.status, doc, resp.headers or {})
-
-    def watch(self, path: str, query: Sequence[tuple[str, str]], timeout: float) -> WatchStream:
-        headers = {"Accept": "application/json"}
-        try:
-            req = self.api.param_serialize("GET", path, query_params=list(query), header_params=headers,
-                                           auth_settings=["BearerToken"], _host=self.override)
-            resp = self.api.call_api(*req, _request_timeout=(min(timeout, 10.0), timeout))
-        except self._errors as exc:
-            raise Unreachable(f"{type(exc).__name__}: {exc}") from None
-        raw = resp.response  # urllib3's response, not read yet (the client never preloads)
-        if resp.status == 200:
-            stream = _Urllib3WatchStream(raw)
-            keep_alive(stream.socket())
-            return stream
-        try:
-            data = raw.read()
-            doc = json.loads(data) if data else None
-        except (ValueError, *self._errors):
-            doc = None
-        raw.release_conn()
-        return WatchStream(resp.status, doc)
-
-
-class _Urllib3WatchStream(WatchStream):
-    def __init__(self, raw: Any) -> None:
-        super().__init__(200)
-        self.raw = raw
-        self._closed = False
-
-    def events(self) -> Iterator[Any]:
-        raw = self.raw
-        chunks = raw.stream(amt=None) if raw.chunked else iter(lambda: raw.read1(65536), b"")
-        buf = b""
-        for chunk in chunks:
-            buf += chunk
-            while True:
-                end = buf.find(b"\n")
-                if end < 0:
-                    break
-                line, buf = buf[:end], buf[end + 1:]
-                if line.strip():
-                    yield json.loads(line)
-        if buf.strip():
-            yield json.loads(buf)
-
-    def socket(self) -> Optional[socket.socket]:
-        return getattr(getattr(self.raw, "_connection", None), "sock", None)
-
-    def abort(self) -> None:
-        try:
-            self.raw.shutdown()  # wakes a read blocked in another thread
-            return
-        except Exception:  # noqa: BLE001 - already closed or released, or an older urllib3
-            pass
-        sock = getattr(getattr(self.raw, "_connection", None), "sock", None)
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        for step in (self.raw.close, self.raw.release_conn):  # a half-read stream is never reused
-            try:
-                step()
-            except Exception:  # noqa: BLE001
-                pass
 
 
 # -- the store ------------------------------------------------------------------------------------

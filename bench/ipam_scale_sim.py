@@ -259,6 +259,7 @@ def measure(cl: Cluster, label: str, ops: int, run: Any) -> dict:
     echo = sum(inf_.stats["echo_misses"] - before.get(inf_, {}).get("echo_misses", 0) for inf_ in cl.informers())
     return {"phase": label, "ops": done, "wanted": ops, "seconds": round(wall, 2),
             "verb_requests": requests_by_verb(verb), "verb_per_op": round(verb["requests"] / n, 4),
+            "verb_bytes_per_op": round(verb["bytes_out"] / n),
             "informer_requests": bg, "informer_per_op": round(inf["requests"] / n, 4),
             "requests_per_op": round((verb["requests"] + inf["requests"]) / n, 4),
             "conflicts_per_op": round(verb["create:409"] / n, 4),
@@ -266,11 +267,12 @@ def measure(cl: Cluster, label: str, ops: int, run: Any) -> dict:
             "informer_bytes": read_bytes(inf), "echo_misses": echo}
 
 
-def fill_to(cl: Cluster, target: int, counter: list[int], threads: int) -> int:
-    """ADDs, round-robin over the nodes, ``threads`` in flight at once, until ``target`` claims are held."""
+def fill_to(cl: Cluster, target: int, counter: list[int], threads: int, deadline: float = float("inf")) -> int:
+    """ADDs, round-robin over the nodes, ``threads`` in flight at once, until ``target`` claims are
+    held or, checked every 1,000 ADDs, ``deadline`` (monotonic) has passed."""
     done = 0
-    while len(cl.held) < target:
-        need = target - len(cl.held)
+    while len(cl.held) < target and time.monotonic() < deadline:
+        need = min(target - len(cl.held), 1000)
         first = counter[0]
         counter[0] += need
         calls = [(cl.add, cl.nodes[i % len(cl.nodes)], f"fill-{i:06d}") for i in range(first, first + need)]
@@ -293,7 +295,7 @@ def network_bytes(cl: Cluster) -> int:
 
 
 def simulate(nodes: int, size: int, fills: list[int], batch: int, job: int, threads: int, shared: bool,
-             cache_settings: dict, log: Any, fill_threads: int = 8) -> dict:
+             cache_settings: dict, log: Any, fill_threads: int = 8, phase_seconds: float = float("inf")) -> dict:
     t_start = time.perf_counter()
     cl = Cluster(nodes, size, shared, cache_settings)
     rows: list[dict] = []
@@ -315,9 +317,16 @@ def simulate(nodes: int, size: int, fills: list[int], batch: int, job: int, thre
         fill_from = 0
         for pct in fills:
             target = cl.allocatable * pct // 100
-            r = measure(cl, f"fill {fill_from}-{pct} %", target - len(cl.held), lambda: fill_to(cl, target, counter, fill_threads))
+            deadline = time.monotonic() + phase_seconds
+            r = measure(cl, f"fill {fill_from}-{pct} %", target - len(cl.held),
+                        lambda: fill_to(cl, target, counter, fill_threads, deadline))
             r["fill"] = pct
             rows.append(r)
+            if len(cl.held) < target:
+                reached = 100 * len(cl.held) / cl.allocatable
+                out["stopped"] = f"the fill to {pct} % stopped at {reached:.1f} % after {phase_seconds:g} s (--phase-seconds)"
+                log(f"  N={nodes}: {out['stopped']}")
+                break
             log(f"  N={nodes}: filled to {pct} % ({len(cl.held)}) in {r['seconds']} s: {r['requests_per_op']} req/ADD, "
                 f"{r['watch_events_per_op']} events/ADD")
             fill_from = pct
@@ -444,13 +453,16 @@ def print_report(results: list[dict], checks: dict) -> None:
         print(f"\nN = {r['nodes']} nodes, {r['size']} addresses, informers: {r['informers']} "
               f"({r['seconds']} s, max RSS {r['max_rss_mb']} MiB, echo misses {r['echo_misses']}, errors {r['errors'] or 'none'}, "
               f"addresses given twice {r['duplicates']})")
-        print("| phase | ops | req/op | verb requests/op | informer req/op | 409/op | watch events/op | watch bytes/op | s |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("| phase | ops | req/op | verb requests/op | verb bytes read/op | informer req/op | 409/op | watch events/op | watch bytes/op | s |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for row in r["rows"]:
             n = max(1, row["ops"])
             verbs = " ".join(f"{v / n:.3g} {k}" for k, v in row["verb_requests"].items()) or "-"
-            print(f"| {row['phase']} | {row['ops']} | {row['requests_per_op']:.3f} | {verbs} | {row['informer_per_op']:.4f} | "
+            vb = fmt_bytes(row["verb_bytes_per_op"]) if "verb_bytes_per_op" in row else "-"
+            print(f"| {row['phase']} | {row['ops']} | {row['requests_per_op']:.3f} | {verbs} | {vb} | {row['informer_per_op']:.4f} | "
                   f"{row['conflicts_per_op']:.3f} | {row['watch_events_per_op']:g} | {fmt_bytes(row['watch_bytes_per_op'])} | {row['seconds']} |")
+        if r.get("stopped"):
+            print(f"stopped: {r['stopped']}")
         rs = r["restart"]
         print(f"restart at {rs['fill']} claims: all daemons read {fmt_bytes(rs['total_bytes'])} "
               f"({rs['total_bytes'] / max(1, rs['network_bytes']):.2f} x the network's Leases, {fmt_bytes(rs['network_bytes'])}) "
@@ -481,6 +493,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--job", type=int, default=None, help="pods of the job launched at once (default 2000)")
     ap.add_argument("--threads", type=int, default=64, help="ADDs/DELs of the job in flight at once (default 64)")
     ap.add_argument("--fill-threads", type=int, default=8, help="ADDs in flight at once while filling (default 8)")
+    ap.add_argument("--phase-seconds", type=float, default=300.0,
+                    help="a fill phase longer than this stops there: the restart is measured at the fill reached (default 300)")
     ap.add_argument("--informers", choices=("auto", "shared", "per-node"), default="auto")
     ap.add_argument("--quick", action="store_true", help="smoke run: N = 10,100, 10,000 addresses, job of 200")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -511,7 +525,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             shared = args.informers == "shared"
         for n in nodes:
             log(f"N = {n} ...")
-            results.append(simulate(n, size, fills, batch, job, args.threads, shared, cache_settings, log, args.fill_threads))
+            results.append(simulate(n, size, fills, batch, job, args.threads, shared, cache_settings, log, args.fill_threads,
+                                    args.phase_seconds))
     finally:
         logger.setLevel(level)
         threading.stack_size(stack)

@@ -322,23 +322,27 @@ def simulate(nodes: int, size: int, fills: list[int], batch: int, job: int, thre
                         lambda: fill_to(cl, target, counter, fill_threads, deadline))
             r["fill"] = pct
             rows.append(r)
-            if len(cl.held) < target:
+            stopped = len(cl.held) < target
+            if stopped:
                 reached = 100 * len(cl.held) / cl.allocatable
                 out["stopped"] = f"the fill to {pct} % stopped at {reached:.1f} % after {phase_seconds:g} s (--phase-seconds)"
                 log(f"  N={nodes}: {out['stopped']}")
-                break
             log(f"  N={nodes}: filled to {pct} % ({len(cl.held)}) in {r['seconds']} s: {r['requests_per_op']} req/ADD, "
                 f"{r['watch_events_per_op']} events/ADD")
             fill_from = pct
             # DEL a random batch at this fill, then ADD it back (the same nodes)
-            victims = rng.sample(sorted(cl.held), min(batch, len(cl.held)))
+            if stopped:
+                victims = []
+            else:
+                victims = rng.sample(sorted(cl.held), min(batch, len(cl.held)))
             owners = [(cid, cl.held[cid]) for cid in victims]
-            r = measure(cl, f"DEL at {pct} %", len(owners), lambda: sum(cl.delete(n, c) for c, n in owners))
-            r["fill"] = pct
-            rows.append(r)
-            r = measure(cl, f"ADD at {pct} %", len(owners), lambda: sum(cl.add(n, c + "-again") for c, n in owners))
-            r["fill"] = pct
-            rows.append(r)
+            if owners:
+                r = measure(cl, f"DEL at {pct} %", len(owners), lambda: sum(cl.delete(n, c) for c, n in owners))
+                r["fill"] = pct
+                rows.append(r)
+                r = measure(cl, f"ADD at {pct} %", len(owners), lambda: sum(cl.add(n, c + "-again") for c, n in owners))
+                r["fill"] = pct
+                rows.append(r)
             if pct == fills[0] and job:
                 # 3. the job: `job` pods at once, spread over the nodes
                 spread = [cl.nodes[(i * len(cl.nodes)) // job] for i in range(job)]
@@ -353,6 +357,8 @@ def simulate(nodes: int, size: int, fills: list[int], batch: int, job: int, thre
                 r = measure(cl, f"job ends: {job} DELs at once", job, lambda: run_concurrently(cl, ends, threads))
                 r["fill"] = pct
                 rows.append(r)
+            if stopped:
+                break
 
         # 4. API server restart at the last fill
         net_bytes = network_bytes(cl)

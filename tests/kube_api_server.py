@@ -803,6 +803,7 @@ class KubeAPIServer:
         self._wgroups: dict[tuple, _WatchGroup] = {}  # (resource, ns, label sel, field sel) -> group
         self._windex: dict[tuple[str, str, str], set[_WatchGroup]] = {}  # (resource, key, value) -> groups
         self._wscan: set[_WatchGroup] = set()  # groups with no equality requirement to index by
+        self._lindex: dict[tuple[str, str, str], set[tuple[str, str]]] = {}  # (resource, label, value) -> keys
 
         self.token = token
         self.verbose = verbose
@@ -1373,11 +1374,35 @@ class KubeAPIServer:
     def _put(self, resource: str, obj: dict, etype: str, prev: dict | None) -> None:
         meta = obj["metadata"]
         meta["resourceVersion"] = str(self._bump())
-        self._store[resource][(meta["namespace"], meta["name"])] = obj
+        key = (meta["namespace"], meta["name"])
+        self._unindex_labels(resource, key, self._store[resource].get(key))
+        self._store[resource][key] = obj
+        for k, v in (meta.get("labels") or {}).items():
+            self._lindex.setdefault((resource, k, v), set()).add(key)
         self._record(resource, etype, obj, prev)
+
+    def _unindex_labels(self, resource: str, key: tuple[str, str], obj: dict | None) -> None:
+        for k, v in ((obj or {}).get("metadata", {}).get("labels") or {}).items():
+            keys = self._lindex.get((resource, k, v))
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._lindex[(resource, k, v)]
+
+    def _selected_keys(self, resource: str, selector: str | None) -> list[tuple[str, str]]:
+        """The sorted keys of the objects that may match ``selector``: those carrying the label of
+        its rarest ``key=value`` requirement (all objects when it has none). The caller still
+        matches each one."""
+        best = None
+        for k, v in _equalities(selector):
+            keys = self._lindex.get((resource, k, v), set())
+            if best is None or len(keys) < len(best):
+                best = keys
+        return sorted(self._store[resource] if best is None else best)
 
     def _remove(self, resource: str, key: tuple[str, str]) -> dict:
         obj = self._store[resource].pop(key)
+        self._unindex_labels(resource, key, obj)
         gone = copy.deepcopy(obj)
         gone["metadata"]["resourceVersion"] = str(self._bump())
         self._record(resource, "DELETED", gone, obj)
@@ -1572,8 +1597,9 @@ class KubeAPIServer:
                                         "consistent list result. You can start a new list without "
                                         "the continue parameter.", reason="Expired")
             else:
-                items = [copy.deepcopy(o) for (_, _), o in sorted(self._store[rt.plural].items())
-                         if self._matches(o, ns, lsel, fsel)]
+                store = self._store[rt.plural]
+                items = [copy.deepcopy(store[k]) for k in self._selected_keys(rt.plural, q.get("labelSelector"))
+                         if self._matches(store[k], ns, lsel, fsel)]
                 sid, start, list_rv = None, 0, str(self._rv)
             page = items[start:start + limit] if limit else items[start:]
             end = start + len(page)

@@ -111,7 +111,7 @@ log = logging.getLogger("rdmanet.ipam")
 
 DEFAULT_BLOCK_SIZE = {4: 16, 6: 64}  # addresses per block (docs/lease-ipam.md: how to size blocks)
 BLOCK_PROBES = 8  # hashed block positions tried before the domain's blocks are listed
-PROBE_MISSES = 2  # ... but two 409s in a row already say the range is crowded: List then
+PROBE_MISSES = 8  # 409s before the domain's blocks are listed (a List of 6,250 blocks is 13 pages, ~300 kB; a 409 is ~200 B)
 SMALL_BLOCK_COUNT = 64  # a range set with at most this many blocks lists them at once instead of probing
 BORROW_SCAN = 4096  # blocks looked at beyond the listed ones when searching a free one
 NODE_WINDOW = 64  # a borrowing node's first candidate passes over fewer free addresses than this

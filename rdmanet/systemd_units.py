@@ -23,7 +23,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
+
+from cni.linux.files import atomic_write
 
 SOCKET_UNIT = "rdmanet.socket"
 SERVICE_UNIT = "rdmanet.service"
@@ -94,24 +95,6 @@ Also={SOCKET_UNIT}
 """
 
 
-def _write(path: str, text: str) -> None:
-    directory = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def write(unit_dir: str, rdmanet: str, socket_path: str) -> list[str]:
     """Write both units into ``unit_dir`` (created 0755 when missing); returns their paths."""
     texts = {SOCKET_UNIT: socket_unit(socket_path), SERVICE_UNIT: service_unit(rdmanet, socket_path)}
@@ -119,7 +102,7 @@ def write(unit_dir: str, rdmanet: str, socket_path: str) -> list[str]:
     paths = []
     for name, text in texts.items():
         path = os.path.join(unit_dir, name)
-        _write(path, text)
+        atomic_write(path, text.encode(), mode=0o644, dir_mode=0o755)
         paths.append(path)
     return paths
 

@@ -1923,22 +1923,7 @@ class _Handler(BaseHTTPRequestHandler):
             except OSError:
                 pass
             return
-        code = int(fault.status)
-        headers = {}
-        retry_after = fault.retry_after
-        if retry_after is None and code == 429:
-            retry_after = 1
-        details = _details(rt, name)
-        if retry_after is not None:
-            ra = int(retry_after) if float(retry_after).is_integer() else retry_after
-            headers["Retry-After"] = str(ra)
-            details["retryAfterSeconds"] = int(max(1, round(float(retry_after))))
-        msg = {429: "Too many requests, please try again later.",
-               500: "Internal error occurred: injected fault",
-               503: "the server is currently unable to handle the request",
-               504: "the server was unable to return a response in the time allotted, "
-                    "but may still be processing the request"}.get(code, "injected fault")
-        self._send_error(ApiError(code, msg, details=details, headers=headers))
+        self._send_error(_fault_error(fault, rt, name))
 
     # -- watch ---------------------------------------------------------------------
 

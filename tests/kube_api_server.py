@@ -1107,20 +1107,7 @@ class KubeAPIServer:
                 with self._stats_lock:
                     self._log.append(entry)
                 return 200, {"Content-Type": "application/json", "Transfer-Encoding": "chunked"}, w
-            if verb == "create":
-                code, obj = self.api_create(rt, ns, doc, dry_run)
-            elif verb == "get":
-                code, obj = self.api_get(rt, ns, name)
-            elif verb == "list":
-                code, obj = self.api_list(rt, ns, q)
-            elif verb == "update":
-                code, obj = self.api_update(rt, ns, name, doc, dry_run)
-            elif verb == "patch":
-                code, obj = self.api_patch(rt, ns, name, doc, "application/merge-patch+json", dry_run)
-            elif verb == "delete":
-                code, obj = self.api_delete(rt, ns, name, doc, dry_run)
-            else:
-                code, obj = self.api_deletecollection(rt, ns, q, dry_run)
+            code, obj = self.api_call(verb, rt, ns, name, doc, "application/merge-patch+json", q, dry_run)
         except ApiError as e:
             if lost:
                 raise ConnectionResetError("the answer was lost by an injected fault") from None
@@ -1417,6 +1404,25 @@ class KubeAPIServer:
         return sid
 
     # -- API operations (called by the handler) -------------------------------------
+
+    def api_call(self, verb: str, rt: ResourceType, ns: str, name: str | None, body: Any, content_type: str,
+                 q: dict, dry_run: bool) -> tuple[int, dict]:
+        """One API verb other than watch, as both front ends (HTTP and in-process) serve it."""
+        if verb == "create":
+            return self.api_create(rt, ns, body, dry_run)
+        if verb == "get":
+            return self.api_get(rt, ns, name)
+        if verb == "list":
+            return self.api_list(rt, ns, q)
+        if verb == "update":
+            return self.api_update(rt, ns, name, body, dry_run)
+        if verb == "patch":
+            return self.api_patch(rt, ns, name, body, content_type, dry_run)
+        if verb == "delete":
+            return self.api_delete(rt, ns, name, body, dry_run)
+        if verb == "deletecollection":
+            return self.api_deletecollection(rt, ns, q, dry_run)
+        raise ApiError(405, "method not allowed")
 
     def api_create(self, rt: ResourceType, ns: str, body: dict, dry_run: bool) -> tuple[int, dict]:
         if not isinstance(body, dict):
@@ -1836,23 +1842,7 @@ class _Handler(BaseHTTPRequestHandler):
             if verb == "watch":
                 self._watch(rt, ns, q)
                 return
-            if verb == "create":
-                code, obj = srv.api_create(rt, ns, body, dry_run)
-            elif verb == "get":
-                code, obj = srv.api_get(rt, ns, name)
-            elif verb == "list":
-                code, obj = srv.api_list(rt, ns, q)
-            elif verb == "update":
-                code, obj = srv.api_update(rt, ns, name, body, dry_run)
-            elif verb == "patch":
-                code, obj = srv.api_patch(rt, ns, name, body,
-                                          self.headers.get("Content-Type", ""), dry_run)
-            elif verb == "delete":
-                code, obj = srv.api_delete(rt, ns, name, body, dry_run)
-            elif verb == "deletecollection":
-                code, obj = srv.api_deletecollection(rt, ns, q, dry_run)
-            else:  # pragma: no cover
-                raise ApiError(405, "method not allowed")
+            code, obj = srv.api_call(verb, rt, ns, name, body, self.headers.get("Content-Type", ""), q, dry_run)
             if self._lose:
                 self._cut(code)
                 return

@@ -411,11 +411,14 @@ class KubeStore(NodeBlocks, Store):
             if not isinstance(cont, str) or not cont:
                 return acc
 
-    def _used(self, deadline: float) -> dict[int, list[int]]:
-        """The domain's used addresses per IP version, sorted (a paginated List kept as ints)."""
-        scan = self._fold(self._claims_selector(), deadline, f"list leases of domain {self.domain}",
+    def _scan_domain(self, deadline: float) -> DomainScan:
+        """The domain's claims, folded page by page from one paginated List (kept as ints)."""
+        return self._fold(self._claims_selector(), deadline, f"list leases of domain {self.domain}",
                           lambda: DomainScan(None, set()), DomainScan.add)
-        return scan.sorted_used()
+
+    def _used(self, deadline: float) -> dict[int, list[int]]:
+        """The domain's used addresses per IP version, sorted."""
+        return self._scan_domain(deadline).sorted_used()
 
     def _parse(self, item: Any) -> Optional[Claim]:
         return parse_claim(item, self.dhash)
@@ -733,9 +736,8 @@ class KubeStore(NodeBlocks, Store):
 
     def _domain_addresses(self, family: int, deadline: float) -> tuple[list[int], dict[str, Claim]]:
         """The sorted addresses of ``family`` that the domain's claims hold and the most recent
-        claim per range (the round-robin cursor): one paginated List folded page by page."""
-        scan = self._fold(self._claims_selector(), deadline, f"list leases of domain {self.domain}",
-                          lambda: DomainScan(None, set()), DomainScan.add)
+        claim per range (the round-robin cursor)."""
+        scan = self._scan_domain(deadline)
         return scan.sorted_used()[family], scan.latest
 
     def _skip(self, rs: RangeSet) -> int:

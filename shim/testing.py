@@ -46,9 +46,7 @@ class Daemon:
             fd, log_path = tempfile.mkstemp(prefix="rdmanet-daemon-", suffix=".log")
             os.close(fd)
         self.log_path = log_path
-        argv = [sys.executable, "-m", "rdmanet.cli", "daemon", "--socket", socket_path, *args]
-        for uid in allow_uids:
-            argv += ["--allow-uid", str(uid)]
+        argv = daemon_argv(socket_path, allow_uids, args)
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=self._log, preexec_fn=preexec_fn,
                                      env=None if env is None else {**os.environ, **env})

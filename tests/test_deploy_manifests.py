@@ -55,7 +55,7 @@ INSTALL_FLAGS = {
 }
 # Host paths the node daemon needs at the same path inside its container.
 SAME_PATH_MOUNTS = {"/opt/cni/bin", "/etc/cni/net.d", "/var/lib/cni", "/run/rdmanet", "/var/run/netns",
-                    "/var/run/k8s.cni.cncf.io/devinfo", "/sys"}
+                    "/var/run/k8s.cni.cncf.io/devinfo", "/sys", "/var/log/rdmanet"}
 
 # The NetworkAttachmentDefinition CRD (group k8s.cni.cncf.io, version v1, namespaced). Its shape
 # is the CRD's openAPIV3Schema as the Network Plumbing WG publishes it with Multus (and as the
@@ -461,6 +461,22 @@ def test_host_paths_are_mounted_at_the_same_path():
     assert hp[m["/var/run/k8s.cni.cncf.io/devinfo"]["name"]]["type"] == "DirectoryOrCreate"
     names = [v["name"] for v in pod_spec()["volumes"]]
     assert len(names) == len(set(names)) and set(names) == {mount["name"] for mount in m.values()}
+
+
+def test_the_default_node_policy_roots_are_the_hosts():
+    """What the daemon writes under its built-in policy's roots lands on the node, not in the
+    container's filesystem (a log_file of lease-ipam, state, the device-info files)."""
+    from cni.linux.roots import NodePolicy
+
+    policy, m = NodePolicy(), mounts()
+
+    def mounted(path: str) -> bool:
+        return any(path == p or path.startswith(p.rstrip("/") + "/") for p in m)
+
+    for kind in ("log", "data", "kubeconfig", "config"):
+        for root in policy.roots(kind):
+            assert mounted(root), f"the node policy's {kind} root {root} is not a host mount"
+    assert mounted(policy.device_info_dir) and mounted(policy.host_device_state_dir)
 
 
 def test_probes_run_the_daemon_health_check(monkeypatch):

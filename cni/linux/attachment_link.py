@@ -15,12 +15,13 @@ finished attachment: DEL removes it, a stray second ADD is refused and leaves it
 
 The temporary name is derived (never random) so state 2 is recognisable, and the marker tells
 states 3 and 4 from a link of the same name someone else made. Both are pure functions
-of (containerID, ifname); :func:`leftovers` looks them up in a netns.
+of (containerID, ifname); :func:`look_up` finds them in a netns.
 """
 
 from __future__ import annotations
 
 import hashlib
+from typing import Optional
 
 from . import links
 
@@ -51,11 +52,13 @@ def is_ours(alias: str, container_id: str, ifname: str) -> bool:
     return alias in (marker(container_id, ifname), marker(container_id, ifname, done=True))
 
 
-def leftovers(ipr, prefix: str, kind: str, container_id: str, ifname: str) -> list:
-    """Links of kind ``kind`` that an unfinished ADD of this attachment left in the netns of
-    ``ipr``: the one under the temporary name, and the one under ``ifname`` that carries this
-    attachment's in-progress marker. A finished attachment's link (done marker) and a link
-    without the marker are not returned."""
+def look_up(ipr, prefix: str, kind: str, container_id: str, ifname: str) -> tuple[list, Optional[links.Link]]:
+    """What this attachment's links in the netns of ``ipr`` are, one lookup per name:
+    ``(leftovers, named)``. ``leftovers``: links of kind ``kind`` that an unfinished ADD of this
+    attachment left, the one under the temporary name and the one under ``ifname`` that carries
+    this attachment's in-progress marker. ``named``: the link under ``ifname`` when it is not a
+    leftover (a finished attachment's link with the done marker, or a link that is not ours),
+    else None."""
     found = []
     tmp = links.find_link(ipr, temporary_name(prefix, container_id, ifname))
     if tmp is not None and tmp.kind == kind:
@@ -63,7 +66,8 @@ def leftovers(ipr, prefix: str, kind: str, container_id: str, ifname: str) -> li
     named = links.find_link(ipr, ifname)
     if named is not None and named.kind == kind and named.alias == marker(container_id, ifname):
         found.append(named)
-    return found
+        named = None
+    return found, named
 
 
 def is_done(alias: str) -> bool:

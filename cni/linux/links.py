@@ -84,11 +84,11 @@ class Link:
 
     @classmethod
     def from_msg(cls, msg) -> "Link":
-        attrs = _first_attrs(msg)
+        attrs = _first_attrs(msg, LINK_NLAS)
         info = attrs.get("IFLA_LINKINFO")
-        info_attrs = _first_attrs(info) if info is not None else {}
+        info_attrs = _first_attrs(info, INFO_NLAS) if info is not None else {}
         data = info_attrs.get("IFLA_INFO_DATA")
-        data_attrs = _first_attrs(data) if hasattr(data, "get_attrs") else {}
+        data_attrs = _first_attrs(data, DATA_NLAS) if hasattr(data, "get_attrs") else {}
         return cls(
             index=msg["index"],
             name=attrs.get("IFLA_IFNAME"),
@@ -109,12 +109,23 @@ class Link:
         )
 
 
-def _first_attrs(msg) -> dict:
-    """{NLA name: value of its first occurrence} in one pass (``msg.get`` scans all NLAs per name)."""
+# The NLAs Link reads. pyroute2 decodes an NLA's value when it is first read: a link message
+# carries some forty, among them the large nested IFLA_AF_SPEC and the statistics, which Link
+# never reads and so never pays for.
+LINK_NLAS = frozenset(("IFLA_IFNAME", "IFLA_MTU", "IFLA_IFALIAS", "IFLA_PROP_LIST", "IFLA_LINK", "IFLA_LINK_NETNSID",
+                       "IFLA_PERM_ADDRESS", "IFLA_PARENT_DEV_NAME", "IFLA_LINKINFO"))
+INFO_NLAS = frozenset(("IFLA_INFO_KIND", "IFLA_INFO_DATA"))
+DATA_NLAS = frozenset(("IFLA_MACVLAN_MODE", "IFLA_IPOIB_PKEY", "IFLA_IPOIB_MODE"))
+
+
+def _first_attrs(msg, names: frozenset) -> dict:
+    """{NLA name: value of its first occurrence} of the NLAs in ``names``, in one pass (``msg.get``
+    scans all NLAs per name), decoding only those."""
     found: dict = {}
     for slot in msg["attrs"]:
-        if slot[0] not in found:
-            found[slot[0]] = slot[1]
+        name = slot[0]
+        if name in names and name not in found:
+            found[name] = slot[1]
     return found
 
 

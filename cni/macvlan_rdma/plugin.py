@@ -55,8 +55,9 @@ class MacvlanRdma:
             pod = stack.enter_context(pod_ns.rtnl(inv.netns))
             master = _master(conf, host, pod)
             rdma = shared_rdma.decide(conf.rdma, master.name)
-            _remove_leftovers(pod, inv)
-            previous = _previous_attachment(pod, inv)
+            stale, named = attachment_link.look_up(pod, TEMP_PREFIX, "macvlan", inv.container_id, inv.ifname)
+            _remove_leftovers(pod, inv, stale)
+            previous = _previous_attachment(named, inv)
             undo = stack.enter_context(ExitStack())
             link = _create(conf, inv, host if not conf.linkInContainer else pod, pod, master, mac)
             undo.callback(links.delete, pod, link.index)
@@ -94,8 +95,8 @@ class MacvlanRdma:
         netns.refuse_own(inv.netns, inv.env)
         try:
             with links.rtnl_in(inv.netns) as pod:
-                _remove_leftovers(pod, inv)
-                link = links.find_link(pod, inv.ifname)
+                stale, link = attachment_link.look_up(pod, TEMP_PREFIX, "macvlan", inv.container_id, inv.ifname)
+                _remove_leftovers(pod, inv, stale)
                 if link is None:
                     return
                 ours = attachment_link.is_ours(link.alias, inv.container_id, inv.ifname)
@@ -164,19 +165,19 @@ def _master(conf: MacvlanConf, host, pod) -> Link:
 TEMP_PREFIX = "mvr"
 
 
-def _remove_leftovers(pod, inv: Invocation) -> None:
-    """Delete the macvlans an unfinished (killed) ADD of this attachment left: under the derived
-    temporary name, or under CNI_IFNAME with this attachment's in-progress marker."""
-    for stale in attachment_link.leftovers(pod, TEMP_PREFIX, "macvlan", inv.container_id, inv.ifname):
-        log.info("%s/%s: removing %s left by an earlier ADD", inv.container_id[:12], inv.ifname, stale.name)
-        links.delete(pod, stale.index)
+def _remove_leftovers(pod, inv: Invocation, stale: list) -> None:
+    """Delete the macvlans an unfinished (killed) ADD of this attachment left (``stale``, from
+    attachment_link.look_up): under the derived temporary name, or under CNI_IFNAME with this
+    attachment's in-progress marker."""
+    for link in stale:
+        log.info("%s/%s: removing %s left by an earlier ADD", inv.container_id[:12], inv.ifname, link.name)
+        links.delete(pod, link.index)
 
 
-def _previous_attachment(pod, inv: Invocation) -> Optional[Link]:
+def _previous_attachment(link: Optional[Link], inv: Invocation) -> Optional[Link]:
     """The finished macvlan of this same attachment (a repeat ADD, e.g. the runtime's retry after
     it lost the first ADD's answer), which the new one replaces once IPAM has answered; any other
-    link under CNI_IFNAME is a CNI error 4."""
-    link = links.find_link(pod, inv.ifname)
+    link under CNI_IFNAME (``link``: what attachment_link.look_up found there) is a CNI error 4."""
     if link is None:
         return None
     if link.kind == "macvlan" and link.alias == attachment_link.marker(inv.container_id, inv.ifname, done=True):

@@ -23,7 +23,8 @@ leak one (a power loss ends every attachment of the node: files.py says why noth
 3. So after a crash at any point, every address file the crashed ADD made is listed in its
    index: a later DEL or GC of that attachment removes it, and a repeat ADD adopts a complete
    one and reclaims an empty one.
-The cursor is written without fsync: losing it only changes where round-robin resumes.
+The cursor is overwritten in place (files.overwrite_padded), without fsync or rename: losing or
+tearing it only changes where round-robin resumes.
 
 ``LEASE_IPAM_TEST_CRASH_AT=<step>`` is a TEST-ONLY hook: the process os._exit()s at that step,
 to prove the above. Steps, in order: after-intent, after-create (an address file exists but is
@@ -61,6 +62,7 @@ from .files import (
     create_exclusive,
     encode,
     ensure_dir,
+    overwrite_padded,
     sync_dir,
     read_json,
     remove,
@@ -85,6 +87,9 @@ CRASH_EXIT_CODE = 86
 # overloaded node (200 concurrent ADD execs on 2 busy cores) waits of 12 s were measured; kubelet
 # gives a whole ADD 4 minutes and whereabouts 2.
 LOCK_TIMEOUT = 60.0
+# Bytes of a cursor file: an IPv6 address (at most 39 characters) and its newline, padded; also
+# more than any cursor an earlier version wrote (the address and a newline, replaced by rename).
+CURSOR_WIDTH = 48
 
 
 class _Raced(Exception):
@@ -279,7 +284,7 @@ class LocalStore(Store):
                          encode(dict(intent, addresses=[str(ip) for ip in final])))
         for rs, ip, picked in new:
             if picked:
-                atomic_write(self.root, f"{CURSOR_PREFIX}{rs.index}", f"{ip}\n".encode(), durable=False)
+                overwrite_padded(os.path.join(self.root, f"{CURSOR_PREFIX}{rs.index}"), f"{ip}\n", CURSOR_WIDTH)
         self._crash("after-cursor")
         return final
 

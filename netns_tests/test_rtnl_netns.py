@@ -1,0 +1,56 @@
+"""cni.linux.rtnl.Rtnl answers what pyroute2's IPRoute answers, in a real network namespace: the
+dumps it serves itself (links, addresses by link and family) and the links it decodes (Link)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("pyroute2")
+
+from pyroute2.iproute.linux import IPRoute  # noqa: E402
+
+from cni.linux import links, netns as netns_mod  # noqa: E402
+from cni.linux.rtnl import Rtnl  # noqa: E402
+
+try:
+    from netns_tests import nstools as nt
+except ImportError:  # pragma: no cover
+    import nstools as nt  # type: ignore[no-redef]
+
+
+def addr_view(msgs) -> list:
+    return sorted((m["family"], m["index"], m["prefixlen"], m.get("IFA_ADDRESS"), m.get("IFA_FLAGS", m["flags"]))
+                  for m in msgs)
+
+
+@pytest.fixture
+def pod(netns, master):
+    ns = netns()
+    a = master(ns=ns, peer_ns=ns)
+    nt.ip("-n", ns.name, "addr", "add", "198.18.7.2/24", "dev", a.name)
+    nt.ip("-n", ns.name, "addr", "add", "198.18.8.2/24", "dev", a.name)
+    nt.ip("-n", ns.name, "addr", "add", "fd00:7::2/64", "dev", a.name, "nodad")
+    nt.ip("-n", ns.name, "addr", "add", "198.18.9.2/24", "dev", a.peer)
+    nt.ip("-n", ns.name, "link", "set", a.name, "alias", "rdt alias")
+    return ns, a
+
+
+def test_dumps_and_links_match_iproute(pod):
+    ns, veth = pod
+    with netns_mod.entered(ns.path):
+        ipr = IPRoute()
+    try:
+        with links.rtnl_in(ns.path) as ours:
+            index = links.find_link(ours, veth.name).index
+            for kwarg in ({}, {"index": index}, {"index": index, "family": 2}, {"index": index, "family": 10}, {"family": 2}):
+                got = addr_view(ours.get_addr(**kwarg))
+                assert got == addr_view(ipr.get_addr(**kwarg)), kwarg
+                assert got, kwarg  # every filter matches an address here: a comparison of nothing proves nothing
+            assert [m.get("IFLA_IFNAME") for m in ours.get_links()] == [m.get("IFLA_IFNAME") for m in ipr.get_links()]
+            for name in ("lo", veth.name, veth.peer):
+                assert links.find_link(ours, name) == links.Link.from_msg(ipr.link("get", ifname=name)[0])
+            link = links.find_link(ours, veth.name)
+            assert (link.name, link.kind, link.alias, link.up) == (veth.name, "veth", "rdt alias", True)
+            assert links.find_link(ours, "rdt-none") is None
+    finally:
+        ipr.close()

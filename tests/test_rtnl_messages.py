@@ -80,3 +80,52 @@ def test_the_same_message_as_iproute(monkeypatch, mode, command, kwarg):
     finally:
         sock.close()
     assert without_seq_and_pid(ours) == without_seq_and_pid(pyroute2_bytes(monkeypatch, mode, command, kwarg))
+
+
+def test_the_same_link_dump_request_as_iproute(monkeypatch):
+    """get_links() (a link dump), the one request Rtnl makes outside :data:`rtnl.FAST`."""
+    sock = rtnl.Rtnl()
+    try:
+        ours = bytes(sock._message(rtnl.ifinfmsg, rtnl.RTM_GETLINK, rtnl.NLM_F_REQUEST | rtnl.NLM_F_DUMP, "link",
+                                   "dump", {}).data)
+    finally:
+        sock.close()
+    assert without_seq_and_pid(ours) == without_seq_and_pid(pyroute2_bytes(monkeypatch, "link", "dump", {}))
+
+
+def _kernel_dump(msg_class, msg_type: int) -> bytes:
+    """The raw answer of this namespace's kernel to a dump request of ``msg_type``."""
+    import socket
+
+    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.NETLINK_ROUTE)
+    try:
+        sock.bind((0, 0))
+        msg = msg_class()
+        msg["header"]["type"] = msg_type
+        msg["header"]["flags"] = rtnl.NLM_F_REQUEST | rtnl.NLM_F_DUMP
+        msg["header"]["sequence_number"] = 1
+        msg.encode()
+        sock.send(msg.data)
+        chunks = []
+        while True:
+            data = sock.recv(rtnl.RECV)
+            chunks.append(data)
+            if rtnl.NLMSG_DONE in {m["header"]["type"] for m in rtnl.MarshalLinks().parse(data)}:
+                return b"".join(chunks)
+    finally:
+        sock.close()
+
+
+@pytest.mark.parametrize("msg_class,msg_type", [(rtnl.ifinfmsg, rtnl.RTM_GETLINK), (rtnl.ifaddrmsg, rtnl.RTM_GETADDR),
+                                                (rtnl.rtmsg, rtnl.RTM_GETROUTE)], ids=["links", "addresses", "routes"])
+def test_answers_parse_as_iproute_parses_them(msg_class, msg_type):
+    """Rtnl's parser (MarshalLinks) reads the kernel's link, address and route messages exactly
+    as pyroute2's MarshalRtnl (IPRoute's) does."""
+    from pyroute2.netlink.rtnl.marshal import MarshalRtnl
+
+    data = _kernel_dump(msg_class, msg_type)
+    ours = [m.dump() for m in rtnl.MarshalLinks().parse(data)]
+    theirs = [m.dump() for m in MarshalRtnl().parse(data)]
+    assert len(ours) >= 2 and ours[-1]["header"]["type"] == rtnl.NLMSG_DONE  # at least lo, and the end
+    assert ours == theirs
+    assert [m["event"] for m in rtnl.MarshalLinks().parse(data)] == [m["event"] for m in MarshalRtnl().parse(data)]

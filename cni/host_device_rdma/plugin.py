@@ -564,13 +564,15 @@ def _select(conf: HostDeviceConf, host) -> DeviceRef:
 def _rdma_device(conf: HostDeviceConf, ref: DeviceRef) -> Optional[str]:
     if conf.rdma == "off":
         return None
-    from cni.linux import rdma_netlink
-
     if ref.device_id:
         devices = sysfs.rdma_devices_for_device_id(ref.device_id, root=sysfs.default_root())
     else:
         devices = sysfs.rdma_devices_for_netdev(ref.netdev, root=sysfs.default_root())
-    mode = rdma_netlink.netns_mode() if devices or conf.rdma == "required" else None
+    mode = None
+    if devices or conf.rdma == "required":
+        from cni.linux import rdma_netlink  # pyroute2's socket classes (asyncio): only with a device to ask about
+
+        mode = rdma_netlink.netns_mode()
     return decide_exclusive(conf.rdma, ref.describe(), devices, mode)
 
 

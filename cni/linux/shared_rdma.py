@@ -18,10 +18,12 @@ def decide(setting: str, master: str) -> SharedDecision:
     """``rdma`` ("auto"/"required"/"off") for ``master``, from sysfs and the RDMA netns mode."""
     if setting == "off":
         return SharedDecision(None)
-    from . import rdma_netlink
-
     devices = sysfs.rdma_devices_for_netdev(master, root=sysfs.default_root())
-    mode = rdma_netlink.netns_mode() if devices or setting == "required" else None
+    mode = None
+    if devices or setting == "required":
+        from . import rdma_netlink  # pyroute2's socket classes (asyncio): only with a device to ask about
+
+        mode = rdma_netlink.netns_mode()
     return decide_shared(setting, master, devices, mode)
 
 

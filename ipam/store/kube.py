@@ -552,9 +552,8 @@ class KubeStore(NodeBlocks, Store):
         if hint is not None:
             with self._holding(hint, attachment, deadline):
                 mine = self._attachment_claims(attachment, deadline)
-                used = {4: hint.used(4), 6: hint.used(6)}
-                return self._allocate(attachment, network, range_sets, requested, deadline, mine, used, hint.blocks(),
-                                      hint, hint.latest(), settle=False)
+                return self._allocate(attachment, network, range_sets, requested, deadline, mine, {4: [], 6: []},
+                                      hint.blocks(), hint, hint.latest(), settle=False)
         # Without a watch cache: this node's own claims and blocks, never the domain's; the List
         # is paginated and folded page by page (used ints, the attachment's claims, the cursor).
         scan, blocks = DomainScan(attachment, set()), []
@@ -586,14 +585,17 @@ class KubeStore(NodeBlocks, Store):
             fresh = self._get(c.name, deadline, c.uid)
             if fresh is not None and fresh.attachment == attachment:
                 mine.append(fresh)
-        used = {4: cache.used(4), 6: cache.used(6)}
-        return self._allocate(attachment, network, range_sets, requested, deadline, mine, used, cache.blocks(), cache,
-                              cache.latest())
+        # ``used`` starts empty: the candidate search reads the cache's used addresses within the
+        # blocks it searches (:meth:`_next`), never a copy of every claim of the node.
+        return self._allocate(attachment, network, range_sets, requested, deadline, mine, {4: [], 6: []},
+                              cache.blocks(), cache, cache.latest())
 
     def _allocate(self, attachment: Attachment, network: str, range_sets: Sequence[RangeSet],
                   requested: Mapping[int, IPAddress], deadline: float, mine: list[Claim],
                   used: dict[int, list[int]], blocks: list[Block],
                   cache: Optional[LeaseCache], latest: Mapping[str, Claim], settle: bool = True) -> list[IPAddress]:
+        """``used``: per family, the sorted used addresses from a List; with a ``cache``, only what
+        this ADD learnt itself (the search reads the cache's own as it goes)."""
         mine = sorted(mine, key=lambda c: (c.ip.version, c.ip))
         placed, spare = place_held(mine, range_sets, lambda c: c.ip)  # spare: ours, in no range set now
         plan: dict[int, IPAddress] = {i: c.ip for i, c in placed.items()}
@@ -705,7 +707,7 @@ class KubeStore(NodeBlocks, Store):
         another node's borrowed claim, an old-version node, or a second owner of the block:
         marked used, next candidate)."""
         while True:
-            own = self._own(rs, blocks)
+            own = self._own(rs, self._searched_blocks(cache, cursor) if cache is not None else blocks)
             candidate = self._next(own, used, cursor, 0) if own is not None else None
             if candidate is None:
                 with cache.acquire_lock if cache is not None else nullcontext():
@@ -731,6 +733,17 @@ class KubeStore(NodeBlocks, Store):
             if claim is not None:
                 return claim
             cursor = ip  # taken: go on from there
+
+    def _searched_blocks(self, cache: LeaseCache, cursor: Optional[IPAddress]) -> list[Block]:
+        """The node's blocks a search for a free address looks at: the open ones (the cache's
+        index: some address not held) and those holding the cursor (where the round-robin
+        resumes, full or not). Every other block is full in the cache's view, which the search
+        reads anyway, so the candidate is the one a search of all the node's blocks would give,
+        at O(open blocks) instead of O(the node's blocks and claims) per ADD."""
+        found = cache.open_blocks()
+        if cursor is not None:
+            found += [b for b in cache.blocks_at(cursor.version, int(cursor)) if b not in found]
+        return found
 
     # -- blocks ---------------------------------------------------------------------------------
 
@@ -775,10 +788,12 @@ class KubeStore(NodeBlocks, Store):
         cache = self.cache
 
         def choose(pending: Sequence[int]) -> Optional[int]:
-            # The creates in flight, and those that finished since this ADD read the cache (the
-            # node's own share: a few hundred addresses at most), are not candidates. ``listed``:
-            # ``used`` comes from a List just made, fresher than the cache (which may lag).
-            for value in (pending if listed else (*pending, *cache.used(rs.family))):
+            # The creates in flight and what the cache shows held within ``rs`` (read now, under
+            # the lock that orders the picks of this process: only the addresses of the blocks
+            # searched, O(log n) each) are not candidates. ``listed``: ``used`` comes from a List
+            # just made, fresher than the cache (which may lag).
+            fresh = pending if listed else cache.used_within(rs.family, [(r.start, r.end) for r in rs.ranges])
+            for value in fresh:
                 i = bisect_left(used, value)
                 if i == len(used) or used[i] != value:
                     used.insert(i, value)
@@ -971,12 +986,13 @@ class KubeStore(NodeBlocks, Store):
             # or borrow, so its view of the range answers. STATUS (runtimes ask it every few
             # seconds, on every node) Lists the domain only after an ADD here found the range
             # exhausted a moment ago.
-            blocks = cache.blocks()
+            blocks = cache.open_blocks()  # a full block adds nothing to a count of free addresses
             now = time.monotonic()
             free = []
             for rs in range_sets:
                 own = self._own(rs, blocks)
-                count = own.count_free(cache.used(rs.family)) if own is not None else 0
+                count = own.count_free(cache.used_within(rs.family, [(r.start, r.end) for r in own.ranges],
+                                                         pending=False)) if own is not None else 0
                 if not count and cache.notes.get(("exhausted", rs.index), -1e9) + EXHAUSTED_SECONDS < now:
                     count = rs.count_free(cache.used(rs.family))
                 free.append(count)

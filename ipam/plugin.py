@@ -30,7 +30,6 @@ from cni.linux import roots
 from .location import KUBERNETES, config_path, from_kubernetes, ipam_block, no_cluster_store, store_kind, store_location
 from .requested import assign, requested_addresses
 from .store.base import Attachment, Store
-from .store.local import CRASH_ENV, LocalStore
 
 if TYPE_CHECKING:
     from .config import LeaseIPAMConfig
@@ -52,6 +51,8 @@ def local_store(data_dir: str, domain: str, inv: Invocation) -> Store:
     """The file store in ``<dataDir>/<domain>``: dataDir must lie under the node's data roots
     (default /var/lib/cni), every existing directory on the way private and no symlink."""
     roots.check_dir("data", DATA_DIR_KEY, os.path.join(data_dir, domain))  # dataDir passed location.config_path
+    from .store.local import CRASH_ENV, LocalStore  # here: the Kubernetes store's calls do not need it
+
     return LocalStore(data_dir, domain, crash_at=inv.env.get(CRASH_ENV))
 
 

@@ -17,7 +17,10 @@ M = TypeVar("M", bound=BaseModel)
 
 
 class Model(BaseModel):
-    model_config = ConfigDict(strict=True, extra="allow", populate_by_name=True, frozen=False)
+    # defer_build: a model's validator is built when it first validates, not when its module is
+    # imported. A call validates one plugin's config (and its ipam block): the base classes and
+    # the nested models are built once, inside the model that validates, not each on its own too.
+    model_config = ConfigDict(strict=True, extra="allow", populate_by_name=True, frozen=False, defer_build=True)
 
 
 class IPAMRef(Model):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import glob
 import os
-import tempfile
 
 
 def fsync_dir(path: str) -> None:
@@ -22,6 +21,8 @@ def atomic_write(path: str, content: bytes, mode: int = 0o600, dir_mode: int = 0
     """Raises OSError; the caller turns it into the CNI error that names what the file is for."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, mode=dir_mode, exist_ok=True)
+    import tempfile  # here: its imports (shutil, random, bz2, lzma) cost the verbs that write nothing ~2 ms
+
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:

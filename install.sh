@@ -27,7 +27,9 @@ Host mode (default): from this checkout, on Debian 12.
     (python3, python3-venv and iproute2 are installed with apt-get when missing).
   - The plugins in --bin-dir as stdlib-only shims: each forwards the call to
     `rdmanet daemon` on --socket when it runs, and otherwise runs the plugin in-process from the
-    venv, with the same output. Each is written by write + rename and checked to answer VERSION.
+    venv, with the same output. Each is written by write + rename and checked to answer VERSION;
+    that first call leaves .<name>.code beside it, the shim's hot path compiled for its
+    interpreter (every shim rewrites it when it does not match: shim/boot.py).
   - The link --link-dir/rdmanet (default /usr/local/bin/rdmanet).
   - When systemd runs the host (/run/systemd/system exists): the daemon as a socket-activated
     service. /etc/systemd/system/rdmanet.socket listens on --socket (mode 0600, root's; its
@@ -39,7 +41,7 @@ Host mode (default): from this checkout, on Debian 12.
     Without systemd it prints the command that starts the daemon; until one runs, the shims
     run the plugins in-process (slower: every call pays the imports).
   What it wrote is listed in PREFIX/installed-files; --uninstall removes those files (shims only
-  while they are rdmanet shims, the link only while it points into the venv, the units only
+  while they are rdmanet shims, their .<name>.code always, the link only while it points into the venv, the units only
   while they are the ones install.sh writes, disabled and stopped first) and the venv.
 
 DaemonSet mode (--daemonset, or RDMANET_INSTALL_MODE=daemonset): the entry point of the rdmanet
@@ -52,7 +54,8 @@ DaemonSet's container (privileged, hostPID; the node's --bin-dir, --conf-dir and
      --host-python as their interpreter; checks that each is the very file the node has at that
      path (the same inode under --host-root: a --bin-dir whose hostPath is mounted at another path
      is refused, naming both paths) and that it answers VERSION when run the way the node runs it
-     (chroot into --host-root, empty environment).
+     (chroot into --host-root, empty environment); that call leaves .<name>.code beside each, the
+     shim's hot path compiled by the node's python3 (shim/boot.py).
   3. Writes CONF_DIR/rdmanet.d/rdmanet.kubeconfig (mode 0600, directory 0700) for lease-ipam's
      Kubernetes store, from the pod's service account (the token; ca.crt, copied to
      CONF_DIR/rdmanet.d/ca.crt; the namespace, as the context's namespace) and the API server
@@ -74,7 +77,7 @@ DaemonSet's container (privileged, hostPID; the node's --bin-dir, --conf-dir and
   runtime retries the ADD or DEL once the pod is back. VERSION is answered by the shim itself
   when the daemon is down.
   --uninstall (for a cleanup Job, a preStop hook, or `kubectl exec` into the pod): removes the
-  shims (only while they are rdmanet shims) and the files it writes in CONF_DIR/rdmanet.d
+  shims (only while they are rdmanet shims; their .<name>.code always) and the files it writes in CONF_DIR/rdmanet.d
   (then the directory, if empty); nothing else. The pod's refresh loop does not write the
   kubeconfig back (it takes the directory's lock for each round, as --uninstall does). It does not
   stop a running daemon.
@@ -282,9 +285,9 @@ is_rdmanet_shim() {  # is_rdmanet_shim PATH: a regular file rendered by shim/lau
     [ -f "$1" ] && [ ! -L "$1" ] && [ "$(sed -n 2p "$1" 2>/dev/null | cut -c1-${#SHIM_MARK})" = "$SHIM_MARK" ]
 }
 
-remove_shim() {  # remove_shim PATH: the shim (only while it is ours) and temporaries a crash left
-    local f=$1
-    rm -f "$(dirname "$f")/.$(basename "$f")".*.tmp
+remove_shim() {  # remove_shim PATH: the shim (only while it is ours), temporaries a crash left, and
+    local f=$1   # .<name>.code, the compiled hot path the shim keeps beside itself (shim/boot.py)
+    rm -f "$(dirname "$f")/.$(basename "$f")".*.tmp "$(dirname "$f")/.$(basename "$f").code"
     if is_rdmanet_shim "$f"; then
         rm -f "$f"
         say --event removed "removed $f" path "$f"

@@ -3,8 +3,8 @@ does not need. STANDARD LIBRARY ONLY, Python 3.6 syntax (like :mod:`shim.launche
 
 A shim is a script, and a script is compiled on every exec (no ``.pyc``): compiling all of
 :mod:`shim.launcher` and importing ``os`` cost ~3 ms per call, a third of a Go plugin's whole
-ADD. So :func:`shim.launcher.render_shim` writes this module's source as the shim's code and the
-launcher's source as a string constant (``_LAUNCHER_SOURCE``), compiled only on a cold path.
+ADD. So the shim runs this module from a code object marshalled beside it (:mod:`shim.boot`), and
+compiles the launcher only on a cold path (from ``_SOURCES``, given by the shim).
 
 The hot path uses only built-in modules (``posix``, ``_socket``, ``binascii``, ``sys``): it
 reads the call, removes a journaled DEL of the attachment on ADD (as :func:`shim.launcher.run`),
@@ -51,14 +51,18 @@ def journal_path(socket_path, plugin, environb):
 
 
 def _launcher():
-    """The launcher's functions: compiled from the shim's own copy, or the module (imported)."""
-    source = globals().get("_LAUNCHER_SOURCE")
-    if source is None:
+    """The launcher's functions: compiled from the shim's own copy (``_SOURCES``, see
+    :mod:`shim.boot`), or the module (imported)."""
+    packed = globals().get("_SOURCES")
+    if packed is None:
         from shim import launcher
 
         return vars(launcher)
+    import zlib
+
+    source = zlib.decompress(binascii.a2b_base64(packed)).decode("utf-8").split("\0")[2]
     namespace = {"__name__": "rdmanet_shim_launcher", "__file__": globals().get("__file__", "")}
-    exec(compile(source, "<rdmanet shim launcher>", "exec"), namespace)
+    exec(compile(source, "<rdmanet shim: shim/launcher.py>", "exec"), namespace)
     return namespace
 
 
@@ -103,8 +107,10 @@ def _parse(answer):
     return code, rest[:n_out], rest[n_out:]
 
 
-def run(plugin, site_dir, socket_path=DEFAULT_SOCKET):
-    """One CNI call, as :func:`shim.launcher.run`."""
+def run(plugin, site_dir, socket_path=DEFAULT_SOCKET, exit_now=False):
+    """One CNI call, as :func:`shim.launcher.run`. ``exit_now`` (the shim): a call the daemon
+    answered ends the process once the answer is written (``posix._exit``), without the
+    interpreter's teardown (~1 ms: nothing of this process needs it); other calls return."""
     environb = posix.environ
     command = _fsdecode(environb.get(b"CNI_COMMAND", b""))
     stdin = b"" if command == "VERSION" else sys.stdin.buffer.read()  # VERSION: stdin may be a tty
@@ -136,6 +142,8 @@ def run(plugin, site_dir, socket_path=DEFAULT_SOCKET):
                 if out:
                     sys.stdout.buffer.write(out)
                     sys.stdout.flush()
+                if exit_now:
+                    posix._exit(code)
                 return code
     launcher = _launcher()
     if failed is not None:

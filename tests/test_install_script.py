@@ -39,6 +39,8 @@ INSTALL = ROOT / "install.sh"
 PREFIX = pathlib.Path(sys.prefix)  # this venv: rdmanet is installed in it, as in the image's /opt/rdmanet
 HOST_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 PLUGINS = sorted(launcher.PLUGINS)
+# beside each shim, its hot path compiled by its first exec (install.sh's VERSION check): shim/boot.py
+CODE_FILES = sorted(os.path.basename(launcher.code_path(p)) for p in PLUGINS)
 BARE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 NAMESPACE = "rdmanet-system"
 DAEMONSET_PHRASE = "is the rdmanet DaemonSet pod running on this node?"
@@ -285,8 +287,8 @@ def test_daemonset_mode_end_to_end(node):
     proc = node.start()
     log = node.log()
 
-    # the shims: 0755, the node's python, daemon only, no temporary left
-    assert sorted(os.listdir(node.bin)) == PLUGINS
+    # the shims: 0755, the node's python, daemon only, no temporary left; each one's code file
+    assert sorted(os.listdir(node.bin)) == sorted(PLUGINS + CODE_FILES)
     for plugin in PLUGINS:
         path = node.bin / plugin
         assert path.stat().st_mode & 0o7777 == 0o755
@@ -474,7 +476,7 @@ def test_second_installer_while_one_runs_leaves_the_first_serving(node):
     assert second.wait(60) == 1  # its daemon refuses the live socket
     assert "another daemon" in node.log()
     assert health(str(node.socket))["pid"] == first.pid
-    assert sorted(os.listdir(node.bin)) == PLUGINS
+    assert sorted(os.listdir(node.bin)) == sorted(PLUGINS + CODE_FILES)
     assert node.stop(first) == 0
 
 
@@ -489,7 +491,8 @@ def test_uninstall_removes_only_what_it_wrote(node):
     (foreign / "lease-ipam").write_text("#!/bin/sh\necho not ours\n")
     others = snapshot(node.bin, node.conf, foreign)
     node.stop(node.start())
-    assert set(os.listdir(node.bin)) == {"bridge", *PLUGINS}
+    assert set(os.listdir(node.bin)) == {"bridge", *PLUGINS, *CODE_FILES}
+    (node.bin / f".{PLUGINS[0]}.code.1234.abcd1234.tmp").write_bytes(b"")  # a shim killed while writing it
     proc = node.run("--uninstall")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert snapshot(node.bin, node.conf, foreign) == others
@@ -522,7 +525,7 @@ def test_no_service_account_no_kubeconfig(node):
 def test_host_root_through_chroot(node):
     """--host-root other than /: the checks run through chroot (/proc/self/root is this root)."""
     proc = node.start(host_root="/proc/self/root")
-    assert "the node's" in node.log() and sorted(os.listdir(node.bin)) == PLUGINS
+    assert "the node's" in node.log() and sorted(os.listdir(node.bin)) == sorted(PLUGINS + CODE_FILES)
     assert node.stop(proc) == 0
 
 
@@ -651,7 +654,7 @@ def test_host_mode_twice_then_uninstall(tmp_path):
     assert "no systemd units (--no-systemd" in opted_out.stdout and start_daemon in opted_out.stdout
     assert "rdmanet.socket from an earlier install is still there" in opted_out.stdout
     assert (prefix / "installed-files").read_text() == manifest  # the earlier units are still listed
-    assert sorted(os.listdir(bin_dir)) == sorted(["bridge", *PLUGINS])
+    assert sorted(os.listdir(bin_dir)) == sorted(["bridge", *PLUGINS, *CODE_FILES])
     # no daemon: the shim runs the plugin in-process (under the node policy a runtime hands it:
     # the session's, whose data roots include the temporary directory)
     add = subprocess.run([str(bin_dir / "lease-ipam")], input=local_conf(tmp_path / "data"), capture_output=True,

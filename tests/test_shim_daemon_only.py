@@ -64,9 +64,10 @@ def ipam_env(bin_dir: pathlib.Path, cid: str = "c1") -> dict:
 # --------------------------------------------------------------------------- the launcher's source
 
 
-def test_launcher_parses_as_python_36():
-    """It runs on the node's python3 (DaemonSet mode): 3.6 syntax, no 3.7+ __future__, no f-strings."""
-    path = pathlib.Path(launcher.__file__)
+@pytest.mark.parametrize("module", ["launcher", "fast", "boot", "codecache"])
+def test_shim_sources_parse_as_python_36(module):
+    """They run on the node's python3 (DaemonSet mode): 3.6 syntax, no 3.7+ __future__, no f-strings."""
+    path = pathlib.Path(launcher.__file__).with_name(module + ".py")
     source = path.read_text(encoding="utf-8")
     ast.parse(source, feature_version=(3, 6))
     assert "from __future__" not in source

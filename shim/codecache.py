@@ -1,0 +1,42 @@
+"""The cold half of a shim's start (:mod:`shim.boot` says when it runs): compile :mod:`shim.fast`
+from the source the shim carries, and save its marshalled code beside the shim for the next exec.
+STANDARD LIBRARY ONLY, Python 3.6 syntax, like :mod:`shim.launcher`: it runs under the node's
+interpreter in DaemonSet mode."""
+
+import binascii
+import marshal
+import posix
+
+
+def rebuild(fast_source, path, head):
+    """The code of :mod:`shim.fast`; saved at ``path`` behind ``head`` (the interpreter's magic
+    number and the source's stamp) and a crc32, unless ``head`` is None (no magic number known)."""
+    code = compile(fast_source, "<rdmanet shim: shim/fast.py>", "exec")
+    if head:
+        body = marshal.dumps(code)
+        save(path, head + b"%08x" % binascii.crc32(body) + body)
+    return code
+
+
+def save(path, data):
+    """``data`` at ``path`` by write + rename from ``<path>.<pid>.<random>.tmp``: a kill at any
+    instant leaves the old file or the new one, and at worst a temporary that nothing reads (the
+    installer's --uninstall removes those). Nothing when the caller may not write there."""
+    tmp = "%s.%d.%s.tmp" % (path, posix.getpid(), binascii.hexlify(posix.urandom(4)).decode("ascii"))
+    try:
+        fd = posix.open(tmp, posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL | posix.O_NOFOLLOW | posix.O_CLOEXEC, 0o644)
+    except OSError:
+        return
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[posix.write(fd, view):]
+        finally:
+            posix.close(fd)
+        posix.rename(tmp, path)
+    except OSError:
+        try:
+            posix.unlink(tmp)
+        except OSError:
+            pass

@@ -34,13 +34,18 @@ POLL = 0.05
 RUN_LOCK_DIR = "/run/rdmanet/locks"
 
 
-_in_process: dict[str, threading.Lock] = {}
+# Per lock file: the in-process lock its threads queue on, and the FileLock the holder takes
+# (kept, not made per call: one per stripe file, and filelock's per-thread state keeps them apart).
+_in_process: dict[str, tuple[threading.Lock, FileLock]] = {}
 _in_process_guard = threading.Lock()
 
 
-def _thread_lock(path: str) -> threading.Lock:
+def _locks_of(path: str) -> tuple[threading.Lock, FileLock]:
     with _in_process_guard:
-        return _in_process.setdefault(path, threading.Lock())
+        found = _in_process.get(path)
+        if found is None:
+            found = _in_process[path] = (threading.Lock(), FileLock(path))
+        return found
 
 
 def _wait(acquire: Callable[[float], bool], what: str) -> None:
@@ -73,10 +78,9 @@ def locked(path: str, what: str) -> Iterator[None]:
     the one that gets it takes the flock at once unless another process holds it, so a stripe
     shared by two calls in the daemon costs the second one the first one's time, not a poll."""
     roots.ensure_dir(os.path.dirname(path), key="lock directory")
-    local = _thread_lock(path)
+    local, lock = _locks_of(path)
     _wait(lambda timeout: local.acquire(timeout=timeout), what)
     try:
-        lock = FileLock(path)
         _wait(_file_acquire(lock), what)
         try:
             yield

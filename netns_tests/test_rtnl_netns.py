@@ -1,5 +1,6 @@
 """cni.linux.rtnl.Rtnl answers what pyroute2's IPRoute answers, in a real network namespace: the
-dumps it serves itself (links, addresses by link and family) and the links it decodes (Link)."""
+dumps it serves itself (links, addresses by link and family) and the links it decodes (Link);
+links.find_basics (netdevice ioctls) answers what a netlink lookup answers."""
 
 from __future__ import annotations
 
@@ -54,3 +55,20 @@ def test_dumps_and_links_match_iproute(pod):
             assert links.find_link(ours, "rdt-none") is None
     finally:
         ipr.close()
+
+
+def test_find_basics_answers_what_netlink_answers(pod):
+    ns, veth = pod
+    ns.ip("link", "property", "add", "dev", veth.name, "altname", f"{veth.name}x")
+    ns.ip("link", "set", veth.peer, "mtu", "1400", "address", "02:00:5e:00:53:07")
+    with links.rtnl_in(ns.path) as ours:
+        seen = {}
+        for name in (veth.name, f"{veth.name}x", veth.peer, "lo"):
+            link = links.find_link(ours, name)
+            seen[name] = links.find_basics(ours, name)
+            assert seen[name] == links.LinkBasics(link.index, link.name, link.mac, link.mtu), name
+        assert seen[f"{veth.name}x"].name == veth.name  # an altname finds the link under its name
+        assert (seen[veth.peer].mtu, seen[veth.peer].mac) == (1400, "02:00:5e:00:53:07")
+        assert links.find_basics(ours, "rdt-none") is None
+        with links.rtnl_in() as host:  # the socket's namespace answers, not the caller's
+            assert links.find_basics(host, veth.peer) is None

@@ -209,6 +209,10 @@ class Rtnl:
             raise AttributeError(name)
         return getattr(self._fallback(), name)
 
+    def fileno(self) -> int:
+        """The socket's fd (as ``IPRoute.fileno``): an ioctl on it is answered for its namespace."""
+        return self._sock.fileno()
+
     def close(self) -> None:
         if self._ipr is not None:
             self._ipr.close()

@@ -32,7 +32,7 @@ from cni.core.ipam_exec import IPAM
 from cni.core.result import DNS, Interface, Result
 from cni.linux import attachment_link, attachment_lock, device_info, links, netns, shared_rdma, sysfs
 from cni.linux import pod as pod_ns
-from cni.linux.links import Link
+from cni.linux.links import Link, LinkBasics
 from cni.linux.pod import check_addresses, check_routes
 
 if TYPE_CHECKING:
@@ -145,13 +145,13 @@ class MacvlanRdma:
 
 
 
-def _master(conf: MacvlanConf, host, pod) -> Link:
+def _master(conf: MacvlanConf, host, pod) -> LinkBasics:
     where = pod if conf.linkInContainer else host
     name = conf.master or links.default_route_link(where)
     if not name:
         raise CNIError(INVALID_CONFIG, "master is not set and there is no default route to take it from",
                        "set \"master\" to the RDMA NIC port, e.g. \"master\": \"ens1f0\"")
-    link = links.find_link(where, name)
+    link = links.find_basics(where, name)
     if link is None:
         ns = "the pod's" if conf.linkInContainer else "the host"
         raise CNIError(INVALID_CONFIG, f"master {name!r} does not exist in {ns} network namespace",
@@ -186,7 +186,7 @@ def _previous_attachment(link: Optional[Link], inv: Invocation) -> Optional[Link
                    "choose another interface name, or DEL the attachment that owns it first")
 
 
-def _create(conf: MacvlanConf, inv: Invocation, creator, pod, master: Link, mac: Optional[str]) -> Link:
+def _create(conf: MacvlanConf, inv: Invocation, creator, pod, master: LinkBasics, mac: Optional[str]) -> LinkBasics:
     """Create under the attachment's temporary name inside the pod netns (the name is what a
     later DEL or repeat ADD finds it by until the rename marks it)."""
     tmp = attachment_link.temporary_name(TEMP_PREFIX, inv.container_id, inv.ifname)
@@ -196,7 +196,7 @@ def _create(conf: MacvlanConf, inv: Invocation, creator, pod, master: Link, mac:
     finally:
         if pod_fd is not None:
             os.close(pod_fd)
-    return links.find_link(pod, tmp)
+    return links.find_basics(pod, tmp)
 
 
 GID_WAIT = 0.3  # seconds: the kernel adds RoCE GIDs from a workqueue after the address appears
@@ -236,7 +236,7 @@ def _report_gid_indexes(device: str, inv: Invocation, result: Result) -> None:
                      who, device, address, int(GID_WAIT * 1000))
 
 
-def _check_link(conf: MacvlanConf, link: Optional[Link], expected: Interface, master: Link, inv: Invocation) -> None:
+def _check_link(conf: MacvlanConf, link: Optional[Link], expected: Interface, master: LinkBasics, inv: Invocation) -> None:
     if link is None:
         raise check_failed(f"interface {inv.ifname} is missing from {inv.netns}")
     if link.kind != "macvlan":

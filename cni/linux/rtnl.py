@@ -48,10 +48,6 @@ from pyroute2.netlink.rtnl import (
 from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
-from pyroute2.requests.address import AddressFieldFilter, AddressIPRouteFilter
-from pyroute2.requests.link import LinkFieldFilter, LinkIPRouteFilter
-from pyroute2.requests.main import RequestProcessor
-from pyroute2.requests.route import RouteFieldFilter, RouteIPRouteFilter
 
 from . import netns
 
@@ -120,7 +116,12 @@ def _plain(mode: str, command: str, kwarg: dict) -> Optional[tuple[dict, list]]:
 
 
 def request_filters(mode: str, command: str) -> list:
-    """pyroute2.iproute.linux.get_default_request_filters for the modes served here."""
+    """pyroute2.iproute.linux.get_default_request_filters for the modes served here. Imported on
+    first use: the plain requests (:func:`_plain`) do without them, and a DEL makes only those."""
+    from pyroute2.requests.address import AddressFieldFilter, AddressIPRouteFilter
+    from pyroute2.requests.link import LinkFieldFilter, LinkIPRouteFilter
+    from pyroute2.requests.route import RouteFieldFilter, RouteIPRouteFilter
+
     if mode == "link":
         return [LinkFieldFilter(), LinkIPRouteFilter(command)]
     if mode == "addr":
@@ -130,8 +131,10 @@ def request_filters(mode: str, command: str) -> list:
     raise ValueError(f"no request filters here for {mode!r}")
 
 
-def arguments_processor(mode: str, command: str, query: dict, parameters: Optional[dict] = None) -> RequestProcessor:
+def arguments_processor(mode: str, command: str, query: dict, parameters: Optional[dict] = None):
     """pyroute2.iproute.linux.get_arguments_processor (``query`` without ``request_filter``)."""
+    from pyroute2.requests.main import RequestProcessor
+
     processor = RequestProcessor(context=query, prime=query)
     for name, value in (parameters or {}).items():
         processor.set_parameter(name, value)
@@ -191,7 +194,7 @@ class Rtnl:
     def get_links(self, *argv: Any, **kwarg: Any):
         if argv or kwarg:
             return self._fallback().get_links(*argv, **kwarg)
-        return self._exchange(self._message(ifinfmsg, RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP, "link", "dump", {}), dump=True)
+        return self._exchange(self._filled(ifinfmsg, RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP, {}, []), dump=True)
 
     def get_addr(self, *argv: Any, **kwarg: Any):
         """``IPRoute.get_addr`` by ``family`` and ``index``: one dump of the family's addresses

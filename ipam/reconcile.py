@@ -52,6 +52,7 @@ from cni.core.errors import INVALID_CONFIG, NOT_AVAILABLE, CNIError
 
 from .store.kube import (
     GROUP,
+    L_BLOCK_OWNER,
     L_DOMAIN,
     L_NODE,
     L_POD_UID,
@@ -283,6 +284,8 @@ class KubeTarget:
             md = raw.get("metadata") or {}
             dhash = (md.get("labels") or {}).get(L_DOMAIN) or ""
             if ip_of_name(str(md.get("name") or ""), dhash) is not None:
+                if (md.get("labels") or {}).get(L_BLOCK_OWNER) and not (raw.get("spec") or {}).get("holderIdentity"):
+                    return  # a free block record (issue 17): its address is free, only its block is held
                 out.append(LeaseClaim.from_lease(raw))
 
         try:
@@ -293,21 +296,28 @@ class KubeTarget:
         return out
 
     def list_blocks(self) -> list:
-        """The node blocks of the target's domain (:class:`ipam.store.kube.Block`; issue 17),
-        read page by page. Blocks are never judged by the reconciler: only claims keep addresses."""
-        from .store.kube import KIND_BLOCK, L_KIND, parse_block
+        """The node blocks of the target's domain (:class:`ipam.store.kube.Block`; issue 17): the
+        block records (claims labelled ``block-owner``) and the first design's block Leases, read
+        page by page. Blocks are never judged by the reconciler: only claims keep addresses."""
+        from .store.kube import KIND_BLOCK, L_KIND, parse_block, parse_claim
 
         out: list = []
+        part: list = []
 
         def each(raw: dict) -> None:
             md = raw.get("metadata") or {}
-            block = parse_block(raw, (md.get("labels") or {}).get(L_DOMAIN) or "")
+            dhash = (md.get("labels") or {}).get(L_DOMAIN) or ""
+            claim = parse_claim(raw, dhash)
+            block = claim.as_block() if claim is not None else parse_block(raw, dhash)
             if block is not None:
-                out.append(block)
+                part.append(block)
 
-        selector = f"{self.selector or domain_selector(self.domain)},{L_KIND}={KIND_BLOCK}"
+        base = self.selector or domain_selector(self.domain)
         try:
-            self._pages(self.leases, [("labelSelector", selector)], each, out.clear)
+            for selector in (f"{base},{L_BLOCK_OWNER}", f"{base},{L_KIND}={KIND_BLOCK}"):
+                part.clear()
+                self._pages(self.leases, [("labelSelector", selector)], each, part.clear)
+                out.extend(part)
         except ApiError as err:
             raise CNIError(NOT_AVAILABLE, f"cannot list Leases in namespace {self.namespace}: {err}",
                            "check that the credentials may list leases in that namespace (RBAC)") from None

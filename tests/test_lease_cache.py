@@ -42,7 +42,7 @@ from ipam.store.kube import (
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_api_server import KubeAPIServer, parse_label_selector, write_kubeconfig  # noqa: E402
-from lease_objects import block_leases, claim_leases  # noqa: E402
+from lease_objects import block_leases, block_owner, claim_leases  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NS = "ipam"
@@ -168,8 +168,9 @@ def test_add_after_sync_is_one_create_and_no_list(server, kubeconfig, cache):
     code, out = call("ADD", conf, "c0")
     assert code == 0, out
     c = counts(server)
-    # the node's block and the claim; the informer's List (of this node's objects only: issue 17)
-    assert c["create leases"] == 2 and c["watch leases"] == 1 and c["list leases"] == 1
+    # the claim, which is also the record of the node's block (issue 17: no create of its own); the
+    # informer's List (of this node's objects only)
+    assert c["create leases"] == 1 and c["watch leases"] == 1 and c["list leases"] == 1
     [listed] = [e for e in server.request_log() if e["verb"] == "list"]
     assert listed["query"]["labelSelector"].endswith(f"{L_NODE}=node-a")
     inf = the_informer()
@@ -205,8 +206,9 @@ def test_in_process_plugin_starts_no_thread(server, kubeconfig):
     add_ip(netconf(kubeconfig), "c0")
     assert call("DEL", netconf(kubeconfig), "c0") == (0, None)
     assert cache_threads() == [] and lease_cache.informers() == []
-    # ADD: the node's objects (never the domain's) and its block and claim; DEL: the attachment's List
-    assert counts(server) == {"list leases": 2, "create leases": 2, "delete leases": 1}
+    # ADD: the node's objects (never the domain's) and the claim that records its block; DEL: the
+    # attachment's List and the update freeing the record's address (the block stays held)
+    assert counts(server) == {"list leases": 2, "create leases": 1, "update leases": 1}
 
 
 # -- a lagging cache --------------------------------------------------------------------------------
@@ -296,7 +298,7 @@ def test_claims_of_other_nodes_are_never_delivered_and_never_double_allocated(se
     wait_for(lambda: in_sync(server, inf), "the watch to catch up")
     assert sorted(held(server)) == sorted(everyone)
     # the other node kept its block: node-a borrowed what was left of it
-    blocks = {o["metadata"]["labels"]["rdmanet.io/block"]: o["spec"]["holderIdentity"] for o in block_leases(server, NS)}
+    blocks = {o["metadata"]["labels"]["rdmanet.io/block"]: block_owner(o) for o in block_leases(server, NS)}
     assert sorted(blocks.values()) == ["node-a", "node-b"], blocks
 
 
@@ -314,14 +316,16 @@ def test_a_full_pool_is_only_reported_after_a_list(server, kubeconfig, cache):
     server.reset_counts()
     assert call("STATUS", conf, "x") == (0, None)
     assert counts(server) == {"list leases": 1}
+    assert str(theirs) == "10.0.0.1"  # the record of the node's block, free since the warm-up's DEL
     server.reset_counts()
-    resumer = resume_after(server, "create", 201)
+    resumer = resume_after(server, "update", 200)
     try:
         assert add_ip(conf, "c") == str(theirs)
     finally:
         resumer.finish()
-    # the node's one block looks full: the domain's blocks (all held), then that block's claims
-    assert counts(server) == {"list leases": 2, "create leases": 1}
+    # the node's one block looks full: the records of its group (all held), then the domain's
+    # claims, which show the record free: taken back by one update
+    assert counts(server) == {"list leases": 2, "update leases": 1}
     wait_for(lambda: in_sync(server, inf), "sync")
     server.reset_counts()
     code, err = call("ADD", conf, "d")
@@ -447,7 +451,8 @@ def test_del_also_frees_a_claim_the_cache_had_not_seen(server, kubeconfig, cache
     wait_for(lambda: in_sync(server, inf), "sync")
     server.pause_watches()
     rs = range_sets(conf)
-    other_ip = next(f"10.0.0.{n}" for n in range(1, 255) if f"10.0.0.{n}" != mine)
+    # not 10.0.0.1: the record of the node's block (freed by the warm-up's DEL)
+    other_ip = next(f"10.0.0.{n}" for n in range(2, 255) if f"10.0.0.{n}" != mine)
     body = other_store(kubeconfig, node="node-a")._body(ipaddress.ip_address(other_ip), Attachment("d", "net1"), "net-a", rs[0])
     assert raw(kubeconfig, "POST", body=body).status == 201
     server.reset_counts()

@@ -42,7 +42,7 @@ from rdmanet import cli
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_api_server import RESOURCES, write_kubeconfig  # noqa: E402
-from lease_objects import block_leases, claim_leases  # noqa: E402
+from lease_objects import block_leases, block_owner, claim_leases  # noqa: E402
 
 NS = "ipam"
 DHASH = domain_hash(CLUSTER_DOMAIN)
@@ -124,19 +124,21 @@ def assert_each_address_once(got, server):
 
 def test_two_nodes_that_both_own_one_block_never_hand_out_an_address_twice(server, kubeconfig, daemon):
     """A partition: node-a's daemon holds the /28's one block and its watch stalls (it keeps
-    believing the block is its own); meanwhile the block Lease goes and node-b acquires the same
-    block. Both fill it at once: the per-address create is the only arbiter."""
+    believing the block is its own); meanwhile the block's record goes (deleted as a GC would,
+    with the claim it carried) and node-b acquires the same block. Both fill it at once: the
+    per-address create is the only arbiter."""
     conf = netconf(kubeconfig, "10.9.0.0/28")  # 14 addresses, one block of 16
-    assert add(conf, "a-0", "node-a") is not None
+    assert add(conf, "a-0", "node-a") == "10.9.0.1"  # the block's record is the claim of its first address
     [blk] = block_leases(server, NS)
-    assert blk["spec"]["holderIdentity"] == "node-a"
+    assert block_owner(blk) == "node-a" and blk["spec"]["holderIdentity"] == "a-0/net1"
     server.pause_watches()  # node-a's view stands still
     name = blk["metadata"]["name"]
     assert server.api_delete(RESOURCES["leases"], NS, name, None, False)[0] == 200  # as another party would
     b = store(kubeconfig, "node-b", conf)
     first_b = store_add(b, conf, "b-0")
     [blk_b] = block_leases(server, NS)
-    assert blk_b["metadata"]["name"] == name and blk_b["spec"]["holderIdentity"] == "node-b"  # the same block
+    assert blk_b["metadata"]["name"] == name and block_owner(blk_b) == "node-b"  # the same block
+    assert first_b == "10.9.0.1"
     [inf] = [i for i in lease_cache.informers() if "node-a" in i.name]
     assert [x.name for x in inf.blocks()] == [name]  # node-a still believes it owns it
 
@@ -160,8 +162,7 @@ def test_two_nodes_that_both_own_one_block_never_hand_out_an_address_twice(serve
     for t in threads:
         t.join()
     server.resume_watches()
-    first_a = next(ip for ip, h in holders(server).items() if h == "a-0/net1")
-    every = got["a"] + got["b"] + [first_a]
+    every = got["a"] + got["b"]
     assert_each_address_once(every, server)
     assert len([ip for ip in every if ip]) == 14  # the block is used to its last address, each once
     assert {h.split("-")[0] for h in holders(server).values()} == {"a", "b"}  # both served from it
@@ -297,8 +298,9 @@ def test_a_mixed_cluster_with_an_old_version_node_never_hands_out_an_address_twi
     assert_each_address_once(got, server)
     kinds = collections.Counter(h.split("-")[0] for h in holders(server).values())
     assert kinds["old"] >= 1 and kinds["a"] >= 1 and kinds["b"] >= 1, kinds
-    # the old node's List saw the block Leases and ignored them: their names are not addresses
-    assert all(o["metadata"]["name"].startswith(f"lipb-{DHASH}-") for o in block_leases(server, NS))
+    # a block's record is the claim of its first address: the old node's List saw it as taken
+    assert block_leases(server, NS)
+    assert all(o["metadata"]["name"].startswith(f"lip-{DHASH}-") for o in block_leases(server, NS))
 
 
 # -- target 5: small networks -------------------------------------------------------------------------
@@ -313,7 +315,7 @@ def test_a_24_shared_by_64_nodes_is_usable_to_the_last_address(server, kubeconfi
     assert len(ok) == 254 and set(ok) == usable("10.9.4.0/24")
     assert got.count(None) == 2
     assert_each_address_once(got, server)
-    owners = collections.Counter(o["spec"]["holderIdentity"] for o in block_leases(server, NS))
+    owners = collections.Counter(block_owner(o) for o in block_leases(server, NS))
     assert sum(owners.values()) == 16
     borrowed = [o for o in claim_leases(server, NS) if o["metadata"]["labels"][L_NODE] not in owners]
     assert len(borrowed) >= 254 - 16 * 16 + 48  # every node without a block got its addresses by borrowing
@@ -328,7 +330,7 @@ def test_a_28_is_usable_to_the_last_address_by_two_nodes(server, kubeconfig):
     assert got.count(None) == 2
     assert_each_address_once(got, server)
     [blk] = block_leases(server, NS)  # one block of 16 (the /28): one owner, the other node borrowed
-    assert blk["metadata"]["labels"][L_KIND] == KIND_BLOCK
+    assert blk["metadata"]["labels"]["rdmanet.io/block-owner"] == "node-a" and L_KIND not in blk["metadata"]["labels"]
 
 
 def test_a_64_gives_each_node_its_own_block(server, kubeconfig):
@@ -337,11 +339,11 @@ def test_a_64_gives_each_node_its_own_block(server, kubeconfig):
     for node in ("node-a", "node-b", "node-c"):
         s = store(kubeconfig, node, conf)
         got[node] = [ipaddress.ip_address(store_add(s, conf, f"{node}-{i}")) for i in range(3)]
-    blocks = {o["spec"]["holderIdentity"]: o for o in block_leases(server, NS)}
+    blocks = {block_owner(o): o for o in block_leases(server, NS)}
     assert sorted(blocks) == ["node-a", "node-b", "node-c"]
     for node, ips in got.items():
-        name = blocks[node]["metadata"]["name"]
-        first = int(name.split("-")[2], 16)
+        name = blocks[node]["metadata"]["labels"]["rdmanet.io/block"]
+        first = int(name.split("-")[0], 16)
         assert all(first <= int(ip) < first + 64 for ip in ips), (node, ips, name)  # in its own block of 64
     assert_each_address_once([str(ip) for ips in got.values() for ip in ips], server)
 
@@ -443,7 +445,7 @@ def test_the_node_gc_releases_a_block_left_empty_by_the_nodes_last_del(server, k
     assert len(block_leases(server, NS)) == 2
     [gone] = node_gc.release_blocks(target, "node-a", grace=60, now=1061.0)
     assert gone.node == "node-a"
-    assert [o["spec"]["holderIdentity"] for o in block_leases(server, NS)] == ["node-b"]
+    assert [block_owner(o) for o in block_leases(server, NS)] == ["node-b"]
     target_b = KubeTarget.for_settings(kube_settings(conf), node="node-b")
     assert node_gc.release_blocks(target_b, "node-b", grace=0, now=2000.0) == []  # b's claim keeps it
     assert len(block_leases(server, NS)) == 1

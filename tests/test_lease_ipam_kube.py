@@ -81,11 +81,11 @@ def counts(server):
 
 def test_add_is_one_list_one_create_and_repeat_add_creates_nothing(server, kubeconfig):
     """In-process (no daemon): the node's own objects are listed (never the domain's), then one
-    create per claim; the node's first ADD also creates its block (issue 17)."""
+    create per claim; the node's first claim is also its block's record (issue 17): no create of its own."""
     conf = netconf(kubeconfig)
     code, first = call("ADD", conf)
     assert code == 0, first
-    assert counts(server) == {"list leases": 1, "create leases": 2}  # the node's block, then the claim
+    assert counts(server) == {"list leases": 1, "create leases": 1}  # the claim, which records the node's block
     [lease] = leases(server)
     md = lease["metadata"]
     ip = ipaddress.ip_address(ips(first)[0].split("/")[0])
@@ -93,10 +93,11 @@ def test_add_is_one_list_one_create_and_repeat_add_creates_nothing(server, kubec
     block = block_id(ipaddress.ip_address(block_first(ipaddress.ip_network("10.0.0.0/24"), int(ip), 16)), 16)
     assert md["labels"] == {"rdmanet.io/ipam-domain": domain_hash(CLUSTER_DOMAIN), "rdmanet.io/network": "net-a",
                             "rdmanet.io/node": "node-a", "rdmanet.io/attachment": md["labels"]["rdmanet.io/attachment"],
-                            "rdmanet.io/pod-uid": "uid-1", "rdmanet.io/block": block}
+                            "rdmanet.io/pod-uid": "uid-1", "rdmanet.io/block": block,
+                            "rdmanet.io/block-owner": "node-a", "rdmanet.io/block-group": "10.0.0.0-1024"}
+    assert ip == ipaddress.ip_address("10.0.0.1") or int(ip) % 16 == 0  # the block's first usable address
     [blk] = block_leases(server, NS)
-    assert blk["metadata"]["name"] == f"lipb-{domain_hash(CLUSTER_DOMAIN)}-{block}"
-    assert blk["metadata"]["labels"]["rdmanet.io/kind"] == "block" and blk["spec"]["holderIdentity"] == "node-a"
+    assert blk["metadata"]["name"] == md["name"] and md["annotations"]["rdmanet.io/block-owner"] == "node-a"
     assert lease["spec"]["holderIdentity"] == "ctr1/net1" and "leaseDurationSeconds" not in lease["spec"]
     notes = md["annotations"]
     assert (notes["rdmanet.io/pod-namespace"], notes["rdmanet.io/pod-name"], notes["rdmanet.io/pod-uid"]) == ("default", "p1", "uid-1")
@@ -118,9 +119,16 @@ def test_del_is_one_list_one_delete_and_idempotent(server, kubeconfig):
     call("ADD", conf)
     call("ADD", conf, cid="ctr2")
     server.reset_counts()
-    assert call("DEL", conf) == (0, None)
+    assert call("DEL", conf, cid="ctr2") == (0, None)
     assert counts(server) == {"list leases": 1, "delete leases": 1}
-    assert list(held(server).values()) == ["ctr2/net1"]
+    assert list(held(server).values()) == ["ctr1/net1"]
+    server.reset_counts()
+    # ctr1's claim is the record of the node's block: freed by one update, the block stays held
+    assert call("DEL", conf) == (0, None)
+    assert counts(server) == {"list leases": 1, "update leases": 1}
+    assert held(server) == {}
+    [blk] = block_leases(server, NS)
+    assert "holderIdentity" not in blk["spec"] and "rdmanet.io/attachment" not in blk["metadata"]["labels"]
     server.reset_counts()
     assert call("DEL", conf) == (0, None)  # nothing left: success, no delete
     assert call("DEL", conf, cid="never") == (0, None)
@@ -231,6 +239,7 @@ def test_statefulset_reuse_old_del_leaves_new_claim(server, kubeconfig):
 
 def test_del_precondition_spares_a_claim_remade_between_lookup_and_delete(server, kubeconfig):
     conf = netconf(kubeconfig)
+    assert call("ADD", conf, cid="first")[0] == 0  # its claim records the node's block: "a" gets a plain claim
     code, out = call("ADD", conf, cid="a")
     name = _name(out)
     original = HTTPTransport.request  # the in-process store's transport (tests run without the daemon's cache)
@@ -253,7 +262,7 @@ def test_del_precondition_spares_a_claim_remade_between_lookup_and_delete(server
         assert call("DEL", conf, cid="a") == (0, None)
     finally:
         HTTPTransport.request = original
-    assert held(server) == {_ip(out): "b/net1"}
+    assert held(server)[_ip(out)] == "b/net1"
     c = counts(server)
     assert c["delete leases"] == 2 and c["get leases"] == 2  # ours refused with 409, then the re-lookup
 
@@ -340,7 +349,7 @@ def test_429_retry_after_is_honoured(server, kubeconfig):
     elapsed = time.monotonic() - t0
     assert code == 0, out
     assert elapsed >= 1.0
-    assert counts(server) == {"list leases": 1, "create leases": 3}  # block (429, retried), claim
+    assert counts(server) == {"list leases": 1, "create leases": 2}  # the claim (and block record): 429, retried
     assert len(leases(server)) == 1
 
 
@@ -357,7 +366,7 @@ def test_5xx_and_dropped_connections_are_retried(server, kubeconfig):
     server.fail_next(1, status="drop", verb="create")
     code, out = call("ADD", netconf(kubeconfig))
     assert code == 0, out
-    assert counts(server) == {"list leases": 3, "create leases": 3}  # block (dropped, retried), claim
+    assert counts(server) == {"list leases": 3, "create leases": 2}  # the claim (and block record): dropped, retried
     assert len(leases(server)) == 1
 
 
@@ -511,7 +520,7 @@ def test_exec_through_python_m_ipam(server, kubeconfig, tmp_path):
         out = subprocess.run([sys.executable, "-m", "ipam"], stdin=stdin, capture_output=True, env=e, cwd=ROOT, timeout=60)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["ips"][0]["address"].startswith("10.0.0.")
-    assert counts(server) == {"list leases": 1, "create leases": 2}  # the node's block, the claim
+    assert counts(server) == {"list leases": 1, "create leases": 1}  # the claim, which records the node's block
 
 
 def _ip(result):

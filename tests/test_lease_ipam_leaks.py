@@ -103,7 +103,7 @@ def test_a_del_swallowed_while_the_daemon_restarted_is_replayed_when_it_starts(s
     assert holders(server) == ["b1/net1", "c1/net1"]
     node.daemon()
     wait_for(lambda: holders(server) == ["b1/net1"], "the journaled DEL to free c1's address")
-    assert not os.listdir(del_journal.directory_of(node.sock))
+    wait_for(lambda: not os.listdir(del_journal.directory_of(node.sock)), "the replayed entry to be removed")
 
 
 def test_a_del_that_failed_while_the_api_server_was_out_is_retried(server, node):

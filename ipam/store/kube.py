@@ -101,9 +101,9 @@ from .whereabouts import WhereaboutsView
 from .kube_blocks import Block, NodeBlocks, _any_within, parse_block  # noqa: F401  (parse_block re-exported)
 from .kube_transport import ApiClientTransport, Response, Transport, Unreachable  # noqa: F401  (re-exported)
 from .lease_names import (  # noqa: F401  (GROUP, L_POD_UID ... re-exported: tests and tools use them from here)
-    GROUP, KIND_BLOCK, L_ATTACHMENT, L_BLOCK, L_DOMAIN, L_KIND, L_NETWORK, L_NODE, L_POD_UID, _now_micro, _parse_time,
-    attachment_hash, block_first, block_id, domain_hash, holder_of, ip_of_name, label_value,
-    lease_name, parse_holder,
+    GROUP, KIND_BLOCK, L_ATTACHMENT, L_BLOCK, L_BLOCK_GROUP, L_BLOCK_OWNER, L_DOMAIN, L_KIND, L_NETWORK, L_NODE,
+    L_POD_UID, _now_micro, _parse_time, attachment_hash, block_first, block_group_id, block_id, domain_hash, holder_of,
+    ip_of_name, label_value, lease_name, parse_block_id, parse_holder,
 )
 
 log = logging.getLogger("rdmanet.ipam")
@@ -147,6 +147,20 @@ class Claim:
     network: str
     time: Optional[datetime]
     range: str = ""  # the subnet annotation: the range the claim was made in (the round-robin cursor)
+    block: str = ""  # a block record (the claim Lease of a block's first usable address): the block's id
+    owner: str = ""  # a block record: the node that holds the block
+
+    @property
+    def free(self) -> bool:
+        """A block record that names no attachment: its address is free, its block still held."""
+        return bool(self.block) and self.attachment is None
+
+    def as_block(self) -> Optional[Block]:
+        """The block this record holds (None: not a record)."""
+        found = parse_block_id(self.block) if self.block else None
+        if found is None:
+            return None
+        return Block(self.name, found[0], found[1], self.owner, self.uid, self.resource_version, self.time, self.ip)
 
 
 def parse_claim(item: Any, dhash: str) -> Optional[Claim]:
@@ -161,9 +175,13 @@ def parse_claim(item: Any, dhash: str) -> Optional[Claim]:
     spec = item.get("spec") or {}
     notes = md.get("annotations") or {}
     when = _parse_time(spec.get("acquireTime")) or _parse_time(md.get("creationTimestamp"))
+    block = owner = ""
+    if (md.get("labels") or {}).get(L_BLOCK_OWNER):  # a block record: its block and owner
+        block, owner = str((md.get("labels") or {}).get(L_BLOCK) or ""), str(notes.get(f"{GROUP}/block-owner") or "")
     return Claim(name, ip, parse_holder(spec.get("holderIdentity")), str(md.get("uid") or ""),
                  str(md.get("resourceVersion") or ""), sys.intern(str(notes.get(f"{GROUP}/network") or "")), when,
-                 sys.intern(str(notes.get(f"{GROUP}/range") or "")))  # shared by every claim of a network
+                 sys.intern(str(notes.get(f"{GROUP}/range") or "")),  # shared by every claim of a network
+                 block, owner)
 
 
 def parse_lease(item: Any, dhash: str) -> Any:
@@ -195,8 +213,17 @@ class DomainScan:
         self.mine: list[Claim] = []
         self.by_ip: dict[IPAddress, Claim] = {}
         self.latest: dict[str, Claim] = {}
+        self.free: dict[int, Claim] = {}  # free block records by address: taken by an update, not a create
+        self.blocks: list[Block] = []  # the blocks the records among these claims hold
 
     def add(self, c: Claim) -> None:
+        if c.block:
+            block = c.as_block()
+            if block is not None:
+                self.blocks.append(block)
+            if c.attachment is None:
+                self.free[int(c.ip)] = c
+                return
         self.used[c.ip.version].append(int(c.ip))
         if self.attachment is not None and c.attachment == self.attachment:
             self.mine.append(c)
@@ -376,7 +403,8 @@ class KubeStore(NodeBlocks, Store):
                 got = parse_lease(item, self.dhash)
                 if isinstance(got, Claim):
                     claims[got.name] = got
-                elif isinstance(got, Block):
+                    got = got.as_block()  # a block record: the block too
+                if isinstance(got, Block):
                     blocks[got.name] = got
         return list(claims.values()), list(blocks.values())
 
@@ -461,9 +489,12 @@ class KubeStore(NodeBlocks, Store):
                 "spec": {"holderIdentity": holder_of(attachment), "acquireTime": _now_micro()}}
 
     def _create(self, ip: IPAddress, attachment: Attachment, network: str, rs: RangeSet,
-                deadline: float) -> Optional[Claim]:
-        """Our new claim on ``ip``, or None when another attachment holds it."""
+                deadline: float, record: Optional[tuple[Any, int]] = None) -> Optional[Claim]:
+        """Our new claim on ``ip``, or None when another attachment holds it. ``record``: (range,
+        first address) of the block this claim is made the record of (this node acquires it)."""
         body = self._body(ip, attachment, network, rs)
+        if record is not None:
+            self._record_body(body, self.node, record[0], record[1])
         name = body["metadata"]["name"]
         ambiguous = False
         for _ in range(3):
@@ -501,7 +532,11 @@ class KubeStore(NodeBlocks, Store):
         return self._remove(claim, deadline) is not None
 
     def _remove(self, claim: Claim, deadline: float) -> Optional[Claim]:
-        """:meth:`_delete`, answering the version of the claim that was deleted (None: not by us)."""
+        """:meth:`_delete`, answering the version of the claim that was deleted (None: not by us).
+        A block record is not deleted but updated to name no attachment (its block stays held):
+        the answer is then the record as freed."""
+        if claim.block:
+            return self._free_record(claim, deadline)
         current = claim
         for _ in range(4):
             body = {"apiVersion": "v1", "kind": "DeleteOptions",
@@ -569,7 +604,7 @@ class KubeStore(NodeBlocks, Store):
                 elif isinstance(got, Block):
                     blocks.append(got)
         return self._allocate(attachment, network, range_sets, requested, deadline, scan.mine, scan.sorted_used(),
-                              blocks, None, scan.latest)
+                              blocks + scan.blocks, None, scan.latest)
 
     def _allocate_cached(self, cache: LeaseCache, attachment: Attachment, network: str,
                          range_sets: Sequence[RangeSet], requested: Mapping[int, IPAddress],
@@ -670,7 +705,7 @@ class KubeStore(NodeBlocks, Store):
         if not created:
             return
         budget = min(cache.settings.echo_budget, max(0.0, deadline - time.monotonic()))
-        if cache.wait_confirmed([(c.name, c.uid) for c in created], budget):
+        if cache.wait_confirmed([(c.name, c.uid, c.resource_version) for c in created], budget):
             held = cache.claims_of(attachment)
         else:
             log.info("the watch of %s did not deliver our claims within %.2f s: listing %s's claims",
@@ -702,10 +737,12 @@ class KubeStore(NodeBlocks, Store):
     def _pick(self, rs: RangeSet, attachment: Attachment, network: str, used: list[int], deadline: float,
               cursor: Optional[IPAddress], blocks: list[Block], cache: Optional[LeaseCache]) -> Claim:
         """A new claim in ``rs``: a free address of one of this node's blocks (round-robin from
-        the cursor); when they are full, in a block acquired now; when no block is free, in
-        another node's block (borrowing). Each candidate is claimed by create (409: taken, by
-        another node's borrowed claim, an old-version node, or a second owner of the block:
-        marked used, next candidate)."""
+        the cursor); when they are full, the record of a block acquired now (the create of the
+        block's first usable address, for this attachment: acquiring costs no request of its
+        own); when no block is free, in another node's block (borrowing). Each candidate is
+        claimed by create (409: taken, by another node's borrowed claim, an old-version node, or
+        a second owner of the block: marked used, next candidate); a candidate that is this
+        node's free block record is claimed by updating it (resourceVersion precondition)."""
         while True:
             own = self._own(rs, self._searched_blocks(cache, cursor) if cache is not None else blocks)
             candidate = self._next(own, used, cursor, 0) if own is not None else None
@@ -717,15 +754,23 @@ class KubeStore(NodeBlocks, Store):
                         if fresh:
                             blocks.extend(fresh)
                             continue
-                    block = self._acquire_block(rs, blocks, deadline, cache)
-                if block is None:
+                    claim = self._acquire_block(rs, blocks, deadline, cache, attachment, network)
+                if claim is None:
                     return self._borrow(rs, attachment, network, used, blocks, deadline)
-                blocks.append(block)
-                continue
+                block = claim.as_block()
+                if block is not None:
+                    blocks.append(block)
+                insort(used, int(claim.ip))
+                return claim
             ip = own.ranges[0].address(candidate)
+            near = cache.blocks_at(ip.version, candidate) if cache is not None else blocks
+            record = next((b for b in near if b.record_ip == ip and b.node == self.node), None)
             try:
-                held_by = self._whereabouts_holder(ip, rs, deadline)
-                claim = self._create(ip, attachment, network, rs, deadline) if held_by is None else None
+                if record is not None:  # our block's record, free: take it back by an update
+                    claim = self._take_record(record, attachment, network, rs, deadline)
+                else:
+                    held_by = self._whereabouts_holder(ip, rs, deadline)
+                    claim = self._create(ip, attachment, network, rs, deadline) if held_by is None else None
             finally:
                 if self.cache is not None:
                     self.cache.done(rs.family, candidate)  # written through by now (created or taken)
@@ -890,7 +935,11 @@ class KubeStore(NodeBlocks, Store):
         gone = [g for g in (self._remove(c, deadline) for c in claims) if g is not None]
         freed = [g.ip for g in gone]
         budget = min(cache.settings.echo_budget, max(0.0, deadline - time.monotonic()))
-        if cache.wait_deleted([g.uid for g in gone], budget):
+        end = time.monotonic() + budget
+        # deleted claims, and block records updated to free (same uid, a new resourceVersion)
+        if cache.wait_deleted([g.uid for g in gone if not g.block], budget) and \
+                cache.wait_confirmed([(g.name, g.uid, g.resource_version) for g in gone if g.block],
+                                     max(0.0, end - time.monotonic())):
             rest = sorted(cache.claims_of(attachment), key=lambda c: (c.ip.version, c.ip))
         else:
             log.info("the watch of %s did not deliver our deletes within %.2f s: listing %s's claims",
@@ -959,6 +1008,7 @@ class KubeStore(NodeBlocks, Store):
         now = datetime.now(timezone.utc)
         freed = []
         kept = []
+        records: dict[str, Optional[Block]] = {}
         for c in claims:
             if c.attachment is None or c.attachment in valid or c.network != network:
                 kept.append(c)
@@ -967,14 +1017,18 @@ class KubeStore(NodeBlocks, Store):
                 log.info("GC spares %s of %s: younger than %g s", c.ip, c.attachment, self.gc_grace)
                 kept.append(c)
                 continue
-            if self._delete(c, deadline):
+            gone = self._remove(c, deadline)
+            if gone is not None:
                 freed.append(c)
+                if gone.block:
+                    records[gone.name] = gone.as_block()  # freed just now: its new version
             else:
                 kept.append(c)
-        values = sorted(int(c.ip) for c in kept)
+        values = sorted(int(c.ip) for c in kept if not c.free)
         for b in blocks:
             if b.node != self.node or _any_within(values, int(b.ip), b.last):
                 continue
+            b = records.get(b.name) or b
             if b.time is not None and (now - b.time).total_seconds() >= self.block_release:
                 self._drop_block(b, deadline)
         return _group(freed)

@@ -1,21 +1,30 @@
 """Node blocks of lease-ipam's Kubernetes store (issue 17; docs/lease-ipam.md "Node blocks").
 
-A block is an aligned run of ``block_size`` addresses of a range that one node has affinity to,
-recorded as a Lease (``lipb-<domain hash>-<first address>-<size>``, holder = the node) made by an
-atomic create. It is never a claim: every address is still claimed by its own Lease, whose create
-is the only arbiter, so two nodes that both believe they hold a block never share an address.
+A block is an aligned run of ``block_size`` addresses of a range that one node has affinity to.
+Its **record** is the claim Lease of the block's first usable address (``lip-<domain hash>-<ip>``,
+labelled ``rdmanet.io/block-owner=<node>``): the ADD that needs a block creates it as its own
+claim, so acquiring a block costs no request beyond that claim, and a 409 on it means "taken" (a
+record, or a claim of that address by a borrower or an old-version node). A DEL of that address
+updates the record to name no attachment ("free, block held"); an ADD takes it back by an update;
+both carry the resourceVersion as precondition. Only an empty block's release deletes it.
+Every other address is claimed by its own Lease, whose create is the only arbiter, so two nodes
+that both believe they hold a block never share an address.
+
+Block Leases of the first block design (``lipb-<domain hash>-<first>-<size>``) are still read as
+a node's held blocks (and released when empty), never made.
 
 :class:`NodeBlocks` is the part of :class:`ipam.store.kube.KubeStore` that finds a node's blocks
-in a range set, acquires one at the node's hashed positions (a List of the domain's blocks only
-after ``PROBE_MISSES`` 409s), borrows in other nodes' blocks when every block is held, and
-releases a node's empty blocks after ``block_release_seconds``. It relies on the store's
-requests (``_call``, ``_list_all``, ``_fold``), claim creation (``_create``) and candidate walk
-(``_start``, ``_skip``, ``_next``).
+in a range set, acquires one at the node's hashed positions (after ``PROBE_MISSES`` 409s, a List
+of one group's records, at most ``BLOCK_GROUP`` Leases), borrows in other nodes' blocks when every
+block is held (one block's claims per List), and releases a node's empty blocks after
+``block_release_seconds``. It relies on the store's requests (``_call``, ``_list``, ``_list_all``),
+claim creation (``_create``, ``_body``, ``_get``) and candidate walk (``_start``, ``_skip``, ``_next``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import logging
 import time
 from bisect import bisect_left, insort
@@ -28,8 +37,8 @@ from cni.core.errors import IO_FAILURE, POOL_EXHAUSTED, CNIError
 from .. import intervals
 from ..ranges import IPAddress, Range, RangeSet
 from .base import Attachment
-from .lease_names import (GROUP, KIND_BLOCK, L_BLOCK, L_DOMAIN, L_KIND, L_NODE, _now_micro, _parse_time, block_id,
-                          block_name, block_of_name, label_value)
+from .lease_names import (BLOCK_GROUP, GROUP, L_BLOCK, L_BLOCK_GROUP, L_BLOCK_OWNER, L_DOMAIN, L_NODE, _now_micro,
+                          _parse_time, block_group_id, block_id, block_of_name, label_value, lease_name)
 
 if TYPE_CHECKING:
     from .kube import Claim
@@ -38,26 +47,28 @@ if TYPE_CHECKING:
 log = logging.getLogger("rdmanet.ipam")
 
 DEFAULT_BLOCK_SIZE = {4: 16, 6: 64}  # addresses per block (docs/lease-ipam.md: how to size blocks)
-BLOCK_PROBES = 8  # hashed block positions tried before the domain's blocks are listed
-PROBE_MISSES = 8  # 409s before the domain's blocks are listed (a List of 6,250 blocks is 13 pages, ~300 kB; a 409 is ~200 B)
-SMALL_BLOCK_COUNT = 64  # a range set with at most this many blocks lists them at once instead of probing
-BORROW_SCAN = 4096  # blocks looked at beyond the listed ones when searching a free one
-BORROW_BLOCKS = 8  # held blocks read one by one before the domain's claims are read
+BLOCK_PROBES = 8  # hashed block positions tried before a group of records is listed
+PROBE_MISSES = 4  # 409s on records before one group's records are listed (a 409 is ~200 B, a group List <= 64 Leases)
+GROUP_LISTS = 2  # groups of records listed by one acquisition before it borrows
+SMALL_BLOCK_COUNT = 64  # a range set with at most this many blocks lists its group at once instead of probing
+BORROW_BLOCKS = 8  # blocks whose claims one borrowing ADD reads (one small List each) before the domain's
 NO_FREE_BLOCK_SECONDS = 5.0  # a daemon that found every block held borrows without re-listing for this long
+FULL_BLOCK_SECONDS = 30.0  # a daemon does not read again for this long a block it found full when borrowing
 
 
 @dataclass(frozen=True)
 class Block:
     """A node's affinity to ``size`` aligned addresses: where it looks for candidates first.
-    Never a claim: the per-address Lease stays the only proof that an address is taken."""
+    Never a claim of its other addresses: each one's own Lease is the only proof it is taken."""
 
-    name: str
+    name: str  # the record's name (``lip-…``), or a first-design block Lease's (``lipb-…``)
     ip: IPAddress  # the block's first address (aligned; it may lie outside the usable range)
     size: int
-    node: str  # holderIdentity: the node that created it
+    node: str  # the node holding it
     uid: str
     resource_version: str
     time: Optional[datetime]
+    record_ip: Optional[IPAddress] = None  # the address whose claim Lease is the record (None: a ``lipb-`` Lease)
     is_block = True
 
     @property
@@ -70,7 +81,8 @@ class Block:
 
 
 def parse_block(item: Any, dhash: str) -> Optional[Block]:
-    """The block a Lease of domain ``dhash`` records; None for anything else."""
+    """The block a first-design block Lease (``lipb-``) of domain ``dhash`` records; None for
+    anything else (a block record is a claim: :meth:`ipam.store.kube.Claim.as_block`)."""
     if not isinstance(item, dict):
         return None
     md = item.get("metadata") or {}
@@ -106,6 +118,12 @@ class NodeBlocks:
         span = Range(r.subnet, lo, hi, r.gateway, r.excludes)
         return span if span.count_free(()) > 0 else None
 
+    def _record_ip(self, r: Range, first: int) -> Optional[IPAddress]:
+        """The address whose claim Lease records the block at ``first``: its first usable one."""
+        lo, hi = max(first, r.start), min(first + self._size(r) - 1, r.end)
+        value = intervals.lowest_free(lo, hi, r.blocked, ()) if lo <= hi else None
+        return r.address(value) if value is not None else None
+
     def _block_range(self, rs: RangeSet, block: Block) -> Optional[Range]:
         """The range of ``rs`` a block belongs to (same subnet, same size, overlapping it)."""
         for r in rs.ranges:
@@ -117,13 +135,15 @@ class NodeBlocks:
     def _own(self, rs: RangeSet, blocks: Sequence[Block]) -> Optional[RangeSet]:
         """This node's blocks in ``rs`` as a range set of their own (candidates come from it)."""
         spans = []
+        seen = set()
         for b in blocks:
-            if b.node and b.node != self.node:
+            if (b.node and b.node != self.node) or b.id in seen:
                 continue
             r = self._block_range(rs, b)
             span = self._span(r, int(b.ip)) if r is not None else None
             if span is not None:
                 spans.append(span)
+                seen.add(b.id)
         if not spans:
             return None
         spans.sort(key=lambda x: x.start)
@@ -146,169 +166,305 @@ class NodeBlocks:
             j -= hi - lo + 1
         raise IndexError(j)
 
-    def _probe(self, rs: RangeSet, i: int) -> int:
-        """The ``i``-th entry of this node's hashed probe sequence over block numbers."""
-        digest = hashlib.sha256(f"{self.node}\0{rs.index}\0{i}".encode()).digest()
+    def _probe(self, rs: RangeSet, i: int, salt: str = "") -> int:
+        """The ``i``-th entry of this node's hashed sequence over block numbers (``salt``: another sequence)."""
+        digest = hashlib.sha256(f"{self.node}\0{rs.index}\0{i}{salt}".encode()).digest()
         return int.from_bytes(digest[:16], "big")
 
-    def _blocks_selector(self) -> str:
-        return f"{L_DOMAIN}={self.dhash},{L_KIND}={KIND_BLOCK}"
+    # -- acquisition: the record is the ADD's own claim -------------------------------------------
 
-    def _acquire_block(self, rs: RangeSet, blocks: list[Block], deadline: float,
-                       cache: Optional[LeaseCache]) -> Optional[Block]:
-        """A block of ``rs`` that no node holds, made ours by creating its Lease (409: another
-        node's; next). Creates at this node's hashed positions (a range of more than
-        ``SMALL_BLOCK_COUNT`` blocks; on a roomy range the first one succeeds), skipping the
-        blocks known held, until ``PROBE_MISSES`` 409s; then one List of the domain's blocks and
-        the first unheld one after this node's position. None: every block is held (borrow)."""
+    def _acquire_block(self, rs: RangeSet, blocks: list[Block], deadline: float, cache: Optional[LeaseCache],
+                       attachment: Attachment, network: str) -> Optional[Claim]:
+        """The ADD's claim on the first usable address of a block of ``rs`` that no node holds,
+        made as the block's record: one create acquires the block and claims the address (409:
+        a record, or a claim of that address: next block). Creates at this node's hashed
+        positions (skipping blocks this daemon knows held), until ``PROBE_MISSES`` 409s; then
+        one List of the records of the group of ``BLOCK_GROUP`` blocks at the next position
+        (at most ``GROUP_LISTS`` groups), creating at the first block of it no record holds.
+        None: no block was free (borrow)."""
         notes = cache.notes if cache is not None else {}
-        until, listed = notes.get(("no-free-block", rs.index), (0.0, []))
-        if until > time.monotonic():
-            self._listed_blocks = listed  # the blocks seen held a moment ago: borrow among them
-            return None
+        if notes.get(("no-free-block", rs.index), 0.0) > time.monotonic():
+            return None  # every block looked held a moment ago: borrow
         total = self._block_count(rs)
         if total <= 0:
             return None
         mine = {b.name for b in blocks}
-        # What this daemon learnt on earlier acquisitions: the blocks other nodes hold (409s, the
-        # last List of blocks) and how far along its probe sequence it is, so that a block found
+        # What this daemon learnt on earlier acquisitions: the records other nodes hold (409s, the
+        # last group Lists) and how far along its probe sequence it is, so that a block found
         # held costs one 409 once, not one per acquisition.
         held: set = notes.setdefault(("held", rs.index), set())
         i = notes.get(("probe", rs.index), 0)
         probes, misses, looked = (BLOCK_PROBES if total > SMALL_BLOCK_COUNT else 1), 0, 0
-        while misses < min(probes, PROBE_MISSES) and looked < probes * 16:
-            looked += 1
-            r, first = self._position(rs, self._probe(rs, i) % total)
-            i += 1
-            name = block_name(self.dhash, r.address(first), self._size(r))
-            if name in mine or name in held or self._span(r, first) is None:
-                continue
-            block = self._create_block(r, first, deadline)
-            if block is not None:
-                notes[("probe", rs.index)] = i
-                return block
-            held.add(name)
-            misses += 1
-        notes[("probe", rs.index)] = i
-        _, listed = self._list_all(self._blocks_selector(), deadline, f"list blocks of domain {self.domain}")
-        self._listed_blocks = listed
-        held.clear()
-        held.update(b.name for b in listed if b.name not in mine)
-        start = self._probe(rs, i) % total
-        taken = held | mine
-        for step in range(min(total, len(taken) + BORROW_SCAN)):
-            r, first = self._position(rs, (start + step) % total)
-            name = block_name(self.dhash, r.address(first), self._size(r))
-            if name in taken or self._span(r, first) is None:
-                continue
-            block = self._create_block(r, first, deadline)
-            if block is not None:
-                return block
-            held.add(name)
-            taken.add(name)
+        try:
+            while misses < min(probes, PROBE_MISSES) and looked < probes * 16:
+                looked += 1
+                r, first = self._position(rs, self._probe(rs, i) % total)
+                i += 1
+                claim, missed = self._try_record(rs, r, first, mine, held, attachment, network, deadline)
+                if claim is not None:
+                    return claim
+                misses += missed
+            groups: set = set()
+            for _ in range(GROUP_LISTS * 4):
+                if len(groups) >= GROUP_LISTS:
+                    break
+                r, first = self._position(rs, self._probe(rs, i) % total)
+                i += 1
+                group = block_group_id(r.subnet, first, self._size(r))
+                if group in groups:
+                    continue
+                groups.add(group)
+                claim = self._acquire_in_group(rs, r, first, mine, held, attachment, network, deadline)
+                if claim is not None:
+                    return claim
+        finally:
+            notes[("probe", rs.index)] = i
         if cache is not None:
-            notes[("no-free-block", rs.index)] = (time.monotonic() + NO_FREE_BLOCK_SECONDS, listed)
+            notes[("no-free-block", rs.index)] = time.monotonic() + NO_FREE_BLOCK_SECONDS
         return None
 
-    def _create_block(self, r: Range, first: int, deadline: float) -> Optional[Block]:
+    def _try_record(self, rs: RangeSet, r: Range, first: int, mine: set, held: set, attachment: Attachment,
+                    network: str, deadline: float) -> tuple[Optional[Claim], int]:
+        """(the record of the block at ``first`` created as the ADD's claim, or None; 409s met)."""
+        ip = self._record_ip(r, first)
+        if ip is None:
+            return None, 0
+        name = lease_name(self.dhash, ip)
+        if name in mine or name in held or self._whereabouts_holder(ip, rs, deadline) is not None:
+            return None, 0
+        claim = self._create(ip, attachment, network, rs, deadline, record=(r, first))
+        if claim is None:
+            held.add(name)
+            return None, 1
+        log.info("node %s acquired block %s of %s", self.node, claim.block, self.domain)
+        return claim, 0
+
+    def _acquire_in_group(self, rs: RangeSet, r: Range, first: int, mine: set, held: set, attachment: Attachment,
+                          network: str, deadline: float) -> Optional[Claim]:
+        """One List of the records of the group holding the block at ``first`` (at most
+        ``BLOCK_GROUP`` Leases), then a record created at the first block of the group, from
+        ``first`` on, that none holds (up to ``PROBE_MISSES`` 409s: claims of first addresses)."""
         size = self._size(r)
-        ip = r.address(first)
-        name = block_name(self.dhash, ip, size)
-        notes = {"ipam-domain": self.domain, "range": str(r.subnet), "first": str(ip),
-                 "last": str(r.address(first + size - 1)), "size": str(size), "node": self.node,
-                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                "metadata": {"name": name, "namespace": self.namespace,
-                             "labels": {L_DOMAIN: self.dhash, L_KIND: KIND_BLOCK, L_NODE: label_value(self.node),
-                                        L_BLOCK: block_id(ip, size)},
-                             "annotations": {f"{GROUP}/{k}": v for k, v in notes.items()}},
-                "spec": {"holderIdentity": self.node, "acquireTime": _now_micro()}}
-        for _ in range(3):
-            resp, retried = self._call("POST", self.path, f"create lease {name}", deadline, body=body)
-            if resp.status in (200, 201):
-                block = parse_block(resp.doc, self.dhash)
-                if block is None:
-                    raise CNIError(IO_FAILURE, f"Kubernetes API answered the create of lease {name} with an unreadable object",
-                                   "check that the API server (or a proxy) returns the created object")
-                if self.cache is not None:
-                    self.cache.created(block)
-                log.info("node %s acquired block %s of %s", self.node, block.id, self.domain)
-                return block
-            if resp.status != 409:
-                raise self._refused(resp, f"create lease {name}")
-            if not retried:
-                return None
-            # An earlier attempt may have created it before its answer was lost: read it back.
-            current = self._get_block(name, deadline)
-            if current is None:
+        group = block_group_id(r.subnet, first, size)
+        records, _ = self._list_all(f"{L_DOMAIN}={self.dhash},{L_BLOCK_GROUP}={group}", deadline,
+                                    f"list block records of group {group} of domain {self.domain}")
+        net, span = int(r.subnet.network_address), size * BLOCK_GROUP
+        start = net + (first - net) // span * span
+        listed = {c.name for c in records if c.block}
+        for k in range(BLOCK_GROUP):  # what the List showed replaces what the 409s told of this group
+            ip = self._record_ip(r, start + k * size)
+            if ip is not None:
+                held.discard(lease_name(self.dhash, ip))
+        held.update(listed - mine)
+        misses = 0
+        offset = (first - start) // size
+        for k in range(BLOCK_GROUP):
+            at = start + ((offset + k) % BLOCK_GROUP) * size
+            if at + size - 1 < r.start or at > r.end:
                 continue
-            return current if current.node == self.node else None
+            claim, missed = self._try_record(rs, r, at, mine, held, attachment, network, deadline)
+            if claim is not None:
+                return claim
+            misses += missed
+            if misses >= PROBE_MISSES:
+                break
         return None
 
-    def _get_block(self, name: str, deadline: float) -> Optional[Block]:
-        resp, _ = self._call("GET", f"{self.path}/{name}", f"get lease {name}", deadline)
-        if resp.status == 404:
+    def _record_body(self, body: dict, owner: str, r: Range, first: int) -> dict:
+        """``body`` (a claim Lease) made the record of the block at ``first`` held by ``owner``."""
+        size = self._size(r)
+        md = body["metadata"]
+        md["labels"].update({L_NODE: label_value(owner), L_BLOCK: block_id(r.address(first), size),
+                             L_BLOCK_OWNER: label_value(owner), L_BLOCK_GROUP: block_group_id(r.subnet, first, size)})
+        md["annotations"].update({f"{GROUP}/block-owner": owner, f"{GROUP}/block-size": str(size)})
+        return body
+
+    def _free_body(self, record: Claim) -> dict:
+        """The record ``record`` naming no attachment: its address free, its block still held."""
+        labels = {L_DOMAIN: self.dhash, L_NODE: label_value(record.owner), L_BLOCK: record.block,
+                  L_BLOCK_OWNER: label_value(record.owner)}
+        notes = {"ipam-domain": self.domain, "range": record.range, "ip": str(record.ip), "block-owner": record.owner,
+                 "freed": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        block = record.as_block()
+        if record.range and block is not None:
+            try:
+                labels[L_BLOCK_GROUP] = block_group_id(ipaddress.ip_network(record.range), int(block.ip), block.size)
+                notes["block-size"] = str(block.size)
+            except ValueError:
+                pass
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": record.name, "namespace": self.namespace, "uid": record.uid,
+                             "resourceVersion": record.resource_version, "labels": labels,
+                             "annotations": {f"{GROUP}/{k}": v for k, v in notes.items()}},
+                "spec": {}}
+
+    def _put(self, name: str, body: dict, deadline: float) -> tuple[Any, bool]:
+        return self._call("PUT", f"{self.path}/{name}", f"update lease {name}", deadline, body=body)
+
+    def _take_record(self, record: Block, attachment: Attachment, network: str, rs: RangeSet,
+                     deadline: float) -> Optional[Claim]:
+        """Our claim on a free block record's address, made by updating the record (precondition:
+        the uid and resourceVersion seen). None: it is not free any more (or gone)."""
+        ip = record.record_ip
+        r = rs.range_of(ip) if ip is not None else None
+        if r is None:
             return None
-        if resp.status != 200:
-            raise self._refused(resp, f"get lease {name}")
-        block = parse_block(resp.doc, self.dhash)
-        if block is not None and self.cache is not None:
-            self.cache.observed(block)
-        return block
+        for _ in range(3):
+            body = self._record_body(self._body(ip, attachment, network, rs), record.node, r, int(record.ip))
+            body["metadata"].update({"uid": record.uid, "resourceVersion": record.resource_version})
+            resp, retried = self._put(record.name, body, deadline)
+            if resp.status == 200:
+                claim = self._parse(resp.doc)
+                if claim is None:
+                    raise CNIError(IO_FAILURE, f"Kubernetes API answered the update of lease {record.name} with an "
+                                   "unreadable object", "check that the API server (or a proxy) returns the object")
+                if self.cache is not None:
+                    self.cache.updated(claim)
+                return claim
+            if resp.status == 404:  # the record is gone (released, or a GC deleted it): the block is lost
+                if self.cache is not None:
+                    self.cache.absent(record.name, record.uid)
+                return None
+            if resp.status != 409:
+                raise self._refused(resp, f"update lease {record.name}")
+            current = self._get(record.name, deadline, record.uid)  # changed since read: ours (a retried attempt)? free?
+            if current is None or not current.block:
+                return None
+            if current.attachment == attachment:
+                return current
+            if current.attachment is not None:
+                return None
+            found = current.as_block()
+            if found is None:
+                return None
+            record = found
+        return None
+
+    def _free_record(self, claim: Claim, deadline: float) -> Optional[Claim]:
+        """Free the address of block record ``claim`` (an update naming no attachment, with uid
+        and resourceVersion preconditions; 409: re-read, freed only while it still names the same
+        attachment). The record as freed, or None when it was not ours to free (gone, re-made)."""
+        current = claim
+        for _ in range(4):
+            resp, retried = self._put(current.name, self._free_body(current), deadline)
+            if resp.status == 200:
+                freed = self._parse(resp.doc)
+                if freed is None:
+                    raise CNIError(IO_FAILURE, f"Kubernetes API answered the update of lease {current.name} with an "
+                                   "unreadable object", "check that the API server (or a proxy) returns the object")
+                if self.cache is not None:
+                    self.cache.updated(freed)
+                return freed
+            if resp.status == 404:
+                if self.cache is not None:
+                    self.cache.absent(current.name, current.uid)
+                return None  # gone (a GC deleted the record): the address is free, the block lost
+            if resp.status != 409:
+                raise self._refused(resp, f"update lease {current.name}")
+            fresh = self._get(current.name, deadline, current.uid)
+            if fresh is None or fresh.attachment != claim.attachment:
+                return fresh if (retried and fresh is not None and fresh.free and fresh.uid == claim.uid) else None
+            if not fresh.block:  # deleted and re-made as a plain claim of the same attachment
+                return self._remove(fresh, deadline)
+            current = fresh
+        raise CNIError(IO_FAILURE, f"lease {claim.name} kept changing while being freed", "retry the DEL")
+
+    # -- borrowing ------------------------------------------------------------------------------
 
     def _borrow(self, rs: RangeSet, attachment: Attachment, network: str, used: list[int],
                 blocks: list[Block], deadline: float) -> Claim:
-        """No block of ``rs`` is free: a claim in a held block (another node's, or ours with
-        addresses our view thought taken). Up to ``BORROW_BLOCKS`` blocks, in this node's hashed
-        order, are read by one List of their label each (at most a block's worth of Leases);
-        when two in a row have no free address (or the range set has few blocks), the domain's
-        claims are read once, page by page, keeping only their addresses (a daemon then borrows
-        from that view for ``NO_FREE_BLOCK_SECONDS``, a 409 correcting it). The pool is usable to
-        its last address; "exhausted" (102) is said only after that whole read."""
-        cache, memo_key = self.cache, ("borrow", rs.index)
-        if cache is not None:  # a daemon that read the domain a moment ago borrows from that view
-            with cache.acquire_lock:
-                until, seen, latest = cache.notes.get(memo_key, (0.0, None, {}))
-                seen = list(seen) if seen is not None and until > time.monotonic() else None
-            if seen is not None:
-                claim, _ = self._borrow_round_robin(rs, seen, latest, attachment, network, deadline)
-                if claim is not None:
-                    return claim
-        listed = getattr(self, "_listed_blocks", None)
-        if listed is None:
-            _, listed = self._list_all(self._blocks_selector(), deadline, f"list blocks of domain {self.domain}")
-        self._listed_blocks = None
-        spans: dict[str, tuple[Block, Range]] = {}
-        for b in list(listed) + list(blocks):
-            r = self._block_range(rs, b)
-            span = self._span(r, int(b.ip)) if r is not None else None
-            if span is not None:
-                spans.setdefault(b.id, (b, span))
-        origin = self._probe(rs, 0)
-        order = sorted(spans.values(), key=lambda bs: ((int(bs[0].ip) // bs[0].size - origin) % (1 << 128)))
+        """No block of ``rs`` was free: a claim in a held block (another node's, or ours with
+        addresses our view thought taken). First the free addresses this daemon saw in blocks
+        it read a moment ago; then up to ``BORROW_BLOCKS`` blocks, in this node's hashed order,
+        each read by one List of its label (at most a block's worth of Leases; a block found
+        full is not read again for ``FULL_BLOCK_SECONDS``); a block no record holds is acquired
+        on the way. Only when those are all full (or the range set has few blocks) are the
+        domain's claims read, page by page, once (a daemon borrows from that view for
+        ``NO_FREE_BLOCK_SECONDS``): the pool is usable to its last address, and "exhausted"
+        (102) is said only after that whole read."""
+        cache = self.cache
+        notes = cache.notes if cache is not None else {}
+        now = time.monotonic()
         taken = 0
+        seen: dict[int, Optional[Claim]] = {}
+        until, remembered = notes.get(("borrow-free", rs.index), (0.0, {}))
+        if until > now:
+            seen = remembered
+        claim, missed = self._claim_seen(rs, seen, attachment, network, deadline)
+        taken += missed
+        if claim is not None:
+            return claim
         if self._block_count(rs) > SMALL_BLOCK_COUNT:
-            full = 0
-            for block, span in order[:BORROW_BLOCKS]:
-                if full >= 2:
-                    break  # two full blocks in a row: the blocks are crowded, read the domain once
-                claims = self._list(f"{L_DOMAIN}={self.dhash},{L_BLOCK}={block.id}", deadline,
-                                    f"list claims of block {block.id} of domain {self.domain}")
-                here = sorted({int(c.ip) for c in claims if c.ip.version == rs.family})
-                claim, missed = self._claim_in(rs, [span], here, attachment, network, deadline)
-                taken += missed
-                full = full + 1 if claim is None else 0
-                if claim is not None:
-                    if block.node != self.node:
-                        log.info("node %s borrowed %s from block %s of node %s", self.node, claim.ip, block.id, block.node)
-                    return claim
+            full: dict[str, float] = notes.setdefault(("borrow-full", rs.index), {})
+            for bid in [b for b, t in full.items() if t <= now]:
+                del full[bid]
+            mine = {b.id for b in blocks if b.node == self.node}
+            total, i, listed, looked = self._block_count(rs), notes.get(("borrow-pos", rs.index), 0), 0, 0
+            try:
+                while listed < BORROW_BLOCKS and looked < BORROW_BLOCKS * 16:
+                    looked += 1
+                    r, first = self._position(rs, self._probe(rs, i, "borrow") % total)
+                    span = self._span(r, first)
+                    bid = block_id(r.address(first), self._size(r))
+                    if span is None or bid in full or bid in mine:
+                        i += 1
+                        continue
+                    listed += 1
+                    claims = self._list(f"{L_DOMAIN}={self.dhash},{L_BLOCK}={bid}", deadline,
+                                        f"list claims of block {bid} of domain {self.domain}")
+                    if not any(c.block == bid for c in claims):  # no record holds it: acquire it on the way
+                        held = notes.setdefault(("held", rs.index), set())
+                        claim, missed = self._try_record(rs, r, first, set(), held, attachment, network, deadline)
+                        taken += missed
+                        if claim is not None:
+                            block = claim.as_block()
+                            if block is not None:
+                                blocks.append(block)
+                            return claim
+                    here = sorted(int(c.ip) for c in claims if not c.free and c.ip.version == rs.family)
+                    free_records = {int(c.ip): c for c in claims if c.free}
+                    seen = {}
+                    value = span.start
+                    while True:
+                        value = intervals.lowest_free(value, span.end, span.blocked, here)
+                        if value is None:
+                            break
+                        seen[value] = free_records.get(value)
+                        value += 1
+                    if not seen:
+                        full[bid] = time.monotonic() + FULL_BLOCK_SECONDS
+                        i += 1
+                        continue
+                    if cache is not None:
+                        notes[("borrow-free", rs.index)] = (time.monotonic() + NO_FREE_BLOCK_SECONDS, seen)
+                    claim, missed = self._claim_seen(rs, seen, attachment, network, deadline)
+                    taken += missed
+                    if claim is not None:
+                        if not seen:
+                            i += 1  # this block is used up: the next borrowing ADD reads the next one
+                        return claim
+                    i += 1
+            finally:
+                notes[("borrow-pos", rs.index)] = i
         # Every address of the range set, whatever block holds it (or none: a block being released),
         # round-robin after the domain's most recently made claim, as before blocks existed.
-        everything, latest = self._domain_addresses(rs.family, deadline)
+        memo_key = ("borrow", rs.index)
+        claim = None
+        if cache is not None:  # a daemon that read the domain a moment ago borrows from that view
+            with cache.acquire_lock:
+                until, everything, free, latest = cache.notes.get(memo_key, (0.0, None, {}, {}))
+                everything = list(everything) if everything is not None and until > time.monotonic() else None
+            if everything is not None:
+                claim, missed = self._borrow_round_robin(rs, everything, free, latest, attachment, network, deadline)
+                taken += missed
+                if claim is not None:
+                    return claim
+        scan = self._scan_domain(deadline)
+        everything, free, latest = scan.sorted_used()[rs.family], scan.free, scan.latest
         if cache is not None:
             with cache.acquire_lock:
-                cache.notes[memo_key] = (time.monotonic() + NO_FREE_BLOCK_SECONDS, list(everything), latest)
-        claim, missed = self._borrow_round_robin(rs, everything, latest, attachment, network, deadline)
+                cache.notes[memo_key] = (time.monotonic() + NO_FREE_BLOCK_SECONDS, list(everything), free, latest)
+        claim, missed = self._borrow_round_robin(rs, everything, free, latest, attachment, network, deadline)
         taken += missed
         if claim is not None:
             return claim
@@ -319,11 +475,49 @@ class NodeBlocks:
                        "free addresses (DEL or GC attachments that are gone) or widen the range "
                        "(range_start/range_end, or another ipRanges entry)")
 
-    def _borrow_round_robin(self, rs: RangeSet, used: list[int], latest: Mapping[str, Claim], attachment: Attachment,
-                            network: str, deadline: float) -> tuple[Optional[Claim], int]:
+    def _claim_at(self, rs: RangeSet, value: int, record: Optional[Claim], attachment: Attachment, network: str,
+                  deadline: float) -> Optional[Claim]:
+        """Our claim on address ``value`` (a free block record's: taken by an update), or None."""
+        ip = rs.ranges[0].address(value)
+        if record is not None:
+            block = record.as_block()
+            return self._take_record(block, attachment, network, rs, deadline) if block is not None else None
+        if self._whereabouts_holder(ip, rs, deadline) is not None:
+            return None
+        return self._create(ip, attachment, network, rs, deadline)
+
+    def _claim_seen(self, rs: RangeSet, seen: dict[int, Optional[Claim]], attachment: Attachment, network: str,
+                    deadline: float) -> tuple[Optional[Claim], int]:
+        """A claim on one of the free addresses ``seen`` (removed from it as they are tried),
+        starting at a node-specific one so that nodes borrowing from one block seldom meet."""
+        missed = 0
+        while seen:
+            values = sorted(seen)
+            value = values[self._skip(rs) % len(values)]
+            try:
+                record = seen.pop(value)
+            except KeyError:
+                continue  # another ADD of this daemon is trying it
+
+            try:
+                claim = self._claim_at(rs, value, record, attachment, network, deadline)
+            finally:
+                if self.cache is not None:
+                    self.cache.done(rs.family, value)
+            if claim is not None:
+                if claim.owner != self.node:
+                    log.info("node %s borrowed %s (no block of %s was free)", self.node, claim.ip, self.domain)
+                return claim, missed
+            missed += 1
+        return None, missed
+
+    def _borrow_round_robin(self, rs: RangeSet, used: list[int], free: Mapping[int, Claim],
+                            latest: Mapping[str, Claim], attachment: Attachment, network: str,
+                            deadline: float) -> tuple[Optional[Claim], int]:
         """A claim on the next free address by ``used`` (the domain's claims as read, or as a
-        daemon read them a moment ago) after the domain's latest claim; each address met taken
-        (409) or claimed is added to the daemon's remembered view. (claim or None, 409s met)."""
+        daemon read them a moment ago) after the domain's latest claim; ``free``: the free block
+        records (taken by an update). Each address met taken (409) or claimed is added to the
+        daemon's remembered view. (claim or None, 409s met)."""
         cursor, skip, missed = self._start(rs, latest), self._skip(rs), 0
         while True:
             candidate = self._next(rs, used, cursor, skip, listed=True)
@@ -331,8 +525,7 @@ class NodeBlocks:
                 return None, missed
             ip = rs.ranges[0].address(candidate)
             try:
-                held_by = self._whereabouts_holder(ip, rs, deadline)
-                claim = self._create(ip, attachment, network, rs, deadline) if held_by is None else None
+                claim = self._claim_at(rs, candidate, free.get(candidate), attachment, network, deadline)
             finally:
                 if self.cache is not None:
                     self.cache.done(rs.family, candidate)
@@ -349,30 +542,14 @@ class NodeBlocks:
             missed += 1
             cursor, skip = ip, 0
 
-    def _claim_in(self, rs: RangeSet, spans: Sequence[Range], here: list[int], attachment: Attachment, network: str,
-                  deadline: float) -> tuple[Optional[Claim], int]:
-        """(a new claim on the lowest free address of ``spans`` by ``here``, candidates met taken)."""
-        missed = 0
-        for span in spans:
-            while True:
-                value = intervals.lowest_free(span.start, span.end, span.blocked, here)
-                if value is None:
-                    break
-                ip = span.address(value)
-                held_by = self._whereabouts_holder(ip, rs, deadline)
-                claim = self._create(ip, attachment, network, rs, deadline) if held_by is None else None
-                insort(here, value)
-                if claim is not None:
-                    return claim, missed
-                missed += 1
-        return None, missed
+    # -- release --------------------------------------------------------------------------------
 
     def _release_idle_blocks(self, cache: LeaseCache, deadline: float) -> None:
         """In the daemon, after a DEL: a block of this node that holds none of its claims (nor a
-        create in flight) is noted empty; one noted empty ``block_release`` seconds ago and
-        still empty is released (its Lease deleted with uid/resourceVersion preconditions).
-        Another node's claim in it (borrowed, or an old-version node's) is invisible here and
-        does not need to be seen: claims, not blocks, are what keep an address."""
+        create in flight; its record free) is noted empty; one noted empty ``block_release``
+        seconds ago and still empty is released (its record deleted with uid/resourceVersion
+        preconditions). Another node's claim in it (borrowed, or an old-version node's) is
+        invisible here and does not need to be seen: claims, not blocks, are what keep an address."""
         now = time.monotonic()
         with cache.acquire_lock:
             empty = [b for b in cache.empty_blocks() if b.node == self.node]  # the cache's index: O(empty blocks)
@@ -395,6 +572,8 @@ class NodeBlocks:
                 cache.notes.pop(key, None)
 
     def _drop_block(self, block: Block, deadline: float) -> bool:
+        """Delete an empty block's record (or first-design Lease) with uid/resourceVersion
+        preconditions: a record that changed since (its address claimed again) is left alone."""
         body = {"apiVersion": "v1", "kind": "DeleteOptions",
                 "preconditions": {"uid": block.uid, "resourceVersion": block.resource_version}}
         resp, retried = self._call("DELETE", f"{self.path}/{block.name}", f"delete lease {block.name}", deadline, body=body)
@@ -406,5 +585,5 @@ class NodeBlocks:
         if resp.status in (404, 409):
             if self.cache is not None and resp.status == 404:
                 self.cache.absent(block.name, block.uid)
-            return False  # gone already, or changed (re-acquired): left alone
+            return False  # gone already, or changed (re-acquired, its address claimed): left alone
         raise self._refused(resp, f"delete lease {block.name}")

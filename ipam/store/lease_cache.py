@@ -330,15 +330,20 @@ class LeaseCache:
         if stream is not None:
             stream.abort()
 
-    def wait_confirmed(self, writes: Iterable[tuple[str, str]], timeout: float) -> bool:
-        """Wait until the List/Watch has confirmed each (name, uid) we wrote, or its deletion."""
+    def wait_confirmed(self, writes: Iterable[tuple], timeout: float) -> bool:
+        """Wait until the List/Watch has confirmed each (name, uid) we wrote, or its deletion;
+        (name, uid, resourceVersion): that very version (an update keeps the uid)."""
         writes = list(writes)
         end = time.monotonic() + max(0.0, timeout)
 
         def done() -> bool:
-            for name, uid in writes:
+            for name, uid, *rv in writes:
                 e = self._entries.get(name)
-                if not ((e is not None and e.uid == uid and e.confirmed) or self._dead.get(uid)):
+                if self._dead.get(uid):
+                    continue
+                if e is None or e.uid != uid or not e.confirmed:
+                    return False
+                if rv and rv[0] and getattr(e.claim, "resource_version", "") != rv[0]:
                     return False
             return True
 
@@ -372,6 +377,17 @@ class LeaseCache:
             e = self._entries.get(claim.name)
             if e is not None and e.uid == claim.uid and e.confirmed:
                 return
+            self._put(Entry(claim.name, claim.ip, claim, claim.uid, False))
+
+    def updated(self, claim: Any) -> None:
+        """Our update (a block record claimed or freed) succeeded: this version, until the watch confirms it."""
+        with self._cond:
+            if claim.uid in self._dead:
+                return
+            e = self._entries.get(claim.name)
+            if e is not None and e.uid == claim.uid and e.confirmed and \
+                    getattr(e.claim, "resource_version", None) == claim.resource_version:
+                return  # the watch delivered this very version first
             self._put(Entry(claim.name, claim.ip, claim, claim.uid, False))
 
     def observed(self, claim: Any) -> None:
@@ -433,15 +449,29 @@ class LeaseCache:
             self._cond.notify_all()
             return
         old = self._entries.get(entry.name)
-        if old is None:
+        if old is not None:
+            self._unindex(old)
+        # a block record (issue 17) is a block as long as it exists, and a used address only
+        # while it names an attachment
+        block = _record_block(entry.claim)
+        if block is not None:
+            if entry.name not in self._blocks:
+                self._index_block(block)
+            self._blocks[entry.name] = block
+        else:
+            gone = self._blocks.pop(entry.name, None)
+            if gone is not None:
+                self._unindex_block(gone)
+        was, now = old is not None and _occupies(old), _occupies(entry)
+        if now and not was:
             values = self._used.setdefault(entry.ip.version, [])
             value = int(entry.ip)
             i = bisect.bisect_left(values, value)
             if i == len(values) or values[i] != value:
                 values.insert(i, value)
                 self._count(entry.ip.version, value, 1)
-        else:
-            self._unindex(old)
+        elif was and not now:
+            self._unuse(entry.ip)
         self._entries[entry.name] = entry
         who = getattr(entry.claim, "attachment", None)
         if who is not None:
@@ -473,16 +503,21 @@ class LeaseCache:
         block = self._blocks.pop(name, None)
         if block is not None:
             self._unindex_block(block)
-            self._cond.notify_all()
-            return
+            if getattr(old.claim, "is_block", False):
+                self._cond.notify_all()
+                return
         self._unindex(old)
-        values = self._used.get(old.ip.version, [])
-        value = int(old.ip)
+        if _occupies(old):
+            self._unuse(old.ip)
+        self._cond.notify_all()
+
+    def _unuse(self, ip: Any) -> None:
+        values = self._used.get(ip.version, [])
+        value = int(ip)
         i = bisect.bisect_left(values, value)
         if i < len(values) and values[i] == value:
             del values[i]
-            self._count(old.ip.version, value, -1)
-        self._cond.notify_all()
+            self._count(ip.version, value, -1)
 
     # The block index: ``_spans`` finds the blocks containing an address by bisection (blocks are
     # aligned runs of a power-of-two size, so two of them either nest or do not meet; nesting only
@@ -573,8 +608,13 @@ class LeaseCache:
                 if getattr(c, "is_block", False):
                     self._blocks[c.name] = c
                     continue
+                block = _record_block(c)
+                if block is not None:
+                    self._blocks[c.name] = block
                 if c.attachment is not None:
                     self._by_attachment.setdefault(c.attachment, set()).add(c.name)
+                elif block is not None:
+                    continue  # a free block record: its address is not used
                 self._used.setdefault(c.ip.version, []).append(int(c.ip))
                 self._note_latest(c)
             for values in self._used.values():
@@ -725,6 +765,18 @@ class LeaseCache:
             with self._cond:
                 self._stream = None
             stream.close()
+
+
+def _record_block(claim: Any) -> Any:
+    """The block a claim Lease records (a block record; ``claim.as_block()``), else None."""
+    return claim.as_block() if getattr(claim, "block", "") else None
+
+
+def _occupies(entry: Entry) -> bool:
+    """Whether an entry holds its address: a claim or a 409 placeholder does; a block record
+    only while it names an attachment."""
+    c = entry.claim
+    return c is None or not getattr(c, "block", "") or getattr(c, "attachment", None) is not None
 
 
 def relist_delay(in_row: int) -> float:

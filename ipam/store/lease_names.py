@@ -1,5 +1,7 @@
-"""Names and labels of lease-ipam's Leases: a claim per address (``lip-<domain hash>-<ip>``) and a
-node block (``lipb-<domain hash>-<first address>-<size>``), and the holder string of an attachment.
+"""Names and labels of lease-ipam's Leases: a claim per address (``lip-<domain hash>-<ip>``; the
+claim of a block's first usable address is also the block's record, labelled ``block-owner``), the
+node block Leases of the first block design (``lipb-<domain hash>-<first address>-<size>``: read,
+never made now), and the holder string of an attachment.
 
 The names are derived from what they stand for, so any node (and an old-version node) computes
 the same name for the same address: the API server's create of that name is the arbiter.
@@ -25,8 +27,11 @@ L_ATTACHMENT = f"{GROUP}/attachment"
 L_POD_UID = f"{GROUP}/pod-uid"
 L_BLOCK = f"{GROUP}/block"
 L_KIND = f"{GROUP}/kind"
-KIND_BLOCK = "block"
+L_BLOCK_OWNER = f"{GROUP}/block-owner"  # on a block record: the node holding the block
+L_BLOCK_GROUP = f"{GROUP}/block-group"  # on a block record: the group of BLOCK_GROUP blocks it is in
+KIND_BLOCK = "block"  # the label of a block Lease of the first block design (``lipb-``; read, never made)
 BLOCK_PREFIX = "lipb"
+BLOCK_GROUP = 64  # blocks per group: a List of one group's records reads at most this many Leases
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 def domain_hash(domain: str) -> str:
@@ -55,6 +60,23 @@ def lease_name(dhash: str, ip: IPAddress) -> str:
 def block_id(first: IPAddress, size: int) -> str:
     """A block's label value: its first address and its size (``10.0.0.16-16``)."""
     return f"{spell(first)}-{size}"
+
+
+def parse_block_id(text: str) -> Optional[tuple[IPAddress, int]]:
+    """(first address, size) of a block id (``10.0.0.16-16``); None for anything else."""
+    spelled, _, size = text.rpartition("-")
+    first = _parse_spelled(spelled)
+    if first is None or not size.isdigit() or not 0 < int(size) <= (1 << 30) or str(int(size)) != size:
+        return None
+    return first, int(size)
+
+
+def block_group_id(subnet: Any, first: int, size: int) -> str:
+    """The label value of the group of ``BLOCK_GROUP`` aligned blocks that holds the block at ``first``."""
+    span = size * BLOCK_GROUP
+    net = int(subnet.network_address)
+    start = net + (first - net) // span * span
+    return f"{spell(ipaddress.IPv4Address(start) if subnet.version == 4 else ipaddress.IPv6Address(start))}-{span}"
 
 
 def block_name(dhash: str, first: IPAddress, size: int) -> str:
@@ -93,11 +115,7 @@ def block_of_name(name: str, dhash: str) -> Optional[tuple[IPAddress, int]]:
     prefix = f"{BLOCK_PREFIX}-{dhash}-"
     if not name.startswith(prefix):
         return None
-    spelled, _, size = name[len(prefix):].rpartition("-")
-    first = _parse_spelled(spelled)
-    if first is None or not size.isdigit() or not 0 < int(size) <= (1 << 30) or str(int(size)) != size:
-        return None
-    return first, int(size)
+    return parse_block_id(name[len(prefix):])
 
 
 def holder_of(attachment: Attachment) -> str:

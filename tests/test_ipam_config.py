@@ -104,6 +104,20 @@ def test_network_name_routes_dns_and_whereabouts_keys():
     assert c.dns.nameservers == ["10.1.1.53"] and c.dns.search == ["example"]
 
 
+
+def test_dns_lists_left_out_are_empty_and_never_shared():
+    """dns.nameservers/search/options default to [] (not a factory): every parsed dns block gets
+    lists of its own, so one network's DNS never shows in another's in the daemon's process."""
+    from ipam.config import DNSConf
+
+    first = DNSConf.model_validate({"domain": "a.example"})
+    for name in ("nameservers", "search", "options"):
+        getattr(first, name).append("leak")
+    second = DNSConf.model_validate({"domain": "b.example"})
+    assert (second.nameservers, second.search, second.options) == ([], [], [])
+    c = parse_ipam_config(conf({"range": "10.1.2.0/24", "dns": {"domain": "b.example"}}))
+    assert (c.dns.domain, c.dns.nameservers, c.dns.search, c.dns.options) == ("b.example", [], [], [])
+
 def test_store_location_is_lenient_about_ranges():
     assert store_location(conf({"range": "garbage", "dataDir": "/var/lib/cni/d"})) == ("/var/lib/cni/d", "net-a")
     assert store_location(conf({"network_name": "x"})) == (DEFAULT_DATA_DIR, "x")

@@ -162,7 +162,22 @@ def _get_link(ipr: IPRoute, what: str, **key) -> Optional[Link]:
 
 
 def find_link(ipr: IPRoute, name: str) -> Optional[Link]:
+    if _absent(ipr, name):
+        return None
     return _get_link(ipr, name, ifname=name)
+
+
+def _absent(ipr: IPRoute, name: str) -> bool:
+    """Whether the namespace of ``ipr`` surely has no link ``name`` (SIOCGIFINDEX says ENODEV: a
+    few us, where an RTM_GETLINK refused with ENODEV costs ~45 us of pyroute2); False when unsure."""
+    raw = name.encode()
+    if not 0 < len(raw) < IFNAMSIZ or b"\0" in raw or not hasattr(ipr, "fileno"):
+        return False
+    try:
+        _ifreq(ipr.fileno(), SIOCGIFINDEX, raw)
+    except OSError as exc:
+        return exc.errno == errno.ENODEV
+    return False
 
 
 @dataclass(frozen=True)

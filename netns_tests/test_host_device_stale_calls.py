@@ -14,9 +14,10 @@
 - ``%`` in CNI_IFNAME: 4, nothing changed.
 - A rollback that cannot finish keeps the state file (marked ``repair``); DEL finishes it later.
 - A netns path that is a plain file left behind: DEL treats the netns as gone.
-- A call killed while the device waits in the staging netns between two netns (test crash hook
-  ``HOST_DEVICE_RDMA_TEST_CRASH_AT``, an ``os._exit()`` at that step): the device stays alive
-  there, and DEL or a repeat ADD brings it home (and, for the ADD, into the pod) as it was.
+- A call killed with the device in the pod between its move and the rest of the verb (test crash
+  hook ``HOST_DEVICE_RDMA_TEST_CRASH_AT``, an ``os._exit()`` at that step): the device is alive
+  under CNI_IFNAME, and DEL or a repeat ADD brings it home (and, for the ADD, into the pod) as it
+  was. A device an earlier version's killed call left in its staging netns comes home too.
 
 The device is a veth end (the ``master`` fixture), as in test_host_device_rdma.py. The VF case
 (a stale DEL must not restore an old VF snapshot) is in the VM stage: test_vm_host_device.py.
@@ -39,12 +40,12 @@ try:
     from netns_tests import nstools as nt
     from netns_tests.test_host_device_rdma import (ORIGINAL_MAC, VF_PCI, allocations, assert_restored, exec_err,
                                                    exec_ok, fake_vf, hd, nothing_recorded, prepared, staging_left,
-                                                   state_files)
+                                                   state_dir, state_files)
 except ImportError:  # pragma: no cover
     import nstools as nt  # type: ignore[no-redef]
     from test_host_device_rdma import (ORIGINAL_MAC, VF_PCI, allocations, assert_restored,  # type: ignore[no-redef]
                                        exec_err, exec_ok, fake_vf, hd, nothing_recorded, prepared, staging_left,
-                                       state_files)
+                                       state_dir, state_files)
 
 from cni.host_device_rdma.moves import CRASH_ENV
 from shim.testing import Daemon, write_shims
@@ -468,38 +469,87 @@ def test_an_incomplete_rollback_keeps_the_state_for_del(cni, node, netns, master
 
 
 @pytest.mark.skipif(nt.lease_ipam_missing() is not None, reason=str(nt.lease_ipam_missing()))
-@pytest.mark.parametrize("step,then", [("add:in-staging", "DEL"), ("add:renamed", "DEL"), ("add:in-staging", "ADD"),
-                                       ("add:renamed", "ADD"), ("del:in-staging", "DEL"), ("del:in-staging", "ADD")])
-def test_a_call_killed_with_the_device_in_the_staging_netns(cni, netns, master, step, then):
-    """The device is a veth whose peer is in a netns of the test's: a veth dies with the netns it
-    is in, so the device outliving the killed call proves the staging netns outlived it too."""
+@pytest.mark.parametrize("step,then", [("add:moved", "DEL"), ("add:moved", "ADD"), ("del:restored", "DEL"),
+                                       ("del:restored", "ADD")])
+def test_a_call_killed_between_the_move_and_the_rest(cni, netns, master, step, then):
+    """Killed with the device in the pod: after the ADD's move (named net1, alias its own name,
+    not configured yet), or in the DEL after it went down and got its MAC and MTU back, before it
+    went home. The device (a veth whose peer is in a netns of the test's, so a lost one shows) is
+    in the pod under CNI_IFNAME, never in the host under the pod's name nor in the pod under its
+    own; DEL, or a repeat ADD then DEL, brings it home as it was."""
     ns, fixture = netns(), netns()
     m = master(peer_ns=fixture)
     nt.ip("link", "set", m.name, "address", ORIGINAL_MAC)
+    nt.ip("link", "set", m.name, "mtu", "1400")
     before = nt.settled_link(None, m.name)
     prefix, _ = nt.random_subnet()
-    stdin = nt.single(f"{ns.name}-net", "1.0.0", hd(cni, m.name, nt.lease_ipam(cni.data_dir, f"{prefix}.0/24")))
+    stdin = nt.single(f"{ns.name}-net", "1.0.0", hd(cni, m.name, nt.lease_ipam(cni.data_dir, f"{prefix}.0/24"),
+                                                   mtu=1300, mac="0a:58:c6:12:7f:99"))
     verb = "ADD" if step.startswith("add") else "DEL"
     if verb == "DEL":
         exec_ok(cni, "ADD", stdin, ns=ns, container_id="c1")
     proc = cni.exec(verb, stdin, plugin=PLUGIN, ns=ns, container_id="c1", extra_env={CRASH_ENV: step})
     assert proc.returncode == 137, f"the {verb} was to die at {step}: {proc.returncode} {proc.stdout} {proc.stderr}"
-    assert nt.link(None, m.name) is None and nt.link(ns.name, "net1") is None, "the device is not between two netns"
-    assert nt.link(fixture.name, m.peer) is not None, "the device died with the killed call"
-    assert staging_left(cni), "no staging netns pinned under the state dir"
+    assert nt.link(None, m.name) is None and nt.link(None, "net1") is None, "the device is in the host"
+    left = nt.link(ns.name, "net1")
+    assert left is not None and left["ifalias"] == m.name, nt.links(ns.name)
+    assert nt.link(ns.name, m.name) is None
+    if step == "del:restored":  # down, with its own MAC and MTU again
+        assert "UP" not in left["flags"] and left["address"] == ORIGINAL_MAC and left["mtu"] == 1400, left
     if then == "ADD":
         result = exec_ok(cni, "ADD", stdin, ns=ns, container_id="c1")
         link = nt.link(ns.name, "net1")
-        assert link["ifalias"] == m.name and link["address"] == ORIGINAL_MAC, link
+        assert link["ifalias"] == m.name and link["address"] == "0a:58:c6:12:7f:99" and link["mtu"] == 1300, link
         assert nt.addresses(ns.name, "net1") == [result["ips"][0]["address"]]
         assert list(nt.owners(cni.data_dir).values()) == ["c1"]
-        assert staging_left(cni) == []
     for _ in (1, 2):
         exec_ok(cni, "DEL", stdin, ns=ns, container_id="c1")
     assert [name for _, name in nt.link_names(ns.name)] == ["lo"]
     assert_restored(m.name, before)
     assert nt.owners(cni.data_dir) == {}
     nothing_recorded(cni)
+
+
+@pytest.mark.parametrize("then", ["DEL", "ADD"])
+def test_a_device_an_earlier_version_left_in_its_staging_netns_comes_home(cni, netns, master, then):
+    """Earlier versions moved the device through a staging netns pinned under the state dir and
+    recorded it (``netdev.staging``); one killed there left the device in it, renamed net1. After
+    an upgrade, that attachment's DEL (or repeat ADD) sends the device home as it was and removes
+    the staging netns. Built here as such a call left it: the device moved from the pod into a
+    netns bind-mounted at the derived path, the path recorded in the state."""
+    from cni.host_device_rdma.plugin import staging_path
+
+    ns, fixture = netns(), netns()
+    m = master(peer_ns=fixture)
+    nt.ip("link", "set", m.name, "address", ORIGINAL_MAC)
+    before = nt.settled_link(None, m.name)
+    stdin = nt.single(f"{ns.name}-net", "1.0.0", hd(cni, m.name))
+    exec_ok(cni, "ADD", stdin, ns=ns, container_id="c1")
+    [(name, state)] = state_files(cni).items()
+    path = staging_path(str(state_dir(cni)), state)
+    holder = netns()  # a named netns to move the device into, then pinned at the staging path too
+    nt.ip("-n", ns.name, "link", "set", "net1", "down")
+    nt.ip("-n", ns.name, "link", "set", "net1", "netns", holder.name)
+    pathlib.Path(path).touch()
+    subprocess.run(["mount", "--bind", holder.path, path], check=True)
+    try:
+        state["netdev"]["staging"] = path
+        del state["done"]
+        (state_dir(cni) / name).write_text(json.dumps(state))
+        assert nt.link(holder.name, "net1")["ifalias"] == m.name
+        if then == "ADD":
+            exec_ok(cni, "ADD", stdin, ns=ns, container_id="c1")
+            assert nt.link(ns.name, "net1")["ifalias"] == m.name
+            assert staging_left(cni) == []
+            exec_ok(cni, "DEL", stdin, ns=ns, container_id="c1")
+        else:
+            exec_ok(cni, "DEL", stdin, ns=ns, container_id="c1")
+        assert nt.link(holder.name, "net1") is None
+        assert_restored(m.name, before)
+        nothing_recorded(cni)
+    finally:
+        subprocess.run(["umount", "-l", path], check=False, capture_output=True)
+
 
 
 @pytest.mark.skipif(nt.lease_ipam_missing() is not None, reason=str(nt.lease_ipam_missing()))

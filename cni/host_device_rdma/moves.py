@@ -1,17 +1,22 @@
-"""Moving a netdev into a pod and back, always through a staging netns (Go host-device, 2024).
+"""Moving a netdev into a pod and back, each way in one rtnetlink request.
 
-Into the pod: host -> staging netns, renamed to CNI_IFNAME with IFLA_IFALIAS = the original
-name (an altname equal to the old name dropped) -> pod, where MTU/MAC are set and it goes up.
-The staging netns keeps both the host and the pod free of half-renamed devices and of udev
-or NetworkManager races. Back to the host: the reverse, restoring name, MAC, MTU, alias and the
-up/down state recorded before ADD. If anything fails half-way the device is sent home first.
+Into the pod: one RTM_NEWLINK on the host's socket moves the device (IFLA_NET_NS_FD), names it
+CNI_IFNAME (IFLA_IFNAME) and sets IFLA_IFALIAS = the original name; then, in the pod, MTU and MAC
+are set and it goes up. Back to the host: in the pod the device goes down and gets its original
+MAC and MTU back, then one request moves it home under its original name with its original alias,
+and it goes up again if it was up before ADD.
 
-The staging netns is *pinned* at a path the caller derives from the attachment (under the state
-dir; cni.linux.netns.pinned) and removed once the device left it. A call killed while the device
-is inside leaves it there, alive (an unnamed netns would die with the process, and a veth with
-it; a PF or VF would come home under the pod's name): the next DEL or repeat ADD of the
-attachment finds it at that path, sends the device home as it was (:func:`rescue_from_staging`)
-and removes the netns.
+The kernel serves a request under the RTNL lock, so the move and the rename happen together:
+neither the pod nor the host ever holds the device under the other side's name, and a kill (the
+request is one syscall) leaves it either where it was or where it was going, never in between.
+When the name is taken on the other side, the kernel refuses the request and the device stays
+where it was (EEXIST). That is what upstream host-device gets from its temporary netns (rename
+there, then move on), for one kernel move per direction instead of two: a move waits for the
+kernel's RCU grace periods, 15-30 ms here, and was most of an ADD or DEL.
+
+Earlier versions moved the device through a staging netns pinned under the state dir; a call
+killed there left the device in it. A state that recorded one (``netdev.staging``) is still
+looked at by DEL, a repeat ADD and a takeover (:func:`rescue_from_staging`).
 
 A moved link is followed by its ifindex (the kernel keeps it across a netns move unless the
 target already uses it), never found again by a name a pod could have given another link.
@@ -23,8 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
-from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Optional
 
 from cni.core import env as request_env
 from cni.core.errors import INVALID_ENVIRONMENT, LINK_FAILURE, CNIError
@@ -32,8 +36,9 @@ from cni.linux import links, netns
 from cni.linux.links import Link
 
 log = logging.getLogger("rdmanet.host-device-rdma")
-# TEST-ONLY: the process os._exit()s at the named step ("add:in-staging", "add:renamed",
-# "del:in-staging"), as a SIGKILL there would; a daemon declines such calls (cni.core.ipam_exec.CRASH_HOOKS).
+# TEST-ONLY: the process os._exit()s at the named step ("add:moved": in the pod, before MTU, MAC
+# and up; "del:restored": still in the pod, down, with its MAC and MTU restored), as a SIGKILL
+# there would; a daemon declines such calls (cni.core.ipam_exec.CRASH_HOOKS).
 CRASH_ENV = "HOST_DEVICE_RDMA_TEST_CRASH_AT"
 
 
@@ -76,62 +81,69 @@ def _followed(ipr, index: int, name: str) -> Link:
     return found
 
 
-def move_into_pod(host, link: Link, pod_fd: int, ifname: str, *, mtu: Optional[int], mac: Optional[str], staging_path: str) -> Link:
+def move_into_pod(host, link: Link, pod_fd: int, ifname: str, *, mtu: Optional[int], mac: Optional[str]) -> Link:
+    """Move ``link`` (found in the host on ``host``) into the pod as ``ifname``; the link there.
+    If a step in the pod fails, the device is sent home as it was before the error is raised."""
+    original = {"name": link.name, "mac": link.mac, "mtu": link.mtu, "up": link.up, "alias": link.alias}
     with links.rtnl_in_fd(pod_fd) as pod:
         if clash := links.find_link(pod, ifname):
             raise CNIError(INVALID_ENVIRONMENT, f"CNI_IFNAME {ifname} already exists in the pod netns (a {clash.kind or 'link'})",
                            "choose another interface name, or DEL the attachment that owns it first")
-    original = {"name": link.name, "mac": link.mac, "mtu": link.mtu, "up": link.up, "alias": link.alias}
-    with _staged(staging_path) as tmp:
-        links.set_attrs(host, link.index, f"move {link.name} out of the host netns", net_ns_fd=tmp)
-        with links.rtnl_in_fd(tmp) as staging:
-            index = _followed(staging, link.index, link.name).index
-            _crash("add:in-staging")
-            try:
-                links.set_attrs(staging, index, f"rename {link.name} to {ifname}", ifname=ifname, ifalias=link.name)
-                links.drop_altname(staging, index, link.name)
-                _crash("add:renamed")
-                links.set_attrs(staging, index, f"move {ifname} into the pod netns", net_ns_fd=pod_fd)
-            except CNIError:
-                _send_home(staging, index, original)
-                raise
-    with links.rtnl_in_fd(pod_fd) as pod:
-        moved = _followed(pod, index, ifname)
+        links.set_attrs(host, link.index, f"move {link.name} into the pod netns as {ifname}",
+                        net_ns_fd=pod_fd, ifname=ifname, ifalias=link.name)
+        _crash("add:moved")
+        moved = _followed(pod, link.index, ifname)
         try:
+            if link.name in moved.altnames:  # the pod would know the device by its host name too
+                links.drop_altname(pod, moved.index, link.name)
             if mtu:
                 links.set_attrs(pod, moved.index, f"set MTU {mtu} on {ifname}", mtu=mtu)
             if mac:
                 links.set_attrs(pod, moved.index, f"set MAC {mac} on {ifname}", address=mac)
             links.set_up(pod, moved.index, ifname)
         except CNIError:
-            move_to_host(pod_fd, moved, original, staging_path)
+            move_to_host(pod_fd, moved, original)
             raise
         return links.link_by_index(pod, moved.index)
 
 
-def move_to_host(pod_fd: int, link: Link, original: dict, staging_path: str) -> None:
+def move_to_host(pod_fd: int, link: Link, original: dict) -> None:
     """Send ``link`` (found in the pod by the caller) home as it was.
 
     If the host netns already has another link called like the original (created while the
-    device was in the pod), the device stays in the pod and CNIError 100 says so, and the
-    stranger is not touched.
+    device was in the pod), the device stays in the pod (up again if it was) and CNIError 100
+    says so, and the stranger is not touched.
     """
     with links.rtnl_in_fd(pod_fd) as pod:
         _refuse_name_clash(link.name, original["name"])
-        links.set_attrs(pod, link.index, f"set {link.name} down", state="down")
-        with _staged(staging_path) as tmp:
-            links.set_attrs(pod, link.index, f"move {link.name} out of the pod netns", net_ns_fd=tmp)
-            with links.rtnl_in_fd(tmp) as staging:
-                index = _followed(staging, link.index, link.name).index
-                _crash("del:in-staging")
-                _send_home(staging, index, original, back_to=(pod_fd, link.name, link.up))
+        _restore(pod, link.index, original, up=False, name=False)
+        _crash("del:restored")
+        attrs = {"ifname": original["name"]}
+        if (link.alias or "") != (original.get("alias") or ""):
+            attrs["ifalias"] = original.get("alias") or ""
+        host_fd = netns.current_netns_fd()  # this thread never left the host netns
+        try:
+            links.set_attrs(pod, link.index, f"return {link.name} to the host netns as {original['name']}", net_ns_fd=host_fd, **attrs)
+        except CNIError:
+            if link.up:  # refused, so still in the pod: as the pod had it
+                try:
+                    links.set_up(pod, link.index, link.name)
+                except CNIError as exc:
+                    log.error("could not set %s up again in the pod after the host refused it: %s", link.name, exc.msg)
+            raise
+        finally:
+            os.close(host_fd)
+    if original.get("up"):
+        with links.rtnl_in() as host:
+            back = _followed(host, link.index, original["name"])
+            links.set_up(host, back.index, original["name"])
 
 
 def rescue_from_staging(staging_path: str, original: dict, index: Optional[int]) -> bool:
-    """Send home, as it was, the device a killed call left in the staging netns pinned at
-    ``staging_path`` (found at ``index`` or by its identity), then remove the staging netns.
-    True when the device was there. If the host refuses it (a link took its name meanwhile)
-    CNIError 100 says so and the staging netns is kept, the device in it, for the next call."""
+    """Send home, as it was, the device a killed call of an earlier version left in the staging
+    netns pinned at ``staging_path`` (found at ``index`` or by its identity), then remove the
+    staging netns. True when the device was there. If the host refuses it (a link took its name
+    meanwhile) CNIError 100 says so and the staging netns is kept, the device in it, for the next call."""
     try:
         fd = netns.open_netns(staging_path)
     except netns.NetnsGone:
@@ -158,25 +170,6 @@ def _remove_staging(path: str) -> None:
         raise CNIError(LINK_FAILURE, f"cannot remove the staging netns {path}: {exc}", "see the daemon log; DEL again") from None
 
 
-@contextmanager
-def _staged(path: str) -> Iterator[int]:
-    """The staging netns pinned at ``path``: kept after a failure only while a device is still in
-    it (for the next call to send home), removed otherwise."""
-    try:
-        with netns.pinned(path, keep_if=_holds_a_device) as fd:
-            yield fd
-    except (OSError, ValueError) as exc:
-        raise CNIError(LINK_FAILURE, f"staging netns {path}: {exc}", "see the daemon log; DEL the attachment") from None
-
-
-def _holds_a_device(fd: int) -> bool:
-    try:
-        with links.rtnl_in_fd(fd) as staging:
-            return any(msg.get("IFLA_IFNAME") != "lo" for msg in staging.get_links())
-    except Exception:  # cannot tell: keep it, the next call looks again
-        return True
-
-
 def _refuse_name_clash(ifname: str, name: str) -> None:
     with links.rtnl_in() as host:
         if links.find_link(host, name) is not None:
@@ -184,23 +177,14 @@ def _refuse_name_clash(ifname: str, name: str) -> None:
                            f"rename or remove the host's {name} (it is not the device this attachment took), then DEL again")
 
 
-def _send_home(staging, index: int, original: dict, back_to: Optional[tuple[int, str, bool]] = None) -> None:
-    """In the temporary netns: restore what we can, then always move to the host netns.
-
-    ``back_to`` = (netns fd, name, up): where the device came from, to send it back there (under
-    that name, with the original name as alias) when the host refuses it, rather than let it die
-    with the temporary netns.
-    """
+def _send_home(staging, index: int, original: dict) -> None:
+    """From a staging netns: restore what we can, then always move to the host netns."""
     try:
         _restore(staging, index, original, up=False)
     finally:
         host_fd = netns.current_netns_fd()  # this thread never left the host netns
         try:
             links.set_attrs(staging, index, f"return {original['name']} to the host netns", net_ns_fd=host_fd)
-        except CNIError:
-            if back_to is not None:
-                _send_back(staging, index, original, *back_to)
-            raise
         finally:
             os.close(host_fd)
     if original.get("up"):
@@ -208,19 +192,6 @@ def _send_home(staging, index: int, original: dict, back_to: Optional[tuple[int,
             back = links.find_link(host, original["name"])
             if back is not None:
                 links.set_up(host, back.index, original["name"])
-
-
-def _send_back(staging, index: int, original: dict, fd: int, name: str, up: bool) -> None:
-    try:
-        links.set_attrs(staging, index, f"rename {original['name']} back to {name}", ifname=name, ifalias=original["name"])
-        links.set_attrs(staging, index, f"move {name} back to where it came from", net_ns_fd=fd)
-        if up:
-            with links.rtnl_in_fd(fd) as there:
-                back = links.find_link(there, name)
-                if back is not None:
-                    links.set_up(there, back.index, name)
-    except CNIError as exc:
-        log.error("could not send %s back after the host refused it: %s", original["name"], exc.msg)
 
 
 def restore_in_host(original: dict) -> bool:
@@ -247,14 +218,15 @@ def restore_in_host(original: dict) -> bool:
     return True
 
 
-def _restore(ipr, index: int, original: dict, *, up: bool) -> None:
-    """Give the link the original's name, MAC, MTU and alias, then the up/down state ``up``. A link
-    that already is as it was is left alone (no down/up flap of a host device that never left)."""
+def _restore(ipr, index: int, original: dict, *, up: bool, name: bool = True) -> None:
+    """Give the link the original's MAC, MTU, alias and (unless ``name`` is False) name, then the
+    up/down state ``up``. A link that already is as it was is left alone (no down/up flap of a
+    host device that never left)."""
     current = links.link_by_index(ipr, index)
     attrs = {}
-    if (current.alias or "") != (original.get("alias") or ""):
+    if name and (current.alias or "") != (original.get("alias") or ""):
         attrs["ifalias"] = original.get("alias") or ""
-    if current.name != original["name"]:
+    if name and current.name != original["name"]:
         attrs["ifname"] = original["name"]
     if original.get("mac") and current.mac != original["mac"]:
         attrs["address"] = original["mac"]
@@ -265,6 +237,9 @@ def _restore(ipr, index: int, original: dict, *, up: bool) -> None:
     if current.up:
         links.set_attrs(ipr, index, f"set {current.name} down", state="down")
     if attrs:
-        links.set_attrs(ipr, index, f"restore {original['name']} (name, MAC, MTU, alias)", **attrs)
+        links.set_attrs(ipr, index, f"restore {original['name']} ({', '.join(_WHAT[a] for a in attrs)})", **attrs)
     if up:
         links.set_up(ipr, index, original["name"])
+
+
+_WHAT = {"ifalias": "alias", "ifname": "name", "address": "MAC", "mtu": "MTU"}

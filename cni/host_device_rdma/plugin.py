@@ -6,9 +6,9 @@ rollback, a later DEL or a repeat ADD can undo from:
   select the device -> lock it -> refuse it if a live pod holds it -> decide the RDMA move ->
   save the state and claim the device (allocation record with this ADD's token) -> apply VF
   settings through the PF -> InfiniBand VF: node and port GUID through the PF, then a driver
-  rebind (ib_vf.py) -> move the RDMA device (exclusive mode) -> move the netdev through a
-  staging netns pinned at a path derived from the attachment (rename to CNI_IFNAME, alias =
-  original name; moves.py) into the pod -> IPAM -> device-info file -> save the state (done).
+  rebind (ib_vf.py) -> move the RDMA device (exclusive mode) -> move the netdev into the pod,
+  named CNI_IFNAME with the original name as alias, in one request (moves.py) -> IPAM ->
+  device-info file -> save the state (done).
 Between steps ADD stops when its deadline passed or its caller went away (cni.core.deadline) and
 undoes what it did. A rollback that could not undo everything keeps the state file, marked
 ``repair``, and the claim on the device: a later DEL (or repeat ADD, or GC) tries again.
@@ -18,7 +18,7 @@ whatever the earlier one left, finished or not, as DEL would, and then ADDs: one
 
 DEL and GC undo from the state file alone, and treat "already gone" as done at every step (netns
 gone, a leftover plain file at its path, a newer netns at the same path, device or VF/PF gone);
-a device a killed call left in the staging netns is sent home first.
+a device a killed call of an earlier version left in its staging netns is sent home first.
 They touch the device only while its allocation record carries the state's token (a stale DEL
 after the device went to another pod cleans up only its own state and IPAM), and move only the
 link that *is* the device (ifindex, kind, permanent MAC, bus device as recorded at ADD), never
@@ -295,11 +295,10 @@ class _Add:
             if link is not None:
                 step(f"moving {link.name} into the pod")
                 # the kernel keeps an ifindex across netns moves unless the target already uses it
-                state["netdev"] = {"pod_index": link.index, "staging": staging_path(self.root, state)}
+                state["netdev"] = {"pod_index": link.index}
                 self._save()
                 self.undo.push(f"return {link.name} to the host", _netdev_to_host, state, inv.netns, self.root)
-                moved = move_into_pod(host, link, pod_fd, inv.ifname, mtu=conf.mtu or None, mac=self.mac,
-                                      staging_path=state["netdev"]["staging"])
+                moved = move_into_pod(host, link, pod_fd, inv.ifname, mtu=conf.mtu or None, mac=self.mac)
                 if moved.index != link.index:
                     state["netdev"]["pod_index"] = moved.index
                     self._save()
@@ -359,8 +358,7 @@ def _recover_from_stale(states: StateDir, stale: dict, ref: DeviceRef) -> Device
         return ref
     original = previous["original"]
     try:
-        # its ADD or DEL may have been killed while the device was in its staging netns
-        rescue_from_staging(staging_path(states.root, previous), original, (previous.get("netdev") or {}).get("pod_index"))
+        _rescue_from_staging(states.root, previous)
         restored = restore_in_host(original)
     except CNIError as exc:
         log.warning("could not give %s back its name before taking it over: %s", original["name"], exc.msg)
@@ -486,18 +484,24 @@ def _find_in_pod(pod, state: dict) -> Optional[links.Link]:
 
 
 def staging_path(root: str, state: dict) -> str:
-    """Where the attachment's device waits between two netns while it moves (moves.py): derived
-    from the attachment, so a call after a kill finds it, under the node's state dir."""
+    """Where an earlier version let the attachment's device wait between two netns while it moved
+    (moves.py): derived from the attachment, under the node's state dir."""
     attachment = f"{state['network']}/{state['containerID']}/{state['ifname']}"
     directory = roots.ensure_dir(os.path.join(root, "netns"), key="staging netns directory")
     return os.path.join(directory, "staging-" + hashlib.sha256(attachment.encode()).hexdigest()[:24])
 
 
+def _rescue_from_staging(root: str, state: dict) -> None:
+    """An ADD of an earlier version recorded a staging netns (``netdev.staging``): its ADD or DEL,
+    killed while the device waited there, left it in that netns."""
+    netdev = state.get("netdev") or {}
+    if "staging" in netdev:
+        rescue_from_staging(staging_path(root, state), state["original"], netdev.get("pod_index"))
+
+
 def _netdev_to_host(state: dict, netns_path: str, root: str) -> None:
     original = state["original"]
-    staging = staging_path(root, state)
-    # a call killed while the device was between two netns left it in the staging netns
-    rescue_from_staging(staging, original, (state.get("netdev") or {}).get("pod_index"))
+    _rescue_from_staging(root, state)
     if netns.is_alive(netns_path, state.get("netns_id")):
         try:
             with _open_pod(netns_path) as pod_fd:
@@ -505,7 +509,7 @@ def _netdev_to_host(state: dict, netns_path: str, root: str) -> None:
                     link = _find_in_pod(pod, state)
                     named = links.find_link(pod, state["ifname"])
                 if link is not None:
-                    move_to_host(pod_fd, link, original, staging)
+                    move_to_host(pod_fd, link, original)
                     return
                 if named is not None:
                     log.warning("%s in %s is not the device ADD moved there (%s, ifindex %s; found a %s, ifindex %d): "

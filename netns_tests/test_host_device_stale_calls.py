@@ -278,6 +278,32 @@ def test_a_stale_allocation_record_does_not_block_a_new_add(cni, netns, master, 
             pathlib.Path(ns_a.path).unlink()
 
 
+@pytest.mark.skipif(nt.lease_ipam_missing() is not None, reason=str(nt.lease_ipam_missing()))
+@pytest.mark.parametrize("torn", ["empty", "cut"])
+def test_a_state_file_torn_by_a_power_loss_blocks_nothing(cni, netns, master, torn):
+    """State files are written without fsync (plugin.py says why): a power loss may leave one
+    empty or cut short, and the reboot undid the attachment. The old sandbox's DEL answers 0,
+    releases the address and removes the file; a new pod's ADD takes the device over (its record
+    is stale) and its DEL leaves the device as it was."""
+    ns_a, ns_b = netns(), netns()
+    m, before = prepared(master)
+    prefix, _ = nt.random_subnet()
+    stdin = nt.single(f"{ns_a.name}-net", "1.0.0", hd(cni, m.name, nt.lease_ipam(cni.data_dir, f"{prefix}.0/24")))
+    exec_ok(cni, "ADD", stdin, ns=ns_a, container_id="ca")
+    [path] = [state_dir(cni) / name for name in state_files(cni)]
+    path.write_bytes(b"" if torn == "empty" else path.read_bytes()[:40])
+    _as_after_a_reboot(ns_a, m.name)
+    exec_ok(cni, "ADD", stdin, ns=ns_b, container_id="cb")  # the stale record names the torn state's attachment
+    assert nt.link(ns_b.name, "net1")["ifalias"] == m.name
+    exec_ok(cni, "DEL", stdin, ns=ns_a, container_id="ca")
+    assert not path.exists()
+    assert list(nt.owners(cni.data_dir).values()) == ["cb"]
+    exec_ok(cni, "DEL", stdin, ns=ns_b, container_id="cb")
+    assert_restored(m.name, before)
+    assert nt.owners(cni.data_dir) == {}
+    nothing_recorded(cni)
+
+
 def test_a_stale_del_leaves_the_device_of_the_pod_that_holds_it_now_alone(cni, netns, master):
     """After a reboot the same netns path (here: the same name) is a new pod's, and that pod got
     the device. The old attachment's DEL, late, must not take the device out of the new pod: it

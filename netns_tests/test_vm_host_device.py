@@ -295,21 +295,20 @@ def test_macvlan_rdma_logs_the_gid_index_of_the_pod_address(vm):
 # ------------------------------------------------------------------- a kill with a PF between two netns
 
 
-def test_pf_left_in_the_staging_netns_by_a_killed_add_comes_home_on_del(vm):
+def test_pf_a_killed_add_left_in_the_pod_comes_home_on_del(vm):
     """The netdevsim PF's port netdev (a bus device: a netns that dies hands such a device back
     to the host, under a kernel-made or the pod's name) as host-device-rdma's device; the ADD is
-    killed (os._exit at the test crash hook) after the rename in the staging netns. The device
-    stays there, renamed net1 with its original name as alias, since the staging netns is pinned
-    under the state dir and outlives the call; the pod got nothing. DEL brings it home as it was
-    and leaves no state, staging netns or reservation."""
+    killed (os._exit at the test crash hook) right after the one request that moved it into the
+    pod and named it. It is there as net1 with its original name as alias (never in the host
+    under the pod's name, nor in the pod under its own), and DEL brings it home as it was and
+    leaves no state, allocation record or reservation."""
     entry = section(vm, "hd_pf_killed")
     before = entry["before"]
     assert entry["add_killed"]["rc"] == 137, entry["add_killed"]
     assert entry["host_after_kill"] is None, "the device is still (or back) in the host"
-    assert entry["pod_links_after_kill"] == ["lo"]
-    [staging] = entry["staging_after_kill"]
-    assert staging.startswith("staging-"), entry["staging_after_kill"]
-    assert {"ifname": "net1", "ifalias": before["ifname"], "address": before["address"]} in entry["staging_links_after_kill"]
+    assert entry["pod_links_after_kill"] == ["lo", "net1"]
+    assert entry["pod_link_after_kill"] == {"ifalias": before["ifname"], "address": before["address"],
+                                            "parentdev": before.get("parentdev")}
     dele = entry["del"]
     assert dele["rc"] == 0 and dele["stdout"] is None, dele
     assert_link_as_before(before, entry["after_del"])

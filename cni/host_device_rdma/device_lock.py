@@ -56,7 +56,7 @@ def read_record(root: str, key: str) -> Optional[dict]:
             record = json.load(f)
     except FileNotFoundError:
         return None
-    except ValueError:  # a torn file cannot happen (atomic_write); garbage is nobody's claim
+    except ValueError:  # torn by a power loss (a kill cannot tear it): its holder died with the reboot
         return None
     return record if isinstance(record, dict) else None
 
@@ -82,7 +82,7 @@ def record_allocation(root: str, key: str, attachment: str, netns_path: str, net
     """Claim the device for ``attachment`` (intent: before the first change to the device)."""
     doc = {"attachment": attachment, "netns": netns_path, "netns_id": netns_id, "token": token, "since": round(time.time(), 3)}
     try:
-        atomic_write(_record_path(root, key), json.dumps(doc).encode())
+        atomic_write(_record_path(root, key), json.dumps(doc).encode(), durable=False)  # plugin.py: why no fsync
     except OSError as exc:
         raise CNIError(IO_FAILURE, f"cannot write the allocation record of device {key}: {exc}",
                        f"make {root} writable by root") from None

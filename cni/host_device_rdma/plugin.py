@@ -26,6 +26,15 @@ whatever the pod named CNI_IFNAME.
 
 Serialisation (device_lock): ADD, DEL and GC of one attachment hold its attachment lock; whoever
 touches a device holds its device lock.
+
+State files and allocation records are written by write + rename, without fsync
+(cni.linux.state, ``durable=False``): a kill at any instant leaves each file whole, old or new,
+and every later call sees it at once through the page cache. Only a power loss or kernel crash
+can lose a write or tear a file, and a reboot also undoes everything an ADD did: pod netns die,
+devices come up in the host as the boot names them, VFs and their settings, GUIDs and RDMA
+devices are set up anew, and a record whose netns is gone is stale (taken over by the next ADD).
+So a lost, older or torn state (read as none) leaves a DEL nothing to undo but the IPAM
+reservation and the file, which it removes; it never fails with 74.
 """
 
 from __future__ import annotations
@@ -78,7 +87,7 @@ class HostDeviceRdma:
         netns.refuse_own(inv.netns, inv.env)
         device_info.check_path(conf.runtimeConfig.CNIDeviceInfoFile)
         root = state_root(conf)
-        states = StateDir(root)
+        states = StateDir(root, durable=False)
         key = states.key(inv.network_name, inv.container_id, inv.ifname)
         with device_lock.attachment_held(root, _holder(inv)):
             # An ADD whose caller went away while it waited (its shim was killed) must not undo
@@ -94,7 +103,7 @@ class HostDeviceRdma:
     def delete(self, inv: Invocation) -> None:
         root = state_dir.for_delete(inv.config)  # DEL reads the state it recorded, not the config's models
         ipam = IPAM.of(inv)
-        states = StateDir(root)
+        states = StateDir(root, durable=False)
         key = states.key(inv.network_name, inv.container_id, inv.ifname)
         with device_lock.attachment_held(root, _holder(inv)):
             state = states.load(key)
@@ -121,7 +130,7 @@ class HostDeviceRdma:
             raise CNIError(INVALID_CONFIG, "CHECK: required prevResult missing", "the runtime passes the ADD result as prevResult")
         prev = Result.from_json(conf.prevResult, "prevResult")
         root = state_root(conf)
-        states = StateDir(root)
+        states = StateDir(root, durable=False)
         state = states.load(states.key(inv.network_name, inv.container_id, inv.ifname))
         if state is None or not state.get("done"):
             raise check_failed(f"no completed attachment {inv.container_id}/{inv.ifname} in {root}")
@@ -174,7 +183,7 @@ class HostDeviceRdma:
 
         conf = load_conf(inv)
         root = state_root(conf)
-        states = StateDir(root)
+        states = StateDir(root, durable=False)
         valid = valid_attachments(inv.config)
         if valid is not None:
             for key, listed in states.entries():

@@ -1,7 +1,12 @@
-"""Replace a small file atomically and durably: temp file in the same directory, fsync, rename,
-fsync of the directory. A reader sees the old content or the new, never a mix; after a crash the
-file is one or the other, and the writer's temp file (``.<name>.<random>.tmp``) may be left:
-:func:`remove_partial_writes` removes those."""
+"""Replace a small file atomically: temp file in the same directory, rename over the file. A
+reader (any process, at once, through the page cache) sees the old content or the new, never a
+mix, and a writer killed at any instant leaves the file as it was or as it was to be, plus maybe
+its temp file (``.<name>.<random>.tmp``): :func:`remove_partial_writes` removes those.
+
+``durable`` (the default) adds an fsync of the file before the rename and of the directory
+after it, so that a power loss or kernel crash too leaves the old or the new content. Without
+it, such a crash may leave the file empty or short: a writer may drop ``durable`` only when
+nothing the file describes outlives a reboot and its reader takes a torn file for "nothing"."""
 
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str, content: bytes, mode: int = 0o600, dir_mode: int = 0o700) -> None:
+def atomic_write(path: str, content: bytes, mode: int = 0o600, dir_mode: int = 0o700, durable: bool = True) -> None:
     """Raises OSError; the caller turns it into the CNI error that names what the file is for."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, mode=dir_mode, exist_ok=True)
@@ -29,10 +34,12 @@ def atomic_write(path: str, content: bytes, mode: int = 0o600, dir_mode: int = 0
             f.write(content)
             f.flush()
             os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
         tmp = None
-        fsync_dir(directory)
+        if durable:
+            fsync_dir(directory)
     finally:
         if tmp is not None:
             try:

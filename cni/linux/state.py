@@ -1,14 +1,20 @@
 """Per-attachment state files: everything a DEL needs to undo an ADD, kept on disk.
 
 One JSON file per (network, containerID, ifname) under a 0700 directory, written 0600 through a
-temp file, fsync and rename, so a reader sees the old or the new content, never half of one.
-DEL and GC work from this file alone: after a daemon or node restart, with an empty CNI_NETNS,
-and twice.
+temp file and a rename (cni.linux.files.atomic_write), so a reader sees the old or the new
+content, never half of one, and a writer killed at any instant leaves one or the other. DEL and
+GC work from this file alone: after a daemon or node restart, with an empty CNI_NETNS, and twice.
+
+``durable=False`` skips the fsyncs: for a caller none of whose attachments outlives a reboot
+(they live in pod netns), so that a power loss, the only way to a torn file, leaves nothing for
+the file to describe. Such a directory reads a torn file as no state (DEL then removes it); a
+durable one answers 74, as a torn file there means someone edited it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Iterator, Optional
 
@@ -17,9 +23,13 @@ from cni.core.errors import IO_FAILURE, CNIError
 from .files import atomic_write, remove_partial_writes
 
 
+log = logging.getLogger("rdmanet.state")
+
+
 class StateDir:
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, durable: bool = True) -> None:
         self.root = root
+        self.durable = durable
 
     def key(self, network: str, container_id: str, ifname: str) -> str:
         # network names and container IDs match ^[a-zA-Z0-9][a-zA-Z0-9_.-]*$; ifnames carry no '/'
@@ -31,16 +41,29 @@ class StateDir:
     def load(self, key: str) -> Optional[dict]:
         try:
             with open(self._path(key), encoding="utf-8") as f:
-                return json.load(f)
+                data = json.load(f)
         except FileNotFoundError:
             return None
-        except (OSError, ValueError) as exc:
+        except ValueError as exc:
+            if not self.durable:  # a power loss cut the write short: what it described died with the pods
+                log.warning("state file %s is torn (%s): a power loss; nothing of its attachment outlived the reboot",
+                            self._path(key), exc)
+                return None
             raise CNIError(IO_FAILURE, f"cannot read state file {self._path(key)}: {exc}",
                            "inspect the file; remove it only after undoing the attachment by hand") from None
+        except OSError as exc:
+            raise CNIError(IO_FAILURE, f"cannot read state file {self._path(key)}: {exc}",
+                           "inspect the file; remove it only after undoing the attachment by hand") from None
+        if not isinstance(data, dict):
+            if not self.durable:
+                return None
+            raise CNIError(IO_FAILURE, f"state file {self._path(key)} holds no JSON object",
+                           "inspect the file; remove it only after undoing the attachment by hand")
+        return data
 
     def save(self, key: str, data: dict) -> None:
         try:
-            atomic_write(self._path(key), json.dumps(data, indent=1, sort_keys=True).encode())
+            atomic_write(self._path(key), json.dumps(data, indent=1, sort_keys=True).encode(), durable=self.durable)
         except OSError as exc:
             raise CNIError(IO_FAILURE, f"cannot write state file {self._path(key)}: {exc}",
                            f"make {self.root} writable by root (the node policy's hostDeviceStateDir)") from None

@@ -59,9 +59,9 @@ then, on the same VF 0 and fake tree:
                B's DEL restores the VF as before A
   hd_vf_gone   ADD with a vlan, then sriov_numvfs 0 (the VF and its settings are gone): DEL
                succeeds, nothing left (after the VF sections: it removes the PF's VFs)
-  hd_pf_killed host-device-rdma on the PF's port netdev: an ADD killed (crash hook) with the device
-               in the staging netns, then DEL; the pod netns deleted with the device in it, then
-               DEL (last: it moves the PF itself)
+  hd_pf_killed host-device-rdma on the PF's port netdev: an ADD killed (crash hook) right after the
+               device's move into the pod, then DEL; the pod netns deleted with the device in it,
+               then DEL (last: it moves the PF itself)
 """
 
 from __future__ import annotations
@@ -990,25 +990,23 @@ def _hd_vf_gone(entry):
 @section("hd_pf_killed")
 def _hd_pf_killed(entry):
     """host-device-rdma on the netdevsim PF's port netdev (a bus device, unlike a veth); last, as
-    it takes the PF away from the VF sections. 1: an ADD killed (test crash hook, os._exit) while
-    the device, renamed, waits in the staging netns; then DEL. 2: the pod netns deleted with the
-    device in it (what a kernel does with such a device); then DEL with the netns gone."""
+    it takes the PF away from the VF sections. 1: an ADD killed (test crash hook, os._exit) right
+    after the request that moved and renamed the device, before MTU, MAC and up; then DEL. 2: the
+    pod netns deleted with the device in it (what a kernel does with such a device); then DEL with
+    the netns gone."""
     pf, _ = pf_of_nsim()
     conf = hd_conf("hdpf", device=pf)
-    staging_dir = os.path.join(hd_state(conf), "netns")
     entry["before"] = before = link_json(pf)
     sh("ip", "netns", "add", "hd-pf-pod")
     netns = "/run/netns/hd-pf-pod"
     killed = hd_exec("ADD", "pf-killed", netns, conf)
-    killed.env["HOST_DEVICE_RDMA_TEST_CRASH_AT"] = "add:renamed"
+    killed.env["HOST_DEVICE_RDMA_TEST_CRASH_AT"] = "add:moved"
     entry["add_killed"] = killed.start().finish()
     entry["host_after_kill"] = link_json(pf)
     entry["pod_links_after_kill"] = [l["ifname"] for l in json.loads(sh("ip", "-n", "hd-pf-pod", "-j", "link", "show").stdout)]
-    entry["staging_after_kill"] = files_under(staging_dir)
-    entry["staging_links_after_kill"] = [
-        {"ifname": l["ifname"], "ifalias": l.get("ifalias"), "address": l.get("address")}
-        for name in entry["staging_after_kill"]
-        for l in json.loads(sh("nsenter", f"--net={os.path.join(staging_dir, name)}", "ip", "-j", "link", "show").stdout)]
+    moved = link_json("net1", "hd-pf-pod")
+    entry["pod_link_after_kill"] = moved and {"ifalias": moved.get("ifalias"), "address": moved.get("address"),
+                                              "parentdev": moved.get("parentdev")}
     entry["del"] = hd_call("DEL", "pf-killed", netns, conf)
     entry["after_del"], _ = settled(pf, before)
     entry["files_after_del"] = files_under(hd_state(conf))

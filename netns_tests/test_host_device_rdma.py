@@ -302,6 +302,24 @@ def test_del_never_touches_another_link_that_took_the_original_name(cni, netns, 
     nothing_recorded(cni)
 
 
+def test_del_when_the_pod_has_a_link_named_like_the_original(cni, netns, master):
+    """DEL gives the device its original name in the pod before moving it home; when a pod link
+    already has that name, the move names the device instead. Either way it comes home as it
+    was, and the pod's link is left as it was."""
+    ns = netns()
+    m, before = prepared(master, mtu=1400)
+    net = f"{ns.name}-net"
+    cni.write(nt.conflist(net, "1.0.0", hd(cni, m.name, mtu=1300)))
+    add_ok(cni, net, ns)
+    ns.ip("link", "add", m.name, "type", "veth", "peer", "name", f"{m.name[:-1]}c")
+    pods_own = nt.settled_link(ns.name, m.name)
+    nt.ok(cni.tool("del", net, ns))
+    assert_restored(m.name, before)
+    assert nt.link_snapshot(ns.name, m.name) == pods_own
+    assert nt.link(ns.name, "net1") is None
+    nothing_recorded(cni)
+
+
 def test_del_after_the_device_died_leaves_a_namesake_alone(cni, netns, master):
     """The pod netns (and with it the veth) is gone and a different link now has the original
     name: DEL succeeds without changing that link."""

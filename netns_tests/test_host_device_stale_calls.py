@@ -26,7 +26,6 @@ The device is a veth end (the ``master`` fixture), as in test_host_device_rdma.p
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import shutil
 import subprocess
@@ -496,13 +495,13 @@ def test_an_incomplete_rollback_keeps_the_state_for_del(cni, node, netns, master
 
 @pytest.mark.skipif(nt.lease_ipam_missing() is not None, reason=str(nt.lease_ipam_missing()))
 @pytest.mark.parametrize("step,then", [("add:moved", "DEL"), ("add:moved", "ADD"), ("del:restored", "DEL"),
-                                       ("del:restored", "ADD")])
+                                       ("del:restored", "ADD"), ("del:renamed", "DEL"), ("del:renamed", "ADD")])
 def test_a_call_killed_between_the_move_and_the_rest(cni, netns, master, step, then):
     """Killed with the device in the pod: after the ADD's move (named net1, alias its own name,
-    not configured yet), or in the DEL after it went down and got its MAC and MTU back, before it
-    went home. The device (a veth whose peer is in a netns of the test's, so a lost one shows) is
-    in the pod under CNI_IFNAME, never in the host under the pod's name nor in the pod under its
-    own; DEL, or a repeat ADD then DEL, brings it home as it was."""
+    not configured yet), or in the DEL after it went down and got its MAC and MTU back, and then
+    its own name, before it went home. The device (a veth whose peer is in a netns of the test's,
+    so a lost one shows) is in the pod, never in the host under the pod's name; DEL, or a repeat
+    ADD then DEL, brings it home as it was."""
     ns, fixture = netns(), netns()
     m = master(peer_ns=fixture)
     nt.ip("link", "set", m.name, "address", ORIGINAL_MAC)
@@ -517,10 +516,11 @@ def test_a_call_killed_between_the_move_and_the_rest(cni, netns, master, step, t
     proc = cni.exec(verb, stdin, plugin=PLUGIN, ns=ns, container_id="c1", extra_env={CRASH_ENV: step})
     assert proc.returncode == 137, f"the {verb} was to die at {step}: {proc.returncode} {proc.stdout} {proc.stderr}"
     assert nt.link(None, m.name) is None and nt.link(None, "net1") is None, "the device is in the host"
-    left = nt.link(ns.name, "net1")
+    named, other = (m.name, "net1") if step == "del:renamed" else ("net1", m.name)
+    left = nt.link(ns.name, named)
     assert left is not None and left["ifalias"] == m.name, nt.links(ns.name)
-    assert nt.link(ns.name, m.name) is None
-    if step == "del:restored":  # down, with its own MAC and MTU again
+    assert nt.link(ns.name, other) is None
+    if step.startswith("del:"):  # down, with its own MAC and MTU again
         assert "UP" not in left["flags"] and left["address"] == ORIGINAL_MAC and left["mtu"] == 1400, left
     if then == "ADD":
         result = exec_ok(cni, "ADD", stdin, ns=ns, container_id="c1")

@@ -3,12 +3,14 @@
 Into the pod: one RTM_NEWLINK on the host's socket moves the device (IFLA_NET_NS_FD), names it
 CNI_IFNAME (IFLA_IFNAME) and sets IFLA_IFALIAS = the original name; then, in the pod, MTU and MAC
 are set and it goes up. Back to the host: in the pod the device goes down and gets its original
-MAC and MTU back, then one request moves it home under its original name with its original alias,
-and it goes up again if it was up before ADD.
+MAC, MTU and name back, then one request moves it home (naming it, when the pod had a link of that
+name) with its original alias, and it goes up again if it was up before ADD.
 
 The kernel serves a request under the RTNL lock, so the move and the rename happen together:
 neither the pod nor the host ever holds the device under the other side's name, and a kill (the
 request is one syscall) leaves it either where it was or where it was going, never in between.
+(Listeners on the target side may see a notification with the old name just before the rename's:
+hence the rename in the pod first on the way home, where udev and NetworkManager listen.)
 When the name is taken on the other side, the kernel refuses the request and the device stays
 where it was (EEXIST). That is what upstream host-device gets from its temporary netns (rename
 there, then move on), for one kernel move per direction instead of two: a move waits for the
@@ -26,9 +28,12 @@ ifindex, kind, permanent MAC and bus device (e.g. the PCI address) as recorded a
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from typing import Optional
+
+from pyroute2.netlink.exceptions import NetlinkError
 
 from cni.core import env as request_env
 from cni.core.errors import INVALID_ENVIRONMENT, LINK_FAILURE, CNIError
@@ -37,8 +42,9 @@ from cni.linux.links import Link
 
 log = logging.getLogger("rdmanet.host-device-rdma")
 # TEST-ONLY: the process os._exit()s at the named step ("add:moved": in the pod, before MTU, MAC
-# and up; "del:restored": still in the pod, down, with its MAC and MTU restored), as a SIGKILL
-# there would; a daemon declines such calls (cni.core.ipam_exec.CRASH_HOOKS).
+# and up; "del:restored": still in the pod, down, with its MAC and MTU restored; "del:renamed":
+# then also under its original name), as a SIGKILL there would; a daemon declines such calls
+# (cni.core.ipam_exec.CRASH_HOOKS).
 CRASH_ENV = "HOST_DEVICE_RDMA_TEST_CRASH_AT"
 
 
@@ -110,14 +116,18 @@ def move_into_pod(host, link: Link, pod_fd: int, ifname: str, *, mtu: Optional[i
 def move_to_host(pod_fd: int, link: Link, original: dict) -> None:
     """Send ``link`` (found in the pod by the caller) home as it was.
 
-    If the host netns already has another link called like the original (created while the
-    device was in the pod), the device stays in the pod (up again if it was) and CNIError 100
-    says so, and the stranger is not touched.
+    The device gets its original name in the pod first, so that the host (udev, NetworkManager)
+    sees it arrive under that name only; when the pod has a link of that name, the move request
+    names it instead. If the host netns already has another link called like the original
+    (created while the device was in the pod), the device stays in the pod as the pod had it and
+    CNIError 100 says so, and the stranger is not touched.
     """
     with links.rtnl_in_fd(pod_fd) as pod:
         _refuse_name_clash(link.name, original["name"])
         _restore(pod, link.index, original, up=False, name=False)
         _crash("del:restored")
+        renamed = _rename_unless_taken(pod, link.index, link.name, original["name"])
+        _crash("del:renamed")
         attrs = {"ifname": original["name"]}
         if (link.alias or "") != (original.get("alias") or ""):
             attrs["ifalias"] = original.get("alias") or ""
@@ -125,11 +135,7 @@ def move_to_host(pod_fd: int, link: Link, original: dict) -> None:
         try:
             links.set_attrs(pod, link.index, f"return {link.name} to the host netns as {original['name']}", net_ns_fd=host_fd, **attrs)
         except CNIError:
-            if link.up:  # refused, so still in the pod: as the pod had it
-                try:
-                    links.set_up(pod, link.index, link.name)
-                except CNIError as exc:
-                    log.error("could not set %s up again in the pod after the host refused it: %s", link.name, exc.msg)
+            _as_the_pod_had_it(pod, link, renamed)  # refused, so still in the pod
             raise
         finally:
             os.close(host_fd)
@@ -137,6 +143,29 @@ def move_to_host(pod_fd: int, link: Link, original: dict) -> None:
         with links.rtnl_in() as host:
             back = _followed(host, link.index, original["name"])
             links.set_up(host, back.index, original["name"])
+
+
+def _rename_unless_taken(pod, index: int, name: str, new: str) -> bool:
+    """Rename the link in the pod; False (nothing done) when the pod has a link called ``new``."""
+    if name == new:
+        return False
+    try:
+        pod.link("set", index=index, ifname=new)
+    except NetlinkError as exc:
+        if exc.code == errno.EEXIST:
+            return False
+        raise links.kernel_error(f"rename {name} to {new} in the pod netns", exc) from exc
+    return True
+
+
+def _as_the_pod_had_it(pod, link: Link, renamed: bool) -> None:
+    try:
+        if renamed:
+            links.set_attrs(pod, link.index, f"rename it back to {link.name}", ifname=link.name)
+        if link.up:
+            links.set_up(pod, link.index, link.name)
+    except CNIError as exc:
+        log.error("could not give %s back to the pod as it was after the host refused it: %s", link.name, exc.msg)
 
 
 def rescue_from_staging(staging_path: str, original: dict, index: Optional[int]) -> bool:

@@ -13,10 +13,9 @@ import errno
 import fcntl
 import os
 from contextlib import contextmanager
-from typing import Callable, Iterator, Optional
+from typing import Iterator, Optional
 
 CLONE_NEWNET = 0x40000000
-MS_BIND = 0x1000
 MNT_DETACH = 0x2
 NS_GET_NSTYPE = 0xB703  # _IO(0xb7, 0x3), <linux/nsfs.h>
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -118,65 +117,9 @@ def same_netns(path: str) -> bool:
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
-@contextmanager
-def temporary(pin: Optional[str] = None) -> Iterator[int]:
-    """A fresh network namespace for the body; yields its fd.
-
-    The calling thread unshares into a new namespace, keeps an fd to it and switches straight
-    back. Unless ``pin`` names an existing file to bind-mount it on (see :func:`pinned`), nothing
-    outlives the fd: when it is closed the kernel destroys the namespace, and a physical device
-    still inside returns to the host (virtual ones are destroyed).
-    """
-    own = current_netns_fd()
-    try:
-        if _libc.unshare(CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"unshare(CLONE_NEWNET): {os.strerror(err)}")
-        try:
-            tmp = current_netns_fd()
-            if pin is not None and _libc.mount(b"/proc/thread-self/ns/net", os.fsencode(pin), None, MS_BIND, None) != 0:
-                err = ctypes.get_errno()
-                os.close(tmp)
-                raise OSError(err, f"bind-mount a network namespace at {pin}: {os.strerror(err)}")
-        finally:
-            _setns(own)
-        try:
-            yield tmp
-        finally:
-            os.close(tmp)
-    finally:
-        os.close(own)
-
-
-@contextmanager
-def pinned(path: str, keep_if: Optional[Callable[[int], bool]] = None) -> Iterator[int]:
-    """Like :func:`temporary`, but the namespace is also bind-mounted at ``path`` (a file the
-    caller derived from what it works on, so a later call finds it). It is removed when the body
-    is done, unless the body raised and ``keep_if(fd)`` says what is still inside must wait for a
-    later call. A process killed inside the body leaves the namespace alive at ``path`` with
-    whatever it held: a later call looks there (:func:`open_netns`), then calls
-    :func:`remove_pinned`. ``path`` must not hold a live namespace already (ValueError)."""
-    if identity(path) is not None:
-        raise ValueError(f"{path} already holds a network namespace")
-    remove_pinned(path)  # a plain file a killed call left between creating it and the mount
-    fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    os.close(fd)
-    keep = False
-    try:
-        with temporary(pin=path) as tmp:
-            try:
-                yield tmp
-            except BaseException:
-                keep = keep_if is not None and keep_if(tmp)
-                raise
-    finally:
-        if not keep:
-            remove_pinned(path)
-
-
 def remove_pinned(path: str) -> None:
-    """Unmount and remove a namespace pinned at ``path`` by :func:`pinned` (whatever is still in
-    it goes the way of a dying netns); nothing there is fine."""
+    """Unmount and remove a namespace bind-mounted at ``path`` (whatever is still in it goes the
+    way of a dying netns); nothing there, or a plain file, is fine."""
     if _libc.umount2(os.fsencode(path), MNT_DETACH) != 0:
         err = ctypes.get_errno()
         if err not in (errno.EINVAL, errno.ENOENT):  # EINVAL: not a mount point (a plain file)

@@ -285,9 +285,14 @@ is_rdmanet_shim() {  # is_rdmanet_shim PATH: a regular file rendered by shim/lau
     [ -f "$1" ] && [ ! -L "$1" ] && [ "$(sed -n 2p "$1" 2>/dev/null | cut -c1-${#SHIM_MARK})" = "$SHIM_MARK" ]
 }
 
-remove_shim() {  # remove_shim PATH: the shim (only while it is ours), temporaries a crash left, and
-    local f=$1   # .<name>.code, the compiled hot path the shim keeps beside itself (shim/boot.py)
-    rm -f "$(dirname "$f")/.$(basename "$f")".*.tmp "$(dirname "$f")/.$(basename "$f").code"
+remove_beside_shim() {  # remove_beside_shim PATH: what is ours beside a shim, whoever owns PATH now:
+    # temporaries a crash left, and .<name>.code (the hot path the shim compiled: shim/boot.py)
+    rm -f "$(dirname "$1")/.$(basename "$1")".*.tmp "$(dirname "$1")/.$(basename "$1").code"
+}
+
+remove_shim() {  # remove_shim PATH: the shim (only while it is ours) and what is ours beside it
+    local f=$1
+    remove_beside_shim "$f"
     if is_rdmanet_shim "$f"; then
         rm -f "$f"
         say --event removed "removed $f" path "$f"
@@ -436,6 +441,8 @@ host_install() {
                 echo "$f" >> "$manifest.new"
             elif is_rdmanet_shim "$f" || is_rdmanet_unit "$f"; then
                 echo "$f" >> "$manifest.new"
+            elif [ ! -L "$f" ] && ! is_unit_path "$f"; then
+                remove_beside_shim "$f"  # a shim replaced or removed since: forgotten, ours beside it removed
             fi
         done < "$manifest"
     fi

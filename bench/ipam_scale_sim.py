@@ -304,8 +304,7 @@ def simulate(nodes: int, size: int, fills: list[int], batch: int, job: int, thre
         # 1. daemons start: each node's first verb (a DEL of nothing) starts its informers
         t0 = time.perf_counter()
         cl.server.reset_client_stats()
-        for n in cl.nodes:
-            cl.delete(n, f"start-{n}")
+        run_concurrently(cl, [(cl.delete, n, f"start-{n}") for n in cl.nodes], threads)  # as many at once as the job
         if not cl.wait_synced(60.0):
             raise SystemExit("informers did not sync at start")
         if shared:

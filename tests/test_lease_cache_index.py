@@ -26,7 +26,7 @@ import pytest
 from ipam.config import parse_ipam_config
 from ipam.store import lease_cache
 from ipam.store.kube import LEASES_PATH, ApiClientTransport, KubeStore, domain_hash, lease_name, node_selector, parse_lease
-from ipam.store.lease_names import block_name
+from ipam.store.lease_names import block_id, block_name
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_api_server import InProcessApiClient, KubeAPIServer, parse_label_selector  # noqa: E402
@@ -48,6 +48,17 @@ def claim_obj(ip, uid, rv, holder="c/net1", node=NODE):
             "spec": {"holderIdentity": holder, "acquireTime": "2026-11-24T07:00:00.%06dZ" % (rv % 1000000)}}
 
 
+def record_obj(first, size, offset, uid, rv, held, node=NODE):
+    """A block record (the claim Lease of a block's first usable address, carrying the block):
+    held by an attachment, or free (no holder)."""
+    obj = claim_obj(ipaddress.ip_address(int(first) + offset), uid, rv, holder="c/net1" if held else None, node=node)
+    obj["metadata"]["labels"].update({"rdmanet.io/block-owner": node, "rdmanet.io/block": block_id(first, size)})
+    obj["metadata"]["annotations"]["rdmanet.io/block-owner"] = node
+    if not held:
+        del obj["spec"]["holderIdentity"]
+    return obj
+
+
 def block_obj(first, size, uid, rv, node=NODE):
     return {"metadata": {"name": block_name(DHASH, first, size), "uid": uid, "resourceVersion": str(rv),
                          "labels": {"rdmanet.io/ipam-domain": DHASH, "rdmanet.io/node": node,
@@ -64,9 +75,14 @@ def fold(cache):
     with cache._cond:
         entries = list(cache._entries.values())
         pending = set(cache._pending)
-    used = {4: sorted(int(e.ip) for e in entries if not getattr(e.claim, "is_block", False) and e.ip.version == 4),
-            6: sorted(int(e.ip) for e in entries if not getattr(e.claim, "is_block", False) and e.ip.version == 6)}
+
+    def occupies(e):  # a 409 placeholder, a claim, or a block record that names an attachment
+        return e.claim is None or (not getattr(e.claim, "is_block", False)
+                                   and (not getattr(e.claim, "block", "") or e.claim.attachment is not None))
+
+    used = {v: sorted(int(e.ip) for e in entries if occupies(e) and e.ip.version == v) for v in (4, 6)}
     blocks = {e.name: e.claim for e in entries if getattr(e.claim, "is_block", False)}
+    blocks.update({e.name: e.claim.as_block() for e in entries if getattr(e.claim, "block", "")})
     fill = {n: bisect_right(used[b.ip.version], b.last) - bisect_left(used[b.ip.version], int(b.ip))
             for n, b in blocks.items()}
     return used, blocks, fill, pending
@@ -144,9 +160,12 @@ def test_the_block_index_is_the_fold_of_the_cache_after_random_events(seed):
                 obj = server.pop(name)
                 history.append(("DELETED", obj))
                 cache._apply("DELETED", obj)
-        elif op < 0.60:  # a block acquired
+        elif op < 0.60:  # a block acquired: a block Lease, or a block record (held or free)
             first, size = random_block(rng, version)
-            obj = block_obj(first, size, f"u{next(uids)}", next_rv())
+            if rng.random() < 0.5:
+                obj = block_obj(first, size, f"u{next(uids)}", next_rv())
+            else:
+                obj = record_obj(first, size, rng.randrange(2), f"u{next(uids)}", next_rv(), rng.random() < 0.6)
             if obj["metadata"]["name"] not in server:
                 server[obj["metadata"]["name"]] = obj
                 history.append(("ADDED", obj))
@@ -157,7 +176,7 @@ def test_the_block_index_is_the_fold_of_the_cache_after_random_events(seed):
         elif op < 0.80:  # the store's write-through answers
             ip = random_ip(rng, version)
             name = lease_name(DHASH, ip)
-            what = rng.randrange(6)
+            what = rng.randrange(7)
             current = parse(server[name]) if name in server else None
             if what == 0:
                 cache.taken(name, ip)  # a 409
@@ -167,6 +186,14 @@ def test_the_block_index_is_the_fold_of_the_cache_after_random_events(seed):
                 cache.observed(current)
             elif what == 3:
                 cache.absent(name, current.uid if current is not None and rng.random() < 0.5 else f"u{rng.randrange(1, 50)}")
+            elif what == 6 and current is not None and getattr(current, "block", ""):
+                # our update of a block record: claimed, or freed (the watch's MODIFIED comes later)
+                held = current.attachment is None
+                first, size = current.as_block().ip, current.as_block().size
+                obj = record_obj(first, size, int(current.ip) - int(first), current.uid, next_rv(), held)
+                server[name] = obj
+                history.append(("MODIFIED", obj))
+                cache.updated(parse(obj))
             elif what == 4 and current is not None:
                 del server[name]
                 cache.deleted(current)  # our delete; its DELETED event may come later or never

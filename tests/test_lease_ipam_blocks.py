@@ -27,7 +27,6 @@ from ipam.plugin import LeaseIPAM
 from ipam.store import lease_cache
 from ipam.store.base import Attachment
 from ipam.store.kube import (
-    KIND_BLOCK,
     L_DOMAIN,
     L_KIND,
     L_NODE,
@@ -121,6 +120,97 @@ def assert_each_address_once(got, server):
 
 
 # -- target 4: never one address twice ----------------------------------------------------------------
+
+def informer_of(node):
+    [inf] = [i for i in lease_cache.informers() if i.name.endswith("/" + node)]
+    return inf
+
+
+def wait_until(predicate, what, timeout=10.0):
+    end = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_a_nodes_first_add_acquires_its_block_by_its_own_claim_and_the_first_address_comes_back(server, kubeconfig,
+                                                                                                daemon):
+    """Issue 17 target 1: acquiring a block costs no request of its own. The node's first ADD
+    creates one Lease: its claim on the block's first usable address, which is the block's
+    record. A DEL of that address updates the record (the block stays held); an old-version node
+    sees it as a claim and never hands it out; the node's next ADD that reaches it takes it back
+    by one update."""
+    conf = netconf(kubeconfig, "10.9.13.0/24")
+    assert add(conf, "w", "node-a") == "10.9.13.1"  # starts the node's informer: its first ADD
+    server.reset_counts()
+    [blk] = block_leases(server, NS)
+    assert blk["metadata"]["name"] == lease_name(DHASH, ipaddress.ip_address("10.9.13.1"))
+    assert block_owner(blk) == "node-a" and blk["spec"]["holderIdentity"] == "w/net1"
+    inf = informer_of("node-a")
+    wait_until(lambda: [b.name for b in inf.blocks()] == [blk["metadata"]["name"]], "the block in node-a's view")
+    got = [add(conf, f"p{i}", "node-a") for i in range(3)]
+    assert server.counts() == {("create", "leases"): 3}  # one create per ADD
+    server.reset_counts()
+    assert call("DEL", conf, "w", "node-a") == (0, None)
+    assert server.counts() == {("update", "leases"): 1}  # the record freed, not deleted
+    [blk] = block_leases(server, NS)
+    assert "holderIdentity" not in blk["spec"] and "10.9.13.1" not in holders(server)
+    old = old_version_add(kubeconfig, "old-0", "10.9.13.0/24")  # the record is a claim to an old node
+    assert old not in ("10.9.13.1", *got)
+    server.reset_counts()
+    rest = [add(conf, f"q{i}", "node-a") for i in range(16)]  # round-robin over the block reaches 10.9.13.1
+    assert "10.9.13.1" in rest
+    # 15 creates and the update: no List, no block create; at most one 409 (the old node's claim
+    # inside node-a's block, which node-a's view cannot show)
+    c = server.counts()
+    assert set(c) == {("create", "leases"), ("update", "leases")} and c[("update", "leases")] == 1, c
+    assert c[("create", "leases")] in (15, 16), c
+    [blk] = [b for b in block_leases(server, NS) if b["metadata"]["name"].endswith("-10.9.13.1")]
+    assert block_owner(blk) == "node-a" and blk["spec"]["holderIdentity"].startswith("q")
+    assert_each_address_once(got + rest + [old], server)
+
+
+def test_a_block_record_deleted_by_a_gc_costs_its_owner_only_the_block(server, kubeconfig, daemon):
+    """The reconciler frees the claim of a gone pod: when that claim is a block's record the
+    block goes with it. Its owner's daemon then treats the block as lost (no longer in its view),
+    keeps its other claims there, and acquires another block when it needs one; another node can
+    acquire the lost block, and the per-address creates keep every address once."""
+    conf = netconf(kubeconfig, "10.9.14.0/24")
+    assert add(conf, "gone", "node-a") == "10.9.14.1"  # the record
+    mine = [add(conf, f"a{i}", "node-a") for i in range(3)]
+    name = lease_name(DHASH, ipaddress.ip_address("10.9.14.1"))
+    assert server.api_delete(RESOURCES["leases"], NS, name, None, False)[0] == 200  # as the reconciler does
+    inf = informer_of("node-a")
+    wait_until(lambda: inf.blocks() == [], "node-a's view to lose the block")
+    b = store(kubeconfig, "node-b", conf)
+    got_b = [store_add(b, conf, f"b{i}") for i in range(3)]
+    more = [add(conf, f"a{i}", "node-a") for i in range(3, 20)]
+    assert_each_address_once(mine + got_b + more, server)
+    owners = collections.Counter(block_owner(o) for o in block_leases(server, NS))
+    assert owners["node-a"] >= 1 and owners["node-b"] >= 1
+
+
+def test_an_acquisition_that_meets_a_claim_on_a_first_address_takes_another_block(server, kubeconfig, daemon):
+    """A 409 on a record's create means taken, whoever holds the name (another node's record, a
+    borrower's or an old-version node's claim of that address): the node tries the next block."""
+    conf = netconf(kubeconfig, "10.9.15.0/24")
+    firsts = {f"10.9.15.{16 * k + (1 if k == 0 else 0)}" for k in range(16)}
+    for k, ip in enumerate(sorted(firsts, key=ipaddress.ip_address)):
+        if k % 2 == 0 and k < 8:  # four blocks' first addresses claimed by an old-version node
+            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": {"name": lease_name(DHASH, ipaddress.ip_address(ip)), "namespace": NS,
+                                 "labels": {L_DOMAIN: DHASH, L_NODE: "node-old"},
+                                 "annotations": {"rdmanet.io/ip": ip}},
+                    "spec": {"holderIdentity": f"old-{k}/net1"}}
+            assert server.api_create(RESOURCES["leases"], NS, body, False)[0] == 201
+    got = [add(conf, f"n{n}-0", f"node-{n}") for n in range(6)]
+    assert None not in got and set(got) <= firsts  # each node's first ADD is the record of a block of its own
+    assert_each_address_once(got + [ip for ip, h in holders(server).items() if h.startswith("old-")], server)
+    assert all(block_owner(o) for o in block_leases(server, NS))
+    assert len(block_leases(server, NS)) == 6  # each node holds one block, none where the old node claimed
+    assert not {o["metadata"]["name"] for o in block_leases(server, NS)} & {
+        lease_name(DHASH, ipaddress.ip_address(ip)) for ip, h in holders(server).items() if h.startswith("old-")}
+
 
 def test_two_nodes_that_both_own_one_block_never_hand_out_an_address_twice(server, kubeconfig, daemon):
     """A partition: node-a's daemon holds the /28's one block and its watch stalls (it keeps

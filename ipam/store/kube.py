@@ -293,7 +293,6 @@ class KubeStore(NodeBlocks, Store):
         self._wb: Optional[WhereaboutsView] = None
         self.block_size = block_size  # None: DEFAULT_BLOCK_SIZE of the family
         self.block_release = block_release  # an empty block of this node is released after this long
-        self._no_free_block: dict[int, float] = {}  # range set -> until when acquiring is not tried again
 
     @classmethod
     def for_invocation(cls, settings: Any, domain: str, inv: Any) -> "KubeStore":
@@ -791,12 +790,6 @@ class KubeStore(NodeBlocks, Store):
         return found
 
     # -- blocks ---------------------------------------------------------------------------------
-
-    def _domain_addresses(self, family: int, deadline: float) -> tuple[list[int], dict[str, Claim]]:
-        """The sorted addresses of ``family`` that the domain's claims hold and the most recent
-        claim per range (the round-robin cursor)."""
-        scan = self._scan_domain(deadline)
-        return scan.sorted_used()[family], scan.latest
 
     def _skip(self, rs: RangeSet) -> int:
         """How many free addresses after the domain's cursor a borrowing node passes over for its

@@ -37,7 +37,7 @@ from cni.core.errors import IO_FAILURE, POOL_EXHAUSTED, CNIError
 from .. import intervals
 from ..ranges import IPAddress, Range, RangeSet
 from .base import Attachment
-from .lease_names import (BLOCK_GROUP, GROUP, L_BLOCK, L_BLOCK_GROUP, L_BLOCK_OWNER, L_DOMAIN, L_NODE, _now_micro,
+from .lease_names import (BLOCK_GROUP, GROUP, L_BLOCK, L_BLOCK_GROUP, L_BLOCK_OWNER, L_DOMAIN, L_NODE,
                           _parse_time, block_group_id, block_id, block_of_name, label_value, lease_name)
 
 if TYPE_CHECKING:
@@ -45,14 +45,17 @@ if TYPE_CHECKING:
     from .lease_cache import LeaseCache
 
 log = logging.getLogger("rdmanet.ipam")
+_EPOCH = datetime.fromtimestamp(0, timezone.utc)
 
 DEFAULT_BLOCK_SIZE = {4: 16, 6: 64}  # addresses per block (docs/lease-ipam.md: how to size blocks)
 BLOCK_PROBES = 8  # hashed block positions tried before a group of records is listed
-PROBE_MISSES = 4  # 409s on records before one group's records are listed (a 409 is ~200 B, a group List <= 64 Leases)
-GROUP_LISTS = 2  # groups of records listed by one acquisition before it borrows
+PROBE_MISSES = 2  # 409s on records before one group's records are listed (a 409 is ~200 B; a group List, <= 64 Leases, tells which are free)
+GROUP_LISTS = 3  # groups of records one acquisition lists before it borrows (a group found full is not listed again for FULL_BLOCK_SECONDS)
+GROUP_MISSES = 4  # 409s within a listed group (claims of first addresses that are not records) before the next group
 SMALL_BLOCK_COUNT = 64  # a range set with at most this many blocks lists its group at once instead of probing
 BORROW_BLOCKS = 8  # blocks whose claims one borrowing ADD reads (one small List each) before the domain's
-NO_FREE_BLOCK_SECONDS = 5.0  # a daemon that found every block held borrows without re-listing for this long
+NO_FREE_BLOCK_SECONDS = 5.0  # a daemon borrows from the free addresses it read for this long without re-reading
+NO_FREE_BLOCK_BACKOFF = (5.0, 60.0)  # after acquisitions found no free block: no new attempt for 5 s, doubling to 60 s
 FULL_BLOCK_SECONDS = 30.0  # a daemon does not read again for this long a block it found full when borrowing
 
 
@@ -183,7 +186,8 @@ class NodeBlocks:
         (at most ``GROUP_LISTS`` groups), creating at the first block of it no record holds.
         None: no block was free (borrow)."""
         notes = cache.notes if cache is not None else {}
-        if notes.get(("no-free-block", rs.index), 0.0) > time.monotonic():
+        until, pause = notes.get(("no-free-block", rs.index), (0.0, 0.0))
+        if until > time.monotonic():
             return None  # every block looked held a moment ago: borrow
         total = self._block_count(rs)
         if total <= 0:
@@ -195,33 +199,69 @@ class NodeBlocks:
         held: set = notes.setdefault(("held", rs.index), set())
         i = notes.get(("probe", rs.index), 0)
         probes, misses, looked = (BLOCK_PROBES if total > SMALL_BLOCK_COUNT else 1), 0, 0
+        if notes.get(("crowded", rs.index)):
+            probes = 1  # the last acquisition needed a group List: hashed probes seldom succeed now
         try:
+            # First the block right after this node's newest one: a node grows a run of adjacent
+            # blocks, so it meets another node only where its run reaches theirs (then it jumps
+            # to its next hashed position), instead of a 409 with the probability of the held
+            # fraction at every acquisition.
+            after = self._after_newest(rs, blocks)
+            if after is not None:
+                claim, missed = self._try_record(rs, *after, mine, held, attachment, network, deadline)
+                if claim is not None:
+                    return claim
+                misses += missed
             while misses < min(probes, PROBE_MISSES) and looked < probes * 16:
                 looked += 1
                 r, first = self._position(rs, self._probe(rs, i) % total)
                 i += 1
                 claim, missed = self._try_record(rs, r, first, mine, held, attachment, network, deadline)
                 if claim is not None:
+                    notes.pop(("crowded", rs.index), None)
+                    notes.pop(("no-free-block", rs.index), None)
                     return claim
                 misses += missed
+            if cache is not None:
+                notes[("crowded", rs.index)] = True
             groups: set = set()
-            for _ in range(GROUP_LISTS * 4):
+            full: dict = notes.setdefault(("full-groups", rs.index), {})
+            now = time.monotonic()
+            for _ in range(GROUP_LISTS * 8):
                 if len(groups) >= GROUP_LISTS:
                     break
                 r, first = self._position(rs, self._probe(rs, i) % total)
                 i += 1
                 group = block_group_id(r.subnet, first, self._size(r))
-                if group in groups:
+                if group in groups or full.get(group, 0.0) > now:
                     continue
                 groups.add(group)
+                full[group] = now + FULL_BLOCK_SECONDS  # until a free block is found in it
                 claim = self._acquire_in_group(rs, r, first, mine, held, attachment, network, deadline)
                 if claim is not None:
+                    full.pop(group, None)
+                    notes.pop(("no-free-block", rs.index), None)
                     return claim
         finally:
             notes[("probe", rs.index)] = i
-        if cache is not None:
-            notes[("no-free-block", rs.index)] = time.monotonic() + NO_FREE_BLOCK_SECONDS
+        if cache is not None:  # no block free: borrow, and try again after a pause that doubles while none is
+            pause = min(NO_FREE_BLOCK_BACKOFF[1], max(NO_FREE_BLOCK_BACKOFF[0], pause * 2))
+            notes[("no-free-block", rs.index)] = (time.monotonic() + pause, pause)
         return None
+
+    def _after_newest(self, rs: RangeSet, blocks: Sequence[Block]) -> Optional[tuple[Range, int]]:
+        """(range, first address) of the block after this node's most recently acquired block of
+        ``rs`` (None: it holds none there, or that one is the range's last)."""
+        newest = None
+        for b in blocks:
+            if b.node == self.node and self._block_range(rs, b) is not None:
+                if newest is None or (b.time or _EPOCH, int(b.ip)) > (newest.time or _EPOCH, int(newest.ip)):
+                    newest = b
+        if newest is None:
+            return None
+        r = self._block_range(rs, newest)
+        first = int(newest.ip) + newest.size
+        return (r, first) if first <= r.end else None
 
     def _try_record(self, rs: RangeSet, r: Range, first: int, mine: set, held: set, attachment: Attachment,
                     network: str, deadline: float) -> tuple[Optional[Claim], int]:
@@ -266,7 +306,7 @@ class NodeBlocks:
             if claim is not None:
                 return claim
             misses += missed
-            if misses >= PROBE_MISSES:
+            if misses >= GROUP_MISSES:
                 break
         return None
 

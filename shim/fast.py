@@ -76,19 +76,34 @@ def _ask(path, request):
         except OSError as exc:  # absent, refused, or a full accept queue: the launcher decides
             return None, ("connect", str(exc))
         sock.settimeout(None)
-        chunks = []
+        answer = b""
         try:
             sock.sendall(request)
-            while True:
+            while not _whole(answer):  # not until the daemon closes: its close may wait for its GIL
                 chunk = sock.recv(65536)
                 if not chunk:
                     break
-                chunks.append(chunk)
+                answer += chunk
         except OSError as exc:
             return None, ("lost", str(exc))
-        return b"".join(chunks), None
+        return answer, None
     finally:
         sock.close()
+
+
+def _whole(answer):
+    """Whether ``answer`` holds all the daemon will send: its head line and as many bytes as that
+    line announces (or a line :func:`_parse` refuses: reading on would not mend it)."""
+    line, newline, rest = answer.partition(b"\n")
+    if not newline:
+        return False
+    fields = line.split()
+    if line.startswith(b"exec") or len(fields) != 3:
+        return True
+    try:
+        return len(rest) >= int(fields[1]) + int(fields[2])
+    except ValueError:
+        return True
 
 
 def _parse(answer):

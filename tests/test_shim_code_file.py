@@ -166,3 +166,38 @@ def test_a_shim_with_a_fallback_gets_its_code_file_from_the_installer(tmp_path):
         daemon.close()
     assert (code.stat().st_ino, code.stat().st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
     assert sorted(os.listdir(tmp_path)) == [code.name, PLUGIN]
+
+
+def test_the_shim_ends_once_the_whole_answer_is_in_without_waiting_for_the_close(tmp_path):
+    """The daemon closes after its answer, but a pod start need not wait for that close (a busy
+    daemon's worker may get to it late): the shim answers as soon as it has every byte the head
+    line announces. Here the daemon closes only after the shim has exited."""
+    import socket
+    import threading
+
+    from shim.testing import read_request
+
+    path = tmp_path / PLUGIN
+    sock_path = str(tmp_path / "d.sock")
+    launcher.write_shim(str(path), PLUGIN, sys.executable, None, sock_path)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(sock_path)
+    server.listen(1)
+    shim_done = threading.Event()
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            read_request(conn)
+            conn.sendall(ANSWER[:7])  # the head line first, the rest in a second write
+            conn.sendall(ANSWER[7:])
+            shim_done.wait(60)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        assert answered_by_the_daemon(call(path))
+    finally:
+        shim_done.set()
+        thread.join()
+        server.close()

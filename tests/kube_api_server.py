@@ -1616,6 +1616,9 @@ class KubeAPIServer:
                 meta["continue"] = base64.urlsafe_b64encode(json.dumps(
                     {"id": sid, "start": end, "rv": list_rv}).encode()).decode()
                 meta["remainingItemCount"] = len(items) - end
+            elif sid is not None:
+                self._snapshots.pop(sid, None)  # its last page: no token names it any more (memory: a
+                # List of 95,000 Leases held in 1,000 snapshots took GBs in the scale simulation)
         return 200, {"kind": f"{rt.kind}List", "apiVersion": rt.api_version,
                      "metadata": meta, "items": page}
 

@@ -122,6 +122,7 @@ class LeaseClaim:
     created: Optional[datetime]
     misses: int
     acquired: Optional[datetime] = None  # spec.acquireTime (microseconds): orders a pod's claims
+    record: bool = False  # the claim is also a node block's record (issue 17): freed by an update, not deleted
 
     @classmethod
     def from_lease(cls, raw: dict) -> "LeaseClaim":
@@ -153,6 +154,7 @@ class LeaseClaim:
             created=parse_time(meta.get("creationTimestamp")) or parse_time(spec.get("acquireTime")),
             misses=misses,
             acquired=parse_time(spec.get("acquireTime")) or parse_time(meta.get("creationTimestamp")),
+            record=bool(labels.get(L_BLOCK_OWNER)),
         )
 
     @property
@@ -393,9 +395,32 @@ class KubeTarget:
         return self.api.request("PUT", path, body=body)
 
     def delete(self, claim: LeaseClaim) -> None:
+        """Free the claim: delete it (uid/resourceVersion preconditions). A node block's record is
+        updated to name no attachment instead (re-read, same preconditions), so its node keeps
+        the block: only the address is freed, as the node's own DEL does."""
+        if claim.record:
+            self._free_record(claim)
+            return
         body = {"apiVersion": "v1", "kind": "DeleteOptions",
                 "preconditions": {"uid": claim.uid, "resourceVersion": claim.resource_version}}
         self.api.request("DELETE", f"{self.leases}/{quote(claim.name, safe='')}", body=body)
+
+    def _free_record(self, claim: LeaseClaim) -> None:
+        path = f"{self.leases}/{quote(claim.name, safe='')}"
+        body = self.api.request("GET", path)
+        meta = body.setdefault("metadata", {})
+        if str(meta.get("uid") or "") != claim.uid or str(meta.get("resourceVersion") or "") != claim.resource_version:
+            raise ApiError(409, f"lease {claim.name} changed since it was listed")
+        body.setdefault("apiVersion", "coordination.k8s.io/v1")
+        body.setdefault("kind", "Lease")
+        labels = {k: v for k, v in (meta.get("labels") or {}).items()
+                  if k not in (L_POD_UID, f"{GROUP}/attachment", f"{GROUP}/network")}
+        keep = ("ipam-domain", "range", "ip", "block-owner", "block-size")
+        meta["labels"] = labels
+        meta["annotations"] = {k: v for k, v in (meta.get("annotations") or {}).items()
+                               if k.startswith(f"{GROUP}/") and k[len(GROUP) + 1:] in keep}
+        body["spec"] = {}
+        self.api.request("PUT", path, body=body)
 
 
 # -- the run --------------------------------------------------------------------------------------

@@ -170,6 +170,30 @@ def test_a_nodes_first_add_acquires_its_block_by_its_own_claim_and_the_first_add
     assert_each_address_once(got + rest + [old], server)
 
 
+def test_a_borrower_takes_a_free_record_by_update_and_frees_it_the_same_way(server, kubeconfig):
+    """The pool is usable to its last address: when node-a's block record is free and no block is
+    left, node-b borrows that address by updating the record (it stays node-a's block), and its
+    DEL frees it by an update again; nothing is deleted, nothing handed out twice."""
+    conf = netconf(kubeconfig, "10.9.16.0/28")  # one block of 16 (14 usable)
+    a, b = store(kubeconfig, "node-a", conf), store(kubeconfig, "node-b", conf)
+    assert store_add(a, conf, "a0") == "10.9.16.1"  # node-a's block record
+    assert [store_add(a, conf, f"a{i}") for i in range(1, 4)] == ["10.9.16.2", "10.9.16.3", "10.9.16.4"]
+    assert a.release(Attachment("a0", "net1")) == [ipaddress.ip_address("10.9.16.1")]
+    got = [store_add(b, conf, f"b{i}") for i in range(11)]  # node-b borrows all that is left
+    assert "10.9.16.1" in got and None not in got
+    assert store_add(b, conf, "late") is None
+    [blk] = block_leases(server, NS)
+    taker = blk["spec"]["holderIdentity"].split("/")[0]
+    assert block_owner(blk) == "node-a" and taker.startswith("b")
+    assert_each_address_once(got + ["10.9.16.2", "10.9.16.3", "10.9.16.4"], server)
+    server.reset_counts()
+    assert b.release(Attachment(taker, "net1")) == [ipaddress.ip_address("10.9.16.1")]
+    assert server.counts() == {("list", "leases"): 1, ("update", "leases"): 1}
+    [blk] = block_leases(server, NS)
+    assert block_owner(blk) == "node-a" and "holderIdentity" not in blk["spec"]
+    assert "10.9.16.1" not in holders(server)
+
+
 def test_a_block_record_deleted_by_a_gc_costs_its_owner_only_the_block(server, kubeconfig, daemon):
     """The reconciler frees the claim of a gone pod: when that claim is a block's record the
     block goes with it. Its owner's daemon then treats the block as lost (no longer in its view),
@@ -478,6 +502,35 @@ def test_the_reconciler_frees_claims_by_pod_uid_and_leaves_blocks_alone(server, 
     assert {c["containerID"]: c["action"] for c in doc["claims"]} == {"live": "kept", "gone": "freed"}
     assert list(holders(server).values()) == ["live/net1"]
     assert len(block_leases(server, NS)) == 1
+
+
+def test_the_reconciler_frees_a_block_records_address_and_the_node_keeps_its_block(server, kubeconfig, capsys):
+    """The gone pod's claim is its node's block record: the reconciler frees the address by an
+    update (as the node's DEL does), so the block stays held and the node's next ADD in it is one
+    request; a live pod's claim in the block is untouched."""
+    conf = netconf(kubeconfig, "10.9.17.0/24")
+    server.add_pod("default", "live", uid="uid-live")
+    assert add(conf, "gone", "node-a") == "10.9.17.1"  # the record
+    live = add(conf, "live", "node-a")
+    conf_file = os.path.join(os.path.dirname(kubeconfig), "net.json")
+    with open(conf_file, "w") as f:
+        json.dump(conf, f)
+    assert cli.main(["ipam", "reconcile", "--network-config", conf_file, "--grace-seconds", "0", "--misses", "1",
+                     "-o", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {c["containerID"]: c["action"] for c in doc["claims"]} == {"live": "kept", "gone": "freed"}
+    assert holders(server) == {live: "live/net1"}
+    [blk] = block_leases(server, NS)
+    assert block_owner(blk) == "node-a" and "holderIdentity" not in blk["spec"]
+    assert "rdmanet.io/pod-uid" not in blk["metadata"]["labels"]
+    server.reset_counts()
+    s = store(kubeconfig, "node-a", conf)
+    got = [store_add(s, conf, f"n{i}") for i in range(15)]  # the block's 14 free addresses, then the next block
+    assert "10.9.17.1" in got and got[-1] == "10.9.17.16"  # 10.9.17.16: the record of the block after it
+    c = server.counts()
+    assert c == {("list", "leases"): 15, ("create", "leases"): 14, ("update", "leases"): 1}, c
+    assert sorted(block_owner(o) for o in block_leases(server, NS)) == ["node-a", "node-a"]
+    assert_each_address_once(got + [live], server)
 
 
 def test_ipam_ls_shows_blocks_their_nodes_and_their_fill(server, kubeconfig, capsys):

@@ -80,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
             from shim.daemon import check
 
             return check(path)
+        if argv is None:  # this process's own command line: the allocator settings of shim.memory
+            from shim.memory import restart_tuned
+
+            restart_tuned()
         from shim.daemon import run as run_daemon
 
         from cni.core.deadline import DEFAULT_SECONDS

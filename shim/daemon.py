@@ -34,7 +34,9 @@ down with it):
 - A fixed pool of ``--workers`` threads (default :data:`WORKERS`) serves the calls; up to
   :data:`QUEUED` accepted connections wait for one, the rest wait in the listen backlog (the
   shims retry a full backlog for a while), so threads and fds are bounded whatever the burst.
-- Memory stays flat (:mod:`shim.memory`): glibc arenas bounded, free memory given back when idle.
+- Memory stays flat: a call goes to the worker that went idle last (:mod:`shim.workers`), so
+  calls one at a time keep one thread warm instead of every worker's malloc cache and stack in
+  turn; glibc arenas bounded, free memory given back when idle (:mod:`shim.memory`).
 - RLIMIT_NOFILE is raised to its hard limit at start (systemd and containerd give services a soft
   1024; a host-device ADD holds about 12 fds). A call that still runs out of fds or memory
   answers CNI error 11 (try again later), not 999.
@@ -56,7 +58,6 @@ import io
 import json
 import logging
 import os
-import queue
 import resource
 import select
 import signal
@@ -75,6 +76,7 @@ from cni.core.ipam_exec import CRASH_HOOKS
 from ipam import node_gc
 
 from . import del_journal, memory, socket_activation
+from .workers import WorkerPool
 
 from .launcher import DEFAULT_SOCKET, JSON_PROTOCOL, LATEST, PLUGINS, PROTOCOL, DaemonLost, NoDaemon, b64, exchange, unb64
 
@@ -190,6 +192,8 @@ def load_plugins() -> dict[str, Any]:
         plugins[name] = getattr(__import__(module, fromlist=[cls]), cls)
     import pydantic  # noqa: F401  (warm)
     import pyroute2  # noqa: F401
+
+    import ipam.reconcile  # noqa: F401  (node_gc's first round would import it minutes in: memory settles at start)
     from ipam.store.kube import use_watch_cache
 
     use_watch_cache(True)  # Lease watch cache per domain, started on a domain's first ADD/DEL: daemon only
@@ -416,8 +420,9 @@ class _Handler(socketserver.BaseRequestHandler):
 
 class DaemonServer(socketserver.UnixStreamServer):
     """Accepts on the socket (one thread, ``serve_forever``) and hands each connection to a fixed
-    pool of worker threads through a bounded queue: when it is full, the accept loop waits and
-    new callers wait in the listen backlog."""
+    pool of worker threads (:class:`shim.workers.WorkerPool`: the most recently idle worker first)
+    through a bounded queue: when it is full, the accept loop waits and new callers wait in the
+    listen backlog."""
 
     request_queue_size = socket.SOMAXCONN  # a burst of pod starts must queue, not get EAGAIN (default 5)
 
@@ -432,7 +437,6 @@ class DaemonServer(socketserver.UnixStreamServer):
         self.workers = workers
         self.call_timeout = call_timeout
         self._lock = threading.Lock()
-        self._queue: queue.Queue = queue.Queue(maxsize=QUEUED)
         self._local = threading.local()
         self._accept_error_logged = 0.0
         super().__init__(path, _Handler, bind_and_activate=False)
@@ -451,9 +455,7 @@ class DaemonServer(socketserver.UnixStreamServer):
             os.chmod(path, 0o600)
             self.bound_inode = os.stat(path).st_ino
             self.server_activate()
-        self._threads = [threading.Thread(target=self._work, name=f"worker-{i}", daemon=True) for i in range(workers)]
-        for thread in self._threads:
-            thread.start()
+        self._pool = WorkerPool(workers, self._serve, queued=QUEUED)
 
     def get_request(self):  # type: ignore[override]
         try:
@@ -479,32 +481,26 @@ class DaemonServer(socketserver.UnixStreamServer):
         return True
 
     def process_request(self, request, client_address) -> None:  # type: ignore[override]
-        self._queue.put((request, client_address, time.monotonic()))  # blocks while QUEUED are waiting
+        self._pool.submit((request, client_address, time.monotonic()))  # blocks while QUEUED are waiting
 
     def accepted_at(self) -> float:
         """When the connection the calling worker serves was accepted (its deadline counts from there)."""
         return self._local.accepted
 
-    def _work(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            request, address, self._local.accepted = item
-            try:
-                self.finish_request(request, address)
-            except Exception:  # noqa: BLE001 - a bug in one request must not end the worker
-                log_event("request_failed", "error", error=repr(sys.exc_info()[1]))
-            finally:
-                self.shutdown_request(request)
-                memory.trim_when_idle(self.in_flight + self._queue.qsize())
+    def _serve(self, job: tuple) -> None:
+        """One accepted connection, in a worker of the pool."""
+        request, address, self._local.accepted = job
+        try:
+            self.finish_request(request, address)
+        except Exception:  # noqa: BLE001 - a bug in one request must not end the worker
+            log_event("request_failed", "error", error=repr(sys.exc_info()[1]))
+        finally:
+            self.shutdown_request(request)
+            memory.trim_when_idle(self.in_flight + self._pool.waiting())
 
     def server_close(self) -> None:
         """Finish the queued and in-flight requests, stop the workers, close the socket."""
-        for _ in self._threads:
-            self._queue.put(None)
-        for thread in self._threads:
-            thread.join()
+        self._pool.close()
         super().server_close()
 
     def drain_backlog(self) -> int:
@@ -610,7 +606,8 @@ def run(socket_path: str = DEFAULT_SOCKET, allowed_uids: Iterable[int] = (0,), w
     log_event("started", socket=socket_path, socket_activated=listening is not None, pid=os.getpid(),
               import_ms=round((time.monotonic() - t0) * 1000, 1), allowed_uids=sorted(server.allowed_uids),
               workers=workers, call_timeout=call_timeout, nofile=nofile,
-              malloc_arenas=memory.ARENAS if arenas else None, node_policy=getattr(policy, "source", None))
+              malloc_arenas=memory.ARENAS if arenas else None,
+              malloc_tcache="off" if memory.tuned else "on", node_policy=getattr(policy, "source", None))
     del_journal.start(socket_path, plugins, stop)  # DELs the shims could not get done (Multus swallows them)
     node_gc.start(stop, log_event)  # this node's claims whose pod is gone
     try:

@@ -25,6 +25,11 @@ Objects (namespace from :mod:`ipam.kube_config`)::
     spec        holderIdentity "<containerID>/<ifname>", acquireTime; no leaseDurationSeconds
                 (claims are never renewed)
 
+The claim of a node block's first usable address is also the block's record (labels
+``rdmanet.io/block-owner``, ``rdmanet.io/block``, ``rdmanet.io/block-group``): created by the ADD
+that acquires the block, freed by an update naming no attachment, taken back by an update, deleted
+only when the empty block is released (:mod:`.kube_blocks`).
+
 Per verb, when nothing is contended: ADD = 1 List (domain selector; serves both the repeat-ADD
 lookup and the used set) + 1 create per range set; DEL = 1 List (domain+attachment selector) +
 1 delete per claim; CHECK = 1 List; GC = 1 List (domain+node+network) + 1 delete per freed claim;

@@ -95,26 +95,31 @@ def move_into_pod(host, link: Link, pod_fd: int, ifname: str, *, mtu: Optional[i
         if clash := links.find_link(pod, ifname):
             raise CNIError(INVALID_ENVIRONMENT, f"CNI_IFNAME {ifname} already exists in the pod netns (a {clash.kind or 'link'})",
                            "choose another interface name, or DEL the attachment that owns it first")
+        # Up in the same request (the kernel applies it after the move and the name) unless MTU
+        # or MAC are to be set first; a MAC or an MTU in it would be set before the name.
+        up_now = {} if mtu or mac else {"state": "up"}
         links.set_attrs(host, link.index, f"move {link.name} into the pod netns as {ifname}",
-                        net_ns_fd=pod_fd, ifname=ifname, ifalias=link.name)
+                        net_ns_fd=pod_fd, ifname=ifname, ifalias=link.name, **up_now)
         _crash("add:moved")
         moved = _followed(pod, link.index, ifname)
         try:
             if link.name in moved.altnames:  # the pod would know the device by its host name too
                 links.drop_altname(pod, moved.index, link.name)
+            if up_now:
+                return moved
             if mtu:
                 links.set_attrs(pod, moved.index, f"set MTU {mtu} on {ifname}", mtu=mtu)
             if mac:
                 links.set_attrs(pod, moved.index, f"set MAC {mac} on {ifname}", address=mac)
             links.set_up(pod, moved.index, ifname)
         except CNIError:
-            move_to_host(pod_fd, moved, original)
+            move_to_host(pod_fd, links.link_by_index(pod, moved.index) or moved, original)  # as it is now
             raise
         return links.link_by_index(pod, moved.index)
 
 
 def move_to_host(pod_fd: int, link: Link, original: dict) -> None:
-    """Send ``link`` (found in the pod by the caller) home as it was.
+    """Send ``link`` (as the caller just read it in the pod) home as it was.
 
     The device gets its original name in the pod first, so that the host (udev, NetworkManager)
     sees it arrive under that name only; when the pod has a link of that name, the move request
@@ -124,25 +129,23 @@ def move_to_host(pod_fd: int, link: Link, original: dict) -> None:
     """
     with links.rtnl_in_fd(pod_fd) as pod:
         _refuse_name_clash(link.name, original["name"])
-        _restore(pod, link.index, original, up=False, name=False)
+        _restore(pod, link.index, original, up=False, name=False, current=link)
         _crash("del:restored")
         renamed = _rename_unless_taken(pod, link.index, link.name, original["name"])
         _crash("del:renamed")
-        attrs = {"ifname": original["name"]}
+        # name (when the pod had a link of that name), alias and up/down are applied after the move
+        attrs = {"ifname": original["name"], **({"state": "up"} if original.get("up") else {})}
         if (link.alias or "") != (original.get("alias") or ""):
             attrs["ifalias"] = original.get("alias") or ""
         host_fd = netns.current_netns_fd()  # this thread never left the host netns
         try:
             links.set_attrs(pod, link.index, f"return {link.name} to the host netns as {original['name']}", net_ns_fd=host_fd, **attrs)
         except CNIError:
-            _as_the_pod_had_it(pod, link, renamed)  # refused, so still in the pod
-            raise
+            if links.link_by_index(pod, link.index) is not None:  # refused, so still in the pod
+                _as_the_pod_had_it(pod, link, renamed)
+            raise  # else home, and a later DEL restores what is left (restore_in_host)
         finally:
             os.close(host_fd)
-    if original.get("up"):
-        with links.rtnl_in() as host:
-            back = _followed(host, link.index, original["name"])
-            links.set_up(host, back.index, original["name"])
 
 
 def _rename_unless_taken(pod, index: int, name: str, new: str) -> bool:
@@ -247,11 +250,11 @@ def restore_in_host(original: dict) -> bool:
     return True
 
 
-def _restore(ipr, index: int, original: dict, *, up: bool, name: bool = True) -> None:
+def _restore(ipr, index: int, original: dict, *, up: bool, name: bool = True, current: Optional[Link] = None) -> None:
     """Give the link the original's MAC, MTU, alias and (unless ``name`` is False) name, then the
     up/down state ``up``. A link that already is as it was is left alone (no down/up flap of a
-    host device that never left)."""
-    current = links.link_by_index(ipr, index)
+    host device that never left). ``current``: the link as just read, if the caller has it."""
+    current = current or links.link_by_index(ipr, index)
     attrs = {}
     if name and (current.alias or "") != (original.get("alias") or ""):
         attrs["ifalias"] = original.get("alias") or ""

@@ -516,7 +516,7 @@ def _netdev_to_host(state: dict, netns_path: str, root: str) -> None:
             with _open_pod(netns_path) as pod_fd:
                 with links.rtnl_in_fd(pod_fd) as pod:
                     link = _find_in_pod(pod, state)
-                    named = links.find_link(pod, state["ifname"])
+                    named = links.find_link(pod, state["ifname"]) if link is None else None
                 if link is not None:
                     move_to_host(pod_fd, link, original)
                     return

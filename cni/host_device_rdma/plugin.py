@@ -266,6 +266,10 @@ class _Add:
         if link is not None:
             state["original"] = {"name": link.name, "mac": link.mac, "mtu": link.mtu, "up": link.up, "alias": link.alias,
                                  "index": link.index, **identity_of(link)}
+            if not (rdma_device or ib_vf.is_ib_vf(ref) or (ref.vf_index is not None and (conf.vf_knobs_set() or self.mac))):
+                # the netdev's move is the next change to the device: its intent goes with the claim
+                # (one state write less; the kernel keeps an ifindex across moves unless taken)
+                state["netdev"] = {"pod_index": link.index}
         step("claiming the device")
         self._save()  # the attachment exists from here on (for DEL, GC and a repeat ADD)
         device_lock.record_allocation(self.root, ref.lock_key, holder, inv.netns, pod_id, state["token"])
@@ -303,9 +307,10 @@ class _Add:
                 _move_rdma_into_pod(rdma_device, pod_fd)
             if link is not None:
                 step(f"moving {link.name} into the pod")
-                # the kernel keeps an ifindex across netns moves unless the target already uses it
-                state["netdev"] = {"pod_index": link.index}
-                self._save()
+                if "netdev" not in state:
+                    # the kernel keeps an ifindex across netns moves unless the target already uses it
+                    state["netdev"] = {"pod_index": link.index}
+                    self._save()
                 self.undo.push(f"return {link.name} to the host", _netdev_to_host, state, inv.netns, self.root)
                 moved = move_into_pod(host, link, pod_fd, inv.ifname, mtu=conf.mtu or None, mac=self.mac)
                 if moved.index != link.index:

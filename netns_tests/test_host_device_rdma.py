@@ -711,7 +711,8 @@ def test_dpdk_function_is_not_moved(cni, netns, master):
     net = f"{ns.name}-net"
     cni.write(nt.conflist(net, "1.0.0", hd(cni, None, ipam_block(cni, "lease-ipam", prefix), deviceID=DPDK_PCI,
                                            pciBusID=DPDK_PCI)))
-    host_before, pod_before = nt.link_names(), nt.link_names(ns.name)
+    # the host's own links only: other processes on the node add and remove theirs meanwhile
+    host_before, pod_before = _own(nt.link_names(), m), nt.link_names(ns.name)
     cid = cc.container_id(ns.path)
 
     result = add_ok(cni, net, ns, extra_env=env)
@@ -719,11 +720,11 @@ def test_dpdk_function_is_not_moved(cni, netns, master):
     [ipc] = result["ips"]
     assert ipc["address"].startswith(prefix + ".") and ipc["interface"] == 0
     assert nt.owners(cni.data_dir) == {bare_ip(ipc["address"]): cid}
-    assert nt.link_names() == host_before and nt.link_names(ns.name) == pod_before
+    assert _own(nt.link_names(), m) == host_before and nt.link_names(ns.name) == pod_before
     nt.ok(cni.tool("check", net, ns, extra_env=env))
     nt.ok(cni.tool("del", net, ns, extra_env=env))
     assert nt.owners(cni.data_dir) == {}
-    assert nt.link_names() == host_before and nt.link_names(ns.name) == pod_before
+    assert _own(nt.link_names(), m) == host_before and nt.link_names(ns.name) == pod_before
     nothing_recorded(cni)
 
     stdin = nt.single(net, "1.1.0", hd(cni, None, deviceID=DPDK_PCI))
@@ -731,6 +732,11 @@ def test_dpdk_function_is_not_moved(cni, netns, master):
     assert res110["interfaces"] == [{"name": "net1", "sandbox": ns.path, "pciID": DPDK_PCI}]
     exec_ok(cni, "DEL", stdin, ns=ns, container_id="c110", extra_env=env)
     nothing_recorded(cni)
+
+
+def _own(names: set, m) -> set:
+    """(index, name) of the test's veth pair among ``names`` (``nt.link_names``)."""
+    return {(index, name) for index, name in names if name in (m.name, m.peer)}
 
 
 # --------------------------------------------------------------------------- RDMA (no RDMA core on this kernel)

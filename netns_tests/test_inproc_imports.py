@@ -13,6 +13,7 @@ import pathlib
 import subprocess
 import sys
 import sysconfig
+from typing import Optional
 
 import pytest
 
@@ -43,12 +44,13 @@ def inproc_bin(tmp_path: pathlib.Path) -> pathlib.Path:
 
 
 def call(bin_dir: pathlib.Path, plugin: str, command: str, conf: dict, netns: str,
-         root: pathlib.Path) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+         root: pathlib.Path, extra_env: Optional[dict] = None) -> tuple[subprocess.CompletedProcess[str], set[str]]:
     """One exec of the shim as a runtime makes it, under -X importtime: (process, modules imported)."""
     shim = bin_dir / plugin
     interpreter = shim.read_text().splitlines()[0][2:].split()  # "#!<python> -IS"
     env = {"PATH": nt.BARE_PATH, "CNI_COMMAND": command, "CNI_CONTAINERID": "rdt-inproc-imports",
-           "CNI_NETNS": netns, "CNI_IFNAME": "net1", "CNI_PATH": str(bin_dir), **nt.node_policy_env(root)}
+           "CNI_NETNS": netns, "CNI_IFNAME": "net1", "CNI_PATH": str(bin_dir), **nt.node_policy_env(root),
+           **(extra_env or {})}
     proc = subprocess.run([*interpreter, "-X", "importtime", str(shim)], input=json.dumps(conf), env=env,
                           capture_output=True, text=True, timeout=60, check=False)
     modules = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines()
@@ -84,6 +86,27 @@ def test_add_and_del_import_only_what_they_use(inproc_bin, netns, master, tmp_pa
     assert unwanted(del_modules, NEVER + NOT_ON_DEL) == []
     if plugin == "host-device-rdma":
         assert nt.link(None, m.name) is not None  # back in the host namespace
+
+
+def test_add_on_a_master_with_an_rdma_device_asks_rdma_netlink_without_asyncio(inproc_bin, netns, master, tmp_path):
+    """A master with an RDMA device (fake sysfs): the ADD asks the kernel's RDMA netlink for the
+    netns mode (cni.linux.rdma_netlink, a plain socket; refused on this kernel without the RDMA
+    core, so "auto" goes on without it) and imports none of pyroute2's socket machinery."""
+    ns, m = netns(), master()
+    prefix, cidr = nt.random_subnet()
+    conf = {"cniVersion": "1.0.0", "name": "rdt-inproc-rdma", "type": "macvlan-rdma", "master": m.name, "rdma": "auto",
+            "ipam": nt.lease_ipam(tmp_path / "data", cidr, datastore="local")}
+    env = {"RDMANET_SYSFS_ROOT": str(nt.fake_sysfs(tmp_path / "sysfs", m.name))}
+
+    add, add_modules = call(inproc_bin, "macvlan-rdma", "ADD", conf, ns.path, tmp_path, env)
+    assert add.returncode == 0, add.stdout
+    assert json.loads(add.stdout)["ips"][0]["address"].startswith(prefix + ".")
+    assert "cni.linux.rdma_netlink" in add_modules
+    assert unwanted(add_modules, NEVER) == []
+    delete, _ = call(inproc_bin, "macvlan-rdma", "DEL", dict(conf, prevResult=json.loads(add.stdout)), ns.path,
+                     tmp_path, env)
+    assert delete.returncode == 0, delete.stdout
+    assert nt.link(ns.name, "net1") is None
 
 
 def test_lease_ipam_local_store_verbs_import_no_api_client(inproc_bin, netns, tmp_path):

@@ -40,6 +40,18 @@ def test_plugins_import_only_the_pyroute2_parts_they_use():
     assert out.splitlines() == ["[]", "[]", "[]"]
 
 
+def test_rdma_netlink_imports_and_asks_without_the_socket_machinery():
+    """Asking the RDMA netns mode (on a node with an RDMA device, every macvlan-rdma and
+    host-device-rdma ADD does) loads no asyncio nor pyroute2's socket classes: the answer is
+    whatever this kernel says (None without the RDMA core)."""
+    out = _run(
+        "from cni.linux import rdma_netlink\n"
+        "print(rdma_netlink.netns_mode() in (None, 'shared', 'exclusive'))\n"
+        f"print(sorted(m for m in sys.modules if any(m == p or m.startswith(p + '.') for p in {IPROUTE_MACHINERY!r})))\n"
+    )
+    assert out.splitlines() == ["True", "[]"]
+
+
 def test_pyroute2_package_names_still_work_after_the_partial_import():
     out = _run(
         "import cni.linux.links\n"

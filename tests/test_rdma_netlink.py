@@ -318,6 +318,68 @@ def test_socket_move_device_error(fake_kernel, code):
     assert "index 7" in str(e.value)
 
 
+def test_socket_skips_a_late_answer_to_an_earlier_request(fake_kernel):
+    # answers carrying another sequence number (left by an earlier, interrupted request) are not
+    # this request's: neither a refusal, nor a DONE, nor a device
+    def answer(req):
+        seq, pid = seq_pid(req)
+        late = seq + 1000
+        return [
+            error_message(errno.ENODEV, rn.request_bytes(rn.set_netns_request(1, 2), seq=late, pid=pid)),
+            message(0x1401, NLM_F_MULTI, late, pid, dev_body(9, "late0")),
+            done_message(late, pid),
+            message(0x1401, NLM_F_MULTI, seq, pid, dev_body(5, "rxe0")),
+            done_message(seq, pid),
+        ]
+
+    k = fake_kernel(answer)
+    with rn.RdmaNetlink(use_socket=k.client) as nl:
+        assert nl.list_devices() == [rn.RdmaDevice(5, "rxe0")]
+
+
+def test_socket_is_broken_after_an_undecodable_answer(fake_kernel):
+    # an error whose echoed request claims 32 bytes but carries 16: the exchange stops half-way,
+    # so the socket may still hold the rest of that answer; the next request is refused
+    def answer(req):
+        seq, pid = seq_pid(req)
+        return [message(NLMSG_ERROR, 0, seq, pid, struct.pack("=i", -errno.ENODEV) + req[:16])]
+
+    k = fake_kernel(answer)
+    with rn.RdmaNetlink(use_socket=k.client) as nl:
+        with pytest.raises(OSError) as first:
+            nl.move_device(3, 9)
+        with pytest.raises(OSError) as second:
+            nl.netns_mode()
+    assert first.value.errno == errno.EPROTO
+    assert second.value.errno == errno.EIO
+    assert len(k.requests) == 1  # the second request was never sent
+
+
+def test_requests_on_one_socket_each_get_their_own_answer():
+    # several requests on one socket (as host-device's DEL makes): each its own sequence number,
+    # each answered by the ACK carrying it
+    client, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    peer.settimeout(10)
+    seen = []
+
+    def serve():
+        for _ in range(3):
+            req = peer.recv(65536)
+            seen.append(seq_pid(req)[0])
+            peer.send(error_message(0, req))
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        with rn.RdmaNetlink(use_socket=client) as nl:
+            for index in (1, 2, 3):
+                nl.move_device(index, 9)
+    finally:
+        t.join(10)
+        peer.close()
+    assert len(set(seen)) == 3
+
+
 def test_socket_refuses_other_thread():
     # pyroute2 would open a second socket in the other thread's netns; the client refuses.
     client, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)

@@ -588,7 +588,7 @@ def _rdma_device(conf: HostDeviceConf, ref: DeviceRef) -> Optional[str]:
         devices = sysfs.rdma_devices_for_netdev(ref.netdev, root=sysfs.default_root())
     mode = None
     if devices or conf.rdma == "required":
-        from cni.linux import rdma_netlink  # pyroute2's socket classes (asyncio): only with a device to ask about
+        from cni.linux import rdma_netlink  # only with a device to ask about
 
         mode = rdma_netlink.netns_mode()
     return decide_exclusive(conf.rdma, ref.describe(), devices, mode)

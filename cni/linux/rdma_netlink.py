@@ -1,7 +1,10 @@
 """A small RDMA netlink (nldev) client: netns mode, device list, moving a device to a netns.
 
 pyroute2 has no RDMA family, so this module adds one on pyroute2's netlink base classes
-(``nlmsg`` for the message codec, ``Marshal`` for reply parsing, ``NetlinkSocket`` for I/O).
+(``nlmsg`` for the message codec, ``Marshal`` for reply parsing). The transport is a plain
+NETLINK_RDMA socket driven by :mod:`cni.linux.netlink_exchange`, the loop :class:`cni.linux.rtnl.Rtnl`
+uses too: pyroute2's ``NetlinkSocket`` would start an asyncio loop per socket (~10-15 ms of a plugin
+exec, and CPU on every daemon request, on a node with an RDMA device).
 
 Kernel facts relied on (include/uapi/rdma/rdma_netlink.h, drivers/infiniband/core/netlink.c,
 nldev.c, device.c):
@@ -28,19 +31,21 @@ nldev.c, device.c):
   in the socket's netns, EOPNOTSUPP in shared mode or when the driver cannot disassociate user
   contexts (rxe and siw always; only mlx4, mlx5, irdma and hns can move in 6.1).
 
-Threading caveat (pyroute2 0.9): ``NetlinkSocket`` keeps its OS socket and asyncio loop in
-``threading.local``, creating them on first use in each thread, so an object used from another
-thread would silently open a second socket in *that* thread's netns. ``RdmaNetlink`` creates its
-socket in ``__init__`` and refuses use from any other thread. Like every pyroute2 sync socket it
-cannot be created in a thread that is running an asyncio event loop.
+Threading: ``RdmaNetlink`` creates its socket in ``__init__``, in the netns the calling thread is
+in then, and the socket stays there whichever netns the thread enters later (so a socket opened
+inside a pod keeps answering for the pod). It makes one request at a time and refuses use from any
+thread but the one that opened it: two threads reading one socket could take each other's
+answers. There is no asyncio underneath: it can be used in a thread that runs an event loop.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import socket
 import threading
 from dataclasses import dataclass
+from typing import Optional
 
 from pyroute2.netlink import (
     NLM_F_ACK,
@@ -52,7 +57,8 @@ from pyroute2.netlink import (
 )
 from pyroute2.netlink.exceptions import NetlinkDecodeError, NetlinkError
 from pyroute2.netlink.marshal import Marshal
-from pyroute2.netlink.nlsocket import AsyncNetlinkSocket, NetlinkSocket
+
+from .netlink_exchange import Channel, open_socket
 
 NETLINK_RDMA = 20
 RDMA_NL_NLDEV = 5
@@ -234,42 +240,47 @@ def _os_error(error: BaseException, what: str) -> OSError:
 # --------------------------------------------------------------------------- socket
 
 
-class _AsyncRdmaNetlink(AsyncNetlinkSocket):
-    marshal_class = MarshalRdma
-
-
-class RdmaNetlink(NetlinkSocket):
+class RdmaNetlink:
     """An NETLINK_RDMA socket in the calling thread's current netns; use it as a context manager.
 
     ``RdmaNetlink()`` raises ``RdmaNetlinkUnavailable`` (errno EPROTONOSUPPORT) on a kernel
     without RDMA netlink. Kernel errors of a request are raised as ``OSError`` with the errno.
-    ``use_socket`` (tests only) substitutes a datagram socket for the netlink one.
+    ``use_socket`` (tests only) substitutes another datagram socket for the netlink one (the
+    object then owns and closes it; the requests carry port id 0).
     """
 
-    async_class = _AsyncRdmaNetlink
-
-    def __init__(self, *, use_socket=None) -> None:
+    def __init__(self, *, use_socket: Optional[socket.socket] = None) -> None:
         self._owner = threading.get_ident()
-        try:
-            # netns=None: pyroute2 calls socket() in this thread (a netns name would fork).
-            super().__init__(family=NETLINK_RDMA, netns=None, use_socket=use_socket)
-        except OSError as e:
-            asyncore = getattr(self, "asyncore", None)
-            if asyncore is not None:  # close the asyncio loop pyroute2 already made
-                asyncore.status["closed"] = True
-                asyncore.close()
-            if e.errno in (errno.EPROTONOSUPPORT, errno.EAFNOSUPPORT):
-                raise RdmaNetlinkUnavailable(
-                    e.errno, "this kernel has no RDMA netlink (NETLINK_RDMA): RDMA core not loaded"
-                ) from None
-            raise
+        if use_socket is None:
+            try:
+                use_socket = open_socket(NETLINK_RDMA)
+            except OSError as e:
+                if e.errno in (errno.EPROTONOSUPPORT, errno.EAFNOSUPPORT):
+                    raise RdmaNetlinkUnavailable(
+                        e.errno, "this kernel has no RDMA netlink (NETLINK_RDMA): RDMA core not loaded"
+                    ) from None
+                raise
+        self._sock = use_socket
+        self._pid = use_socket.getsockname()[0] if use_socket.family == socket.AF_NETLINK else 0
+        self._seq = 0
+        self._channel = Channel(use_socket, MarshalRdma(), "RDMA netlink")
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> "RdmaNetlink":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _call(self, msg: nldev_msg, what: str) -> list[nlmsg]:
         if threading.get_ident() != self._owner:
             raise RuntimeError("RdmaNetlink used from a thread other than the one that opened it")
-        header = msg["header"]
+        self._seq = self._seq % 0x7FFFFFFF + 1
+        data = request_bytes(msg, seq=self._seq, pid=self._pid)
         try:
-            return list(self.nlm_request(msg, header["type"], header["flags"]))
+            return self._channel.exchange(data, self._seq)
         except (NetlinkError, NetlinkDecodeError) as e:
             raise _os_error(e, what) from None
 

@@ -22,13 +22,11 @@ is in later (cni.linux.netns).
 
 from __future__ import annotations
 
-import errno
 import os
 import socket
 from typing import Any, Optional
 
 from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR
-from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.marshal import Marshal
 from pyroute2.netlink.rtnl import (
     RTM_DELADDR,
@@ -50,6 +48,7 @@ from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
 from . import netns
+from .netlink_exchange import RECV, Channel  # noqa: F401 (RECV: the receive size, tests read with it)
 
 REQ = NLM_F_REQUEST | NLM_F_ACK
 # (mode, command) -> (message class, type, flags, the keyword arguments served here): as IPRoute's
@@ -65,7 +64,6 @@ FAST = {
     ("route", "add"): (rtmsg, RTM_NEWROUTE, REQ | NLM_F_CREATE | NLM_F_EXCL,
                        {"dst", "oif", "gateway", "priority", "table", "scope"}),
 }
-RECV = 1 << 16
 
 # The requests whose IPRoute encoding is plain (fields plus one NLA per argument, in argument
 # order) skip pyroute2's request filters, which cost more than the encoding itself (~40 us of
@@ -178,7 +176,7 @@ class Rtnl:
         self._seq = 0
         self._marshal = MarshalLinks()
         self._ipr: Optional[Any] = None
-        self._broken = False
+        self._channel = Channel(self._sock, self._marshal, "rtnetlink")
 
     # ------------------------------------------------------------------ IPRoute's interface
 
@@ -300,33 +298,6 @@ class Rtnl:
         return msg
 
     def _exchange(self, msg, dump: bool = False) -> list:
-        """Send ``msg``; its answers up to the ACK (or NLMSG_DONE); NetlinkError when refused."""
-        if self._broken:
-            raise NetlinkError(errno.EIO, "rtnetlink socket lost its place in an earlier request")
-        seq = msg["header"]["sequence_number"]
-        self._sock.send(msg.data)
-        out = []
-        try:
-            while True:
-                data = self._sock.recv(RECV)
-                for answer in self._marshal.parse(data):
-                    header = answer["header"]
-                    if header["sequence_number"] != seq:
-                        continue  # a late answer to an earlier request
-                    kind = header["type"]
-                    if kind == NLMSG_ERROR:
-                        if header["error"] is not None:
-                            raise header["error"]
-                        return out  # the ACK
-                    if kind == NLMSG_DONE:
-                        return out
-                    if header.get("error") is not None:
-                        raise header["error"]
-                    out.append(answer)
-                    if not dump and not header["flags"] & 0x2:  # NLM_F_MULTI
-                        continue  # the ACK follows
-        except NetlinkError:
-            raise
-        except BaseException:
-            self._broken = True  # an answer may still be queued: never read it as the next one's
-            raise
+        """Send ``msg``; its answers up to the ACK (or NLMSG_DONE); NetlinkError when refused
+        (cni.linux.netlink_exchange; ``dump`` changes nothing there)."""
+        return self._channel.exchange(msg.data, msg["header"]["sequence_number"])

@@ -21,7 +21,7 @@ def decide(setting: str, master: str) -> SharedDecision:
     devices = sysfs.rdma_devices_for_netdev(master, root=sysfs.default_root())
     mode = None
     if devices or setting == "required":
-        from . import rdma_netlink  # pyroute2's socket classes (asyncio): only with a device to ask about
+        from . import rdma_netlink  # only with a device to ask about
 
         mode = rdma_netlink.netns_mode()
     return decide_shared(setting, master, devices, mode)

@@ -1603,8 +1603,11 @@ class KubeAPIServer:
                                         "consistent list result. You can start a new list without "
                                         "the continue parameter.", reason="Expired")
             else:
+                # No copies: a stored object is never changed in place (every write stores a new
+                # object, :meth:`_put`), and a List's items are only serialised. (Deep copies of
+                # every item were most of the scale simulation's time when a daemon read a domain.)
                 store = self._store[rt.plural]
-                items = [copy.deepcopy(store[k]) for k in self._selected_keys(rt.plural, q.get("labelSelector"))
+                items = [store[k] for k in self._selected_keys(rt.plural, q.get("labelSelector"))
                          if self._matches(store[k], ns, lsel, fsel)]
                 sid, start, list_rv = None, 0, str(self._rv)
             page = items[start:start + limit] if limit else items[start:]

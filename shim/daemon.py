@@ -495,6 +495,7 @@ class DaemonServer(socketserver.UnixStreamServer):
         except Exception:  # noqa: BLE001 - a bug in one request must not end the worker
             log_event("request_failed", "error", error=repr(sys.exc_info()[1]))
         finally:
+            self._pool.finishing()  # answered: the caller's next call waits for this worker, no other wakes
             self.shutdown_request(request)
             memory.trim_when_idle(self.in_flight + self._pool.waiting())
 

@@ -10,7 +10,10 @@ flat under tracemalloc, and the creep vanished with one worker or with glibc's t
 
 Here idle workers form a stack: a job goes to the worker that finished last, so a node that
 serves one call at a time keeps using one warm thread, and a burst of N concurrent calls wakes N
-workers and no more. Jobs no worker is free for wait in a FIFO of at most ``queued`` entries
+workers and no more. A worker whose caller already has its answer (:meth:`WorkerPool.finishing`:
+the daemon then only closes the connection) counts as about to be idle: the caller's next call,
+arriving meanwhile, waits for it instead of waking another worker (on a loaded node the window
+is long enough for that to happen often, and every worker woken so ends up warm). Jobs no worker is free for wait in a FIFO of at most ``queued`` entries
 (first come, first served); past that :meth:`WorkerPool.submit` blocks (the daemon's accept
 loop, whose callers then wait in the listen backlog).
 """
@@ -28,12 +31,14 @@ class _Worker:
     def __init__(self, pool: "WorkerPool", name: str) -> None:
         self.pool = pool
         self.job: Any = None
+        self.finishing = False
         self.wake = threading.Lock()
         self.wake.acquire()  # held while the worker has nothing to do; a dispatcher releases it
         self.thread = threading.Thread(target=self.run, name=name, daemon=True)
 
     def run(self) -> None:
         pool = self.pool
+        pool._local.worker = self
         while True:
             job = pool._next(self)
             if job is None:
@@ -57,6 +62,8 @@ class WorkerPool:
         self._not_full = threading.Condition(self._lock)
         self._idle: list[_Worker] = []  # a stack: the last to go idle is the first woken
         self._waiting: collections.deque = collections.deque()
+        self._finishing = 0  # workers between finishing() and their next job
+        self._local = threading.local()
         self._workers = [_Worker(self, f"{name}-{i}") for i in range(size)]
         for worker in self._workers:
             worker.thread.start()
@@ -79,11 +86,21 @@ class WorkerPool:
             raise ValueError("None is not a job")
         self._put(job)
 
+    def finishing(self) -> None:
+        """Called by a job in a worker once what is left of it is short and never waits (the answer
+        is sent): a job submitted meanwhile goes to this worker rather than waking an idle one."""
+        worker = getattr(self._local, "worker", None)
+        if worker is None or worker.finishing:
+            return
+        with self._lock:
+            worker.finishing = True
+            self._finishing += 1
+
     def _put(self, job: Any) -> None:
         with self._lock:
             while not self._idle and len(self._waiting) >= self._queued:
                 self._not_full.wait()
-            if self._idle:
+            if self._idle and (self._finishing <= len(self._waiting) or len(self._waiting) >= self._queued):
                 worker = self._idle.pop()
                 worker.job = job
                 worker.wake.release()
@@ -93,6 +110,9 @@ class WorkerPool:
     def _next(self, worker: _Worker) -> Optional[Any]:
         """The next waiting job for ``worker``, or None after putting it on the idle stack."""
         with self._lock:
+            if worker.finishing:
+                worker.finishing = False
+                self._finishing -= 1
             self._not_full.notify()  # room for one more job either way
             if self._waiting:
                 return self._waiting.popleft()

@@ -45,6 +45,31 @@ def test_calls_one_at_a_time_are_served_by_one_worker(pools):
     assert len(served) == 40 and len(set(served)) == 1, sorted(set(served))
 
 
+def test_the_next_call_waits_for_the_worker_that_just_answered(pools):
+    """The caller has its answer while the worker still closes the connection: its next call,
+    submitted meanwhile, goes to that worker, not to another idle one."""
+    served: list[str] = []
+    answered = [threading.Event() for _ in range(20)]
+    closed = [threading.Event() for _ in range(20)]
+
+    def serve(job):
+        served.append(threading.current_thread().name)
+        pool.finishing()  # the answer is out
+        answered[job].set()
+        closed[job].wait(10)  # closing the connection takes a while
+
+    pool = WorkerPool(8, serve, queued=4)
+    pools.append(pool)
+    for i in range(20):
+        pool.submit(i)  # while job i - 1's worker is still closing
+        if i:
+            closed[i - 1].set()
+        assert answered[i].wait(10)
+    closed[-1].set()
+    wait_for(lambda: pool.idle() == 8, "the jobs")
+    assert len(served) == 20 and len(set(served)) == 1, sorted(set(served))
+
+
 def test_a_burst_gets_as_many_workers_as_it_needs(pools):
     barrier = threading.Barrier(5, timeout=10)
     names: set[str] = set()

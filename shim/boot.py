@@ -16,7 +16,9 @@ file system that lost data) is never loaded: the shim compiles its own copy of :
 and rewrites the file (:mod:`shim.codecache`, by write + rename: no exec reads half of one). Where
 the caller may not write (a read-only bin dir, a user who is not root) the shim compiles on every
 exec, as the first shims did. The file needs no more trust than the shim: it sits in the same
-directory, whose writers could replace the shim itself.
+directory, whose writers could replace the shim itself. :func:`shim.launcher.write_shim` writes
+it with a shim that falls back under the installer's own interpreter; a daemon-only shim's first
+exec on the node (install.sh's VERSION check) writes it under the node's python3.
 
 ``_SOURCES`` holds :mod:`shim.codecache`, :mod:`shim.fast` and :mod:`shim.launcher` as they were
 when the shim was rendered, NUL-separated, zlib-compressed and base64-encoded (tokenizing them as

@@ -375,9 +375,9 @@ class KubeTarget:
                 return None
             raise
 
-    def write_misses(self, claim: LeaseClaim, misses: int) -> dict:
-        """PUT the Lease, re-read just now, with the miss count set (0 removes it); 409 when it
-        changed since the List (re-read with another UID or resourceVersion) or since the read."""
+    def _reread(self, claim: LeaseClaim) -> tuple[str, dict, dict]:
+        """(path, body, metadata) of the Lease as the API server has it now; ApiError 409 when it
+        changed since the List (another UID or resourceVersion)."""
         path = f"{self.leases}/{quote(claim.name, safe='')}"
         body = self.api.request("GET", path)
         meta = body.setdefault("metadata", {})
@@ -385,6 +385,12 @@ class KubeTarget:
             raise ApiError(409, f"lease {claim.name} changed since it was listed")
         body.setdefault("apiVersion", "coordination.k8s.io/v1")
         body.setdefault("kind", "Lease")
+        return path, body, meta
+
+    def write_misses(self, claim: LeaseClaim, misses: int) -> dict:
+        """PUT the Lease, re-read just now, with the miss count set (0 removes it); 409 when it
+        changed since the List (re-read with another UID or resourceVersion) or since the read."""
+        path, body, meta = self._reread(claim)
         ann = dict(meta.get("annotations") or {})
         if misses:
             ann[MISSES_ANNOTATION] = str(misses)
@@ -406,13 +412,7 @@ class KubeTarget:
         self.api.request("DELETE", f"{self.leases}/{quote(claim.name, safe='')}", body=body)
 
     def _free_record(self, claim: LeaseClaim) -> None:
-        path = f"{self.leases}/{quote(claim.name, safe='')}"
-        body = self.api.request("GET", path)
-        meta = body.setdefault("metadata", {})
-        if str(meta.get("uid") or "") != claim.uid or str(meta.get("resourceVersion") or "") != claim.resource_version:
-            raise ApiError(409, f"lease {claim.name} changed since it was listed")
-        body.setdefault("apiVersion", "coordination.k8s.io/v1")
-        body.setdefault("kind", "Lease")
+        path, body, meta = self._reread(claim)
         labels = {k: v for k, v in (meta.get("labels") or {}).items()
                   if k not in (L_POD_UID, f"{GROUP}/attachment", f"{GROUP}/network")}
         keep = ("ipam-domain", "range", "ip", "block-owner", "block-size")

@@ -354,13 +354,7 @@ class NodeBlocks:
             body["metadata"].update({"uid": record.uid, "resourceVersion": record.resource_version})
             resp, retried = self._put(record.name, body, deadline)
             if resp.status == 200:
-                claim = self._parse(resp.doc)
-                if claim is None:
-                    raise CNIError(IO_FAILURE, f"Kubernetes API answered the update of lease {record.name} with an "
-                                   "unreadable object", "check that the API server (or a proxy) returns the object")
-                if self.cache is not None:
-                    self.cache.updated(claim)
-                return claim
+                return self._updated(record.name, resp)
             if resp.status == 404:  # the record is gone (released, or a GC deleted it): the block is lost
                 if self.cache is not None:
                     self.cache.absent(record.name, record.uid)
@@ -380,6 +374,16 @@ class NodeBlocks:
             record = found
         return None
 
+    def _updated(self, name: str, resp) -> Claim:
+        """The record as a 200 answer to its update shows it (written through to the cache)."""
+        claim = self._parse(resp.doc)
+        if claim is None:
+            raise CNIError(IO_FAILURE, f"Kubernetes API answered the update of lease {name} with an "
+                           "unreadable object", "check that the API server (or a proxy) returns the object")
+        if self.cache is not None:
+            self.cache.updated(claim)
+        return claim
+
     def _free_record(self, claim: Claim, deadline: float) -> Optional[Claim]:
         """Free the address of block record ``claim`` (an update naming no attachment, with uid
         and resourceVersion preconditions; 409: re-read, freed only while it still names the same
@@ -388,13 +392,7 @@ class NodeBlocks:
         for _ in range(4):
             resp, retried = self._put(current.name, self._free_body(current), deadline)
             if resp.status == 200:
-                freed = self._parse(resp.doc)
-                if freed is None:
-                    raise CNIError(IO_FAILURE, f"Kubernetes API answered the update of lease {current.name} with an "
-                                   "unreadable object", "check that the API server (or a proxy) returns the object")
-                if self.cache is not None:
-                    self.cache.updated(freed)
-                return freed
+                return self._updated(current.name, resp)
             if resp.status == 404:
                 if self.cache is not None:
                     self.cache.absent(current.name, current.uid)

@@ -616,3 +616,59 @@ def test_claims_made_before_the_upgrade_stay_their_attachments(server, kubeconfi
     assert_each_address_once(new + list(before.values()), server)
     assert call("DEL", conf, "old20", "node-a") == (0, None)
     assert before["old20"] not in holders(server)
+
+
+def test_a_node_whose_acquisition_gave_up_takes_a_block_the_domain_read_shows_free(server, kubeconfig):
+    """An acquisition tries a few hashed blocks and at most a few groups of records; when those
+    are all held it borrows, and a borrower that finds the blocks it reads full reads the whole
+    domain. That read shows every block: the ADD then acquires one that is still free (the node's
+    own block from then on, its next ADDs cost one create each) instead of borrowing an address
+    in it as a plain claim. Here 15 of a /20's 16 groups of blocks are held and full, and the
+    node is one whose hashed acquisition and borrowing orders meet only those."""
+    conf = netconf(kubeconfig, "10.9.32.0/20", block_size=4)  # 1,024 blocks of 4: 16 groups of 64
+    [rs] = parse_ipam_config(conf).range_sets
+    filler = store(kubeconfig, "node-full", conf)
+    [r] = rs.ranges
+    total = filler._block_count(rs)
+    group_of = {}
+    for j in range(total):
+        group_of[j] = filler._position(rs, j)[1] // (4 * 64)
+
+    def order(s):  # the groups an acquisition of node s looks at: two hashed probes, then three groups
+        seen = []
+        for i in range(64):
+            g = group_of[s._probe(rs, i) % total]
+            if i < 2 or g not in seen:
+                seen.append(g)
+        return seen[:5]
+
+    free_group = None
+    for n in range(200):
+        s = store(kubeconfig, f"node-{n}", conf)
+        groups = order(s)
+        left = sorted(set(group_of.values()) - set(groups)
+                      - {group_of[s._probe(rs, i, "borrow") % total] for i in range(8)})  # blocks a borrower reads
+        if left:
+            node, free_group, candidate = f"node-{n}", left[0], s
+            break
+    assert free_group is not None
+    # Every block outside the free group: held by node-full's record and full of its claims.
+    for j in range(total):
+        first = filler._position(rs, j)[1]
+        if group_of[j] == free_group:
+            continue
+        for k in range(4):
+            value = first + k
+            if not r.start <= value <= r.end:
+                continue
+            ip = r.address(value)
+            body = filler._body(ip, Attachment(f"full-{value}", "net1"), "net-a", rs)
+            if ip == filler._record_ip(r, first):
+                body = filler._record_body(body, "node-full", r, first)
+            assert server.api_create(RESOURCES["leases"], NS, body, False)[0] == 201
+    got = store_add(candidate, conf, "c0")
+    assert got is not None and int(ipaddress.ip_address(got)) // (4 * 64) == free_group
+    lease = next(o for o in server.objects("leases", NS) if o["metadata"]["annotations"]["rdmanet.io/ip"] == got)
+    assert block_owner(lease) == node, "the ADD borrowed instead of acquiring a block the domain read showed free"
+    following = store_add(candidate, conf, "c1")  # its next ADD: in its own block
+    assert following is not None and int(ipaddress.ip_address(following)) // 4 == int(ipaddress.ip_address(got)) // 4

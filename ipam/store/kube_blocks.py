@@ -55,7 +55,7 @@ GROUP_MISSES = 4  # 409s within a listed group (claims of first addresses that a
 SMALL_BLOCK_COUNT = 64  # a range set with at most this many blocks lists its group at once instead of probing
 BORROW_BLOCKS = 8  # blocks whose claims one borrowing ADD reads (one small List each) before the domain's
 NO_FREE_BLOCK_SECONDS = 5.0  # a daemon borrows from the free addresses it read for this long without re-reading
-NO_FREE_BLOCK_BACKOFF = (5.0, 60.0)  # after acquisitions found no free block: no new attempt for 5 s, doubling to 60 s
+ACQUIRE_PAUSE_SECONDS = 5.0  # after an acquisition found no free block: no new attempt for this long (a doubling pause kept nodes borrowing, and reading, with a fifth of the blocks free)
 FULL_BLOCK_SECONDS = 30.0  # a daemon does not read again for this long a block it found full when borrowing
 
 
@@ -186,7 +186,7 @@ class NodeBlocks:
         (at most ``GROUP_LISTS`` groups), creating at the first block of it no record holds.
         None: no block was free (borrow)."""
         notes = cache.notes if cache is not None else {}
-        until, pause = notes.get(("no-free-block", rs.index), (0.0, 0.0))
+        until, _ = notes.get(("no-free-block", rs.index), (0.0, 0.0))
         if until > time.monotonic():
             return None  # every block looked held a moment ago: borrow
         total = self._block_count(rs)
@@ -244,9 +244,8 @@ class NodeBlocks:
                     return claim
         finally:
             notes[("probe", rs.index)] = i
-        if cache is not None:  # no block free: borrow, and try again after a pause that doubles while none is
-            pause = min(NO_FREE_BLOCK_BACKOFF[1], max(NO_FREE_BLOCK_BACKOFF[0], pause * 2))
-            notes[("no-free-block", rs.index)] = (time.monotonic() + pause, pause)
+        if cache is not None:  # no block free: borrow, and try again after a pause
+            notes[("no-free-block", rs.index)] = (time.monotonic() + ACQUIRE_PAUSE_SECONDS, ACQUIRE_PAUSE_SECONDS)
         return None
 
     def _after_newest(self, rs: RangeSet, blocks: Sequence[Block]) -> Optional[tuple[Range, int]]:
@@ -455,6 +454,7 @@ class NodeBlocks:
                         claim, missed = self._try_record(rs, r, first, set(), held, attachment, network, deadline)
                         taken += missed
                         if claim is not None:
+                            notes.pop(("no-free-block", rs.index), None)  # a block was free after all
                             block = claim.as_block()
                             if block is not None:
                                 blocks.append(block)
@@ -499,6 +499,13 @@ class NodeBlocks:
                     return claim
         scan = self._scan_domain(deadline)
         everything, free, latest = scan.sorted_used()[rs.family], scan.free, scan.latest
+        claim, missed = self._acquire_seen(rs, scan.blocks + list(blocks), everything, attachment, network, deadline)
+        taken += missed
+        if claim is not None:
+            block = claim.as_block()
+            if block is not None:
+                blocks.append(block)
+            return claim
         if cache is not None:
             with cache.acquire_lock:
                 cache.notes[memo_key] = (time.monotonic() + NO_FREE_BLOCK_SECONDS, list(everything), free, latest)
@@ -512,6 +519,33 @@ class NodeBlocks:
         raise CNIError(POOL_EXHAUSTED, f"no free address in range {rs.describe()}{raced}",
                        "free addresses (DEL or GC attachments that are gone) or widen the range "
                        "(range_start/range_end, or another ipRanges entry)")
+
+    def _acquire_seen(self, rs: RangeSet, records: Sequence[Block], used: Sequence[int], attachment: Attachment,
+                      network: str, deadline: float) -> tuple[Optional[Claim], int]:
+        """After a read of the whole domain: the ADD's claim made as the record of a block the read
+        shows free (no record, its first usable address unclaimed), in this node's hashed order,
+        so that a node whose acquisition gave up early (409s, groups it thought full) takes one of
+        the blocks that are still free instead of borrowing from a view it must re-read; the
+        acquisition pause ends. (claim or None, 409s met); at most ``PROBE_MISSES`` 409s."""
+        total = self._block_count(rs)
+        held = {b.name for b in records}
+        taken = set(used)
+        notes = self.cache.notes if self.cache is not None else {}
+        misses, start = 0, self._probe(rs, 0, "seen") % max(total, 1)
+        for k in range(total):
+            r, first = self._position(rs, (start + k) % total)
+            ip = self._record_ip(r, first)
+            if ip is None or lease_name(self.dhash, ip) in held or int(ip) in taken:
+                continue
+            claim, missed = self._try_record(rs, r, first, set(), set(), attachment, network, deadline)
+            if claim is not None:
+                notes.pop(("no-free-block", rs.index), None)
+                notes.pop(("crowded", rs.index), None)
+                return claim, misses
+            misses += missed
+            if misses >= PROBE_MISSES:
+                break
+        return None, misses
 
     def _claim_at(self, rs: RangeSet, value: int, record: Optional[Claim], attachment: Attachment, network: str,
                   deadline: float) -> Optional[Claim]:

@@ -488,18 +488,23 @@ def test_cni_gc_frees_claims_of_gone_attachments_and_releases_empty_blocks(serve
     assert holders(server) == {} and block_leases(server, NS) == []
 
 
-def test_the_reconciler_frees_claims_by_pod_uid_and_leaves_blocks_alone(server, kubeconfig, capsys):
-    conf = netconf(kubeconfig, "10.9.8.0/24")
-    server.add_pod("default", "live", uid="uid-live")
-    assert add(conf, "live", "node-a") is not None
-    assert add(conf, "gone", "node-a") is not None
+def reconcile_actions(kubeconfig, conf, capsys) -> dict:
+    """containerID -> what `rdmanet ipam reconcile` (no grace, one miss) did with its claim."""
     conf_file = os.path.join(os.path.dirname(kubeconfig), "net.json")
     with open(conf_file, "w") as f:
         json.dump(conf, f)
     assert cli.main(["ipam", "reconcile", "--network-config", conf_file, "--grace-seconds", "0", "--misses", "1",
                      "-o", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert {c["containerID"]: c["action"] for c in doc["claims"]} == {"live": "kept", "gone": "freed"}
+    return {c["containerID"]: c["action"] for c in doc["claims"]}
+
+
+def test_the_reconciler_frees_claims_by_pod_uid_and_leaves_blocks_alone(server, kubeconfig, capsys):
+    conf = netconf(kubeconfig, "10.9.8.0/24")
+    server.add_pod("default", "live", uid="uid-live")
+    assert add(conf, "live", "node-a") is not None
+    assert add(conf, "gone", "node-a") is not None
+    assert reconcile_actions(kubeconfig, conf, capsys) == {"live": "kept", "gone": "freed"}
     assert list(holders(server).values()) == ["live/net1"]
     assert len(block_leases(server, NS)) == 1
 
@@ -512,13 +517,7 @@ def test_the_reconciler_frees_a_block_records_address_and_the_node_keeps_its_blo
     server.add_pod("default", "live", uid="uid-live")
     assert add(conf, "gone", "node-a") == "10.9.17.1"  # the record
     live = add(conf, "live", "node-a")
-    conf_file = os.path.join(os.path.dirname(kubeconfig), "net.json")
-    with open(conf_file, "w") as f:
-        json.dump(conf, f)
-    assert cli.main(["ipam", "reconcile", "--network-config", conf_file, "--grace-seconds", "0", "--misses", "1",
-                     "-o", "json"]) == 0
-    doc = json.loads(capsys.readouterr().out)
-    assert {c["containerID"]: c["action"] for c in doc["claims"]} == {"live": "kept", "gone": "freed"}
+    assert reconcile_actions(kubeconfig, conf, capsys) == {"live": "kept", "gone": "freed"}
     assert holders(server) == {live: "live/net1"}
     [blk] = block_leases(server, NS)
     assert block_owner(blk) == "node-a" and "holderIdentity" not in blk["spec"]

@@ -65,6 +65,7 @@ from .store.kube import (
     label_value,
     parse_holder,
 )
+from .store.lease_names import parse_time
 
 MISSES_ANNOTATION = f"{GROUP}/reconcile-misses"
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
@@ -82,18 +83,6 @@ A_IP = f"{GROUP}/ip"
 def domain_selector(domain: str) -> str:
     """Every claim of a domain, and nothing else in the namespace."""
     return f"{L_DOMAIN}={domain_hash(domain)}"
-
-
-# -- time -----------------------------------------------------------------------------------------
-
-def parse_time(text: Any) -> Optional[datetime]:
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 
 def _text(doc: dict, key: str) -> str:

@@ -107,7 +107,7 @@ from .kube_blocks import Block, NodeBlocks, _any_within, parse_block  # noqa: F4
 from .kube_transport import ApiClientTransport, Response, Transport, Unreachable  # noqa: F401  (re-exported)
 from .lease_names import (  # noqa: F401  (GROUP, L_POD_UID ... re-exported: tests and tools use them from here)
     GROUP, KIND_BLOCK, L_ATTACHMENT, L_BLOCK, L_BLOCK_GROUP, L_BLOCK_OWNER, L_DOMAIN, L_KIND, L_NETWORK, L_NODE,
-    L_POD_UID, _now_micro, _parse_time, attachment_hash, block_first, block_group_id, block_id, domain_hash, holder_of,
+    L_POD_UID, _now_micro, parse_time, attachment_hash, block_first, block_group_id, block_id, domain_hash, holder_of,
     ip_of_name, label_value, lease_name, parse_block_id, parse_holder,
 )
 
@@ -179,7 +179,7 @@ def parse_claim(item: Any, dhash: str) -> Optional[Claim]:
         return None
     spec = item.get("spec") or {}
     notes = md.get("annotations") or {}
-    when = _parse_time(spec.get("acquireTime")) or _parse_time(md.get("creationTimestamp"))
+    when = parse_time(spec.get("acquireTime")) or parse_time(md.get("creationTimestamp"))
     block = owner = ""
     if (md.get("labels") or {}).get(L_BLOCK_OWNER):  # a block record: its block and owner
         block, owner = str((md.get("labels") or {}).get(L_BLOCK) or ""), str(notes.get(f"{GROUP}/block-owner") or "")

@@ -38,7 +38,7 @@ from .. import intervals
 from ..ranges import IPAddress, Range, RangeSet
 from .base import Attachment
 from .lease_names import (BLOCK_GROUP, GROUP, L_BLOCK, L_BLOCK_GROUP, L_BLOCK_OWNER, L_DOMAIN, L_NODE,
-                          _parse_time, block_group_id, block_id, block_of_name, label_value, lease_name)
+                          parse_time, block_group_id, block_id, block_of_name, label_value, lease_name)
 
 if TYPE_CHECKING:
     from .kube import Claim
@@ -94,7 +94,7 @@ def parse_block(item: Any, dhash: str) -> Optional[Block]:
         return None
     spec = item.get("spec") or {}
     holder = spec.get("holderIdentity")
-    when = _parse_time(spec.get("acquireTime")) or _parse_time(md.get("creationTimestamp"))
+    when = parse_time(spec.get("acquireTime")) or parse_time(md.get("creationTimestamp"))
     return Block(md["name"], found[0], found[1], holder if isinstance(holder, str) else "", str(md.get("uid") or ""),
                  str(md.get("resourceVersion") or ""), when)
 

@@ -134,7 +134,7 @@ def _now_micro() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _parse_time(text: Any) -> Optional[datetime]:
+def parse_time(text: Any) -> Optional[datetime]:
     if not isinstance(text, str) or not text:
         return None
     try:

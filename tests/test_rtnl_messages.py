@@ -8,9 +8,10 @@ import pytest
 pytest.importorskip("pyroute2")
 
 from pyroute2.iproute.linux import IPRoute  # noqa: E402
-from pyroute2.netlink import nlsocket  # noqa: E402
+from pyroute2.netlink import NLMSG_DONE, nlsocket  # noqa: E402
 
 from cni.linux import rtnl  # noqa: E402
+from cni.linux.netlink_exchange import RECV  # noqa: E402
 
 CALLS = [
     ("link", "get", {"index": 1}),
@@ -87,7 +88,7 @@ def test_the_same_link_dump_request_as_iproute(monkeypatch):
     sent = []
     sock = rtnl.Rtnl()
     try:
-        monkeypatch.setattr(sock, "_exchange", lambda msg, dump=False: sent.append(bytes(msg.data)) or [])
+        monkeypatch.setattr(sock, "_exchange", lambda msg: sent.append(bytes(msg.data)) or [])
         assert sock.get_links() == []
     finally:
         sock.close()
@@ -110,9 +111,9 @@ def _kernel_dump(msg_class, msg_type: int) -> bytes:
         sock.send(msg.data)
         chunks = []
         while True:
-            data = sock.recv(rtnl.RECV)
+            data = sock.recv(RECV)
             chunks.append(data)
-            if rtnl.NLMSG_DONE in {m["header"]["type"] for m in rtnl.MarshalLinks().parse(data)}:
+            if NLMSG_DONE in {m["header"]["type"] for m in rtnl.MarshalLinks().parse(data)}:
                 return b"".join(chunks)
     finally:
         sock.close()
@@ -128,6 +129,6 @@ def test_answers_parse_as_iproute_parses_them(msg_class, msg_type):
     data = _kernel_dump(msg_class, msg_type)
     ours = [m.dump() for m in rtnl.MarshalLinks().parse(data)]
     theirs = [m.dump() for m in MarshalRtnl().parse(data)]
-    assert len(ours) >= 2 and ours[-1]["header"]["type"] == rtnl.NLMSG_DONE  # at least lo, and the end
+    assert len(ours) >= 2 and ours[-1]["header"]["type"] == NLMSG_DONE  # at least lo, and the end
     assert ours == theirs
     assert [m["event"] for m in rtnl.MarshalLinks().parse(data)] == [m["event"] for m in MarshalRtnl().parse(data)]

@@ -26,7 +26,7 @@ import os
 import socket
 from typing import Any, Optional
 
-from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR
+from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST
 from pyroute2.netlink.marshal import Marshal
 from pyroute2.netlink.rtnl import (
     RTM_DELADDR,
@@ -48,7 +48,7 @@ from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
 from . import netns
-from .netlink_exchange import RECV, Channel  # noqa: F401 (RECV: the receive size, tests read with it)
+from .netlink_exchange import Channel, open_socket
 
 REQ = NLM_F_REQUEST | NLM_F_ACK
 # (mode, command) -> (message class, type, flags, the keyword arguments served here): as IPRoute's
@@ -164,10 +164,9 @@ class Rtnl:
     the requests in :data:`FAST`, ``IPRoute`` itself for the rest)."""
 
     def __init__(self) -> None:
-        self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.NETLINK_ROUTE)
+        self._sock = open_socket(socket.NETLINK_ROUTE)
         try:
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
-            self._sock.bind((0, 0))
             self._ns = netns.current_netns_fd()  # for the IPRoute of the other requests
         except BaseException:
             self._sock.close()
@@ -192,7 +191,7 @@ class Rtnl:
     def get_links(self, *argv: Any, **kwarg: Any):
         if argv or kwarg:
             return self._fallback().get_links(*argv, **kwarg)
-        return self._exchange(self._filled(ifinfmsg, RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP, {}, []), dump=True)
+        return self._exchange(self._filled(ifinfmsg, RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP, {}, []))
 
     def get_addr(self, *argv: Any, **kwarg: Any):
         """``IPRoute.get_addr`` by ``family`` and ``index``: one dump of the family's addresses
@@ -202,7 +201,7 @@ class Rtnl:
         family = kwarg.get("family") or 0
         dump = self._filled(ifaddrmsg, RTM_GETADDR, NLM_F_REQUEST | NLM_F_DUMP, {"family": family}, [])
         index = kwarg.get("index")
-        return [msg for msg in self._exchange(dump, dump=True)
+        return [msg for msg in self._exchange(dump)
                 if (index is None or msg["index"] == index) and (not family or msg["family"] == family)]
 
     def __getattr__(self, name: str):
@@ -297,7 +296,7 @@ class Rtnl:
         msg.encode()
         return msg
 
-    def _exchange(self, msg, dump: bool = False) -> list:
+    def _exchange(self, msg) -> list:
         """Send ``msg``; its answers up to the ACK (or NLMSG_DONE); NetlinkError when refused
-        (cni.linux.netlink_exchange; ``dump`` changes nothing there)."""
+        (cni.linux.netlink_exchange)."""
         return self._channel.exchange(msg.data, msg["header"]["sequence_number"])

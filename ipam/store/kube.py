@@ -106,8 +106,8 @@ from .whereabouts import WhereaboutsView
 from .kube_blocks import Block, NodeBlocks, _any_within, parse_block  # noqa: F401  (parse_block re-exported)
 from .kube_transport import ApiClientTransport, Response, Transport, Unreachable  # noqa: F401  (re-exported)
 from .lease_names import (  # noqa: F401  (GROUP, L_POD_UID ... re-exported: tests and tools use them from here)
-    GROUP, KIND_BLOCK, L_ATTACHMENT, L_BLOCK, L_BLOCK_GROUP, L_BLOCK_OWNER, L_DOMAIN, L_KIND, L_NETWORK, L_NODE,
-    L_POD_UID, _now_micro, parse_time, attachment_hash, block_first, block_group_id, block_id, domain_hash, holder_of,
+    GROUP, KIND_BLOCK, L_ATTACHMENT, L_BLOCK, L_BLOCK_OWNER, L_DOMAIN, L_KIND, L_NETWORK, L_NODE,
+    L_POD_UID, _now_micro, parse_time, attachment_hash, block_first, block_id, domain_hash, holder_of,
     ip_of_name, label_value, lease_name, parse_block_id, parse_holder,
 )
 

@@ -170,14 +170,20 @@ def find_link(ipr: IPRoute, name: str) -> Optional[Link]:
 def _absent(ipr: IPRoute, name: str) -> bool:
     """Whether the namespace of ``ipr`` surely has no link ``name`` (SIOCGIFINDEX says ENODEV: a
     few us, where an RTM_GETLINK refused with ENODEV costs ~45 us of pyroute2); False when unsure."""
+    return _ioctl_index(ipr, name) == 0
+
+
+def _ioctl_index(ipr: IPRoute, name: str) -> Optional[int]:
+    """The index of link ``name`` by SIOCGIFINDEX on ``ipr``'s socket; 0 when there is surely none
+    (ENODEV; no link has index 0); None when the ioctl cannot tell (a name it cannot carry, no
+    socket, another error)."""
     raw = name.encode()
     if not 0 < len(raw) < IFNAMSIZ or b"\0" in raw or not hasattr(ipr, "fileno"):
-        return False
+        return None
     try:
-        _ifreq(ipr.fileno(), SIOCGIFINDEX, raw)
+        return struct.unpack_from("i", _ifreq(ipr.fileno(), SIOCGIFINDEX, raw), IFNAMSIZ)[0]
     except OSError as exc:
-        return exc.errno == errno.ENODEV
-    return False
+        return 0 if exc.errno == errno.ENODEV else None
 
 
 @dataclass(frozen=True)
@@ -206,25 +212,21 @@ def find_basics(ipr: IPRoute, name: str) -> Optional[LinkBasics]:
     None when there is none. An Ethernet link is read with netdevice(7) ioctls on ``ipr``'s
     socket (a few us; an RTM_GETLINK answer carries some forty NLAs for pyroute2 to parse, ~150
     us); anything else, or a link renamed while it was read, through :func:`find_link`."""
-    raw = name.encode()
-    if 0 < len(raw) < IFNAMSIZ and b"\0" not in raw and hasattr(ipr, "fileno"):
+    index = _ioctl_index(ipr, name)
+    if index == 0:
+        return None
+    if index is not None:
         fd = ipr.fileno()
         try:
-            index = struct.unpack_from("i", _ifreq(fd, SIOCGIFINDEX, raw), IFNAMSIZ)[0]
-        except OSError as exc:
-            if exc.errno == errno.ENODEV:
-                return None
+            primary = _ifreq(fd, SIOCGIFNAME, value=index)[:IFNAMSIZ].rstrip(b"\0")
+            family, hwaddr = struct.unpack_from("H6s", _ifreq(fd, SIOCGIFHWADDR, primary), IFNAMSIZ)
+            mtu = struct.unpack_from("i", _ifreq(fd, SIOCGIFMTU, primary), IFNAMSIZ)[0]
+            again = struct.unpack_from("i", _ifreq(fd, SIOCGIFINDEX, primary), IFNAMSIZ)[0]
+        except OSError:
+            pass  # renamed or removed meanwhile: netlink decides
         else:
-            try:
-                primary = _ifreq(fd, SIOCGIFNAME, value=index)[:IFNAMSIZ].rstrip(b"\0")
-                family, hwaddr = struct.unpack_from("H6s", _ifreq(fd, SIOCGIFHWADDR, primary), IFNAMSIZ)
-                mtu = struct.unpack_from("i", _ifreq(fd, SIOCGIFMTU, primary), IFNAMSIZ)[0]
-                again = struct.unpack_from("i", _ifreq(fd, SIOCGIFINDEX, primary), IFNAMSIZ)[0]
-            except OSError:
-                pass  # renamed or removed meanwhile: netlink decides
-            else:
-                if family == ARPHRD_ETHER and again == index:
-                    return LinkBasics(index, primary.decode(), ":".join(f"{b:02x}" for b in hwaddr), mtu)
+            if family == ARPHRD_ETHER and again == index:
+                return LinkBasics(index, primary.decode(), ":".join(f"{b:02x}" for b in hwaddr), mtu)
     link = find_link(ipr, name)
     return None if link is None else LinkBasics(link.index, link.name, link.mac, link.mtu)
 

@@ -24,6 +24,7 @@ from .files import atomic_write, remove_partial_writes
 
 
 log = logging.getLogger("rdmanet.state")
+UNREADABLE = "inspect the file; remove it only after undoing the attachment by hand"
 
 
 class StateDir:
@@ -39,27 +40,25 @@ class StateDir:
         return os.path.join(self.root, key)
 
     def load(self, key: str) -> Optional[dict]:
+        path = self._path(key)
         try:
-            with open(self._path(key), encoding="utf-8") as f:
+            with open(path, encoding="utf-8") as f:
                 data = json.load(f)
         except FileNotFoundError:
             return None
-        except ValueError as exc:
-            if not self.durable:  # a power loss cut the write short: what it described died with the pods
-                log.warning("state file %s is torn (%s): a power loss; nothing of its attachment outlived the reboot",
-                            self._path(key), exc)
-                return None
-            raise CNIError(IO_FAILURE, f"cannot read state file {self._path(key)}: {exc}",
-                           "inspect the file; remove it only after undoing the attachment by hand") from None
         except OSError as exc:
-            raise CNIError(IO_FAILURE, f"cannot read state file {self._path(key)}: {exc}",
-                           "inspect the file; remove it only after undoing the attachment by hand") from None
-        if not isinstance(data, dict):
-            if not self.durable:
-                return None
-            raise CNIError(IO_FAILURE, f"state file {self._path(key)} holds no JSON object",
-                           "inspect the file; remove it only after undoing the attachment by hand")
-        return data
+            raise CNIError(IO_FAILURE, f"cannot read state file {path}: {exc}", UNREADABLE) from None
+        except ValueError as exc:
+            torn = f"cannot read state file {path}: {exc}"
+        else:
+            if isinstance(data, dict):
+                return data
+            torn = f"state file {path} holds no JSON object"
+        if self.durable:
+            raise CNIError(IO_FAILURE, torn, UNREADABLE)
+        # a power loss cut the write short: what it described died with the pods
+        log.warning("%s: torn by a power loss; nothing of its attachment outlived the reboot", torn)
+        return None
 
     def save(self, key: str, data: dict) -> None:
         try:

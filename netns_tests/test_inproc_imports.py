@@ -26,7 +26,8 @@ from shim.launcher import write_shim
 
 # Never on these verbs' in-process paths (see tests/test_plugin_imports.py for the module level).
 NEVER = ("pyroute2.iproute", "pyroute2.netlink.nlsocket", "pyroute2.netlink.rtnl.tcmsg", "pyroute2.netlink.rtnl.marshal",
-         "asyncio", "ssl", "unittest", "kubernetes", "urllib3", "yaml", "http.client", "subprocess")
+         "asyncio", "ssl", "unittest", "kubernetes", "urllib3", "yaml", "http.client", "subprocess",
+         "importlib.metadata")
 # DEL validates no config and its netlink requests are all plain (cni.linux.rtnl._plain): neither
 # pydantic nor pyroute2's request filters (and the iproute2 rt_* file readers they bring).
 NOT_ON_DEL = ("pydantic", "pydantic_core", "annotated_types", "pyroute2.requests", "pyroute2.netlink.rt_files")

@@ -157,3 +157,36 @@ def test_plugin_del_builds_no_config_models(tmp_path, plugin):
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pydantic', 'pydantic_core')))\n"
     ).splitlines()
     assert out == ["[0, null]", "[]"]
+
+
+def test_config_validation_loads_no_pydantic_plugins(tmp_path):
+    """pydantic looks up plugins (entry points of group ``pydantic`` of every installed
+    distribution) before building a validator, through importlib.metadata (~10-15 ms of CPU per
+    exec'd call). A config validated through cni.core.netconf runs none and imports neither; the
+    same distribution's plugin is loaded by plain pydantic (the control: the plugin is real)."""
+    site = tmp_path / "site"
+    (site / "loudplugin-1.0.dist-info").mkdir(parents=True)
+    (site / "loudplugin-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: loudplugin\nVersion: 1.0\n")
+    (site / "loudplugin-1.0.dist-info" / "entry_points.txt").write_text("[pydantic]\nloud = loudplugin:plugin\n")
+    (site / "loudplugin.py").write_text(
+        "class Plugin:\n"
+        "    def new_schema_validator(self, *args, **kwargs):\n"
+        "        print('plugin used')\n"
+        "        return None, None, None\n"
+        "plugin = Plugin()\n")
+    prelude = f"sys.path.insert(0, {str(site)!r})\n"
+    ours = _run(
+        prelude +
+        "from cni.core import netconf\n"
+        "print(netconf.load(netconf.NetConf, {'name': 'n', 'type': 't'}).name)\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('importlib.metadata', 'email', 'zipfile', 'loudplugin'))))\n"
+    )
+    assert ours.splitlines() == ["n", "[]"]
+    control = _run(
+        prelude +
+        "import pydantic\n"
+        "class M(pydantic.BaseModel):\n"
+        "    name: str\n"
+        "print(M.model_validate({'name': 'n'}).name)\n"
+    )
+    assert control.splitlines() == ["plugin used", "n"]

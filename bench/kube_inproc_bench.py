@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from kube_api_server import KubeAPIServer  # noqa: E402
 from shim.launcher import write_shim  # noqa: E402
+from shim.testing import plain_site_dir  # noqa: E402
 
 TARGET_CPU_MS = 100.0
 NS = "bench"
@@ -107,7 +108,8 @@ def run(tmp: str, args) -> int:
                        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u", "namespace": NS}}]}, fh)
         os.chmod(kubeconfig, 0o600)
         shim = os.path.join(tmp, "lease-ipam")
-        write_shim(shim, "lease-ipam", sys.executable, sysconfig.get_path("purelib"), os.path.join(tmp, "nowhere.sock"))
+        write_shim(shim, "lease-ipam", sys.executable, plain_site_dir(os.path.join(tmp, "site")),  # as install.sh's venv
+                   os.path.join(tmp, "nowhere.sock"))
         confs = {
             "kube": {"cniVersion": "1.0.0", "name": "bench-kube", "type": "macvlan",
                      "ipam": {"type": "lease-ipam", "range": "10.99.0.0/22", "kubernetes": {"kubeconfig": kubeconfig}}},

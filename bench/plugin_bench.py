@@ -48,6 +48,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from shim.launcher import DaemonLost, NoDaemon, call as daemon_call, write_shim  # noqa: E402  (stdlib only)
+from shim.testing import plain_site_dir  # noqa: E402
 
 GO_DIR = "/usr/lib/cni"
 BARE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -278,7 +279,7 @@ class Setup:
         self.bin_daemon = os.path.join(tmp, "bin-daemon")
         self.socket = os.path.join(tmp, "run", "daemon.sock")
         nowhere = os.path.join(tmp, "nowhere", "daemon.sock")  # nothing listens: in-process
-        site_dir = sysconfig_purelib()
+        site_dir = plain_site_dir(os.path.join(tmp, "site"))  # as install.sh's venv: no editable finder
         for d, sock in ((self.bin_exec, nowhere), (self.bin_daemon, self.socket)):
             os.makedirs(d)
             for plugin in ("macvlan-rdma", "host-device-rdma", "lease-ipam"):
@@ -344,12 +345,6 @@ class Setup:
 
     def by_key(self, key: str) -> Optional[Impl]:
         return next((i for i in self.impls if i.key == key), None)
-
-
-def sysconfig_purelib() -> str:
-    import sysconfig
-
-    return sysconfig.get_path("purelib")
 
 
 # --------------------------------------------------------------------------- statistics

@@ -238,9 +238,17 @@ def no_daemon(command, stdin, socket_path, why):
 
 
 def in_process(plugin, site_dir, stdin):
-    """Run the call here, exactly as the console script would (skel.main)."""
+    """Run the call here, exactly as the console script would (skel.main).
+
+    The cyclic garbage collector is off for the call: the process ends with it (:func:`finish`).
+    While a macvlan-rdma ADD imports its ~270 modules, whose objects live to the end, the collector
+    ran ~65 times for ~14 ms of CPU (~6 % of the call) and found ~500 unreachable objects among
+    ~28 000. What the call leaves in reference cycles goes back with the process's memory."""
+    import gc
     import io
     import site
+
+    gc.disable()
 
     site.addsitedir(site_dir)  # also runs its .pth files (editable installs)
     from cni.core import skel

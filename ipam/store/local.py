@@ -64,6 +64,7 @@ from .files import (
     ensure_dir,
     overwrite_padded,
     sync_dir,
+    read_bytes,
     read_json,
     remove,
 )
@@ -154,9 +155,8 @@ class LocalStore(Store):
 
     def _read_cursor(self, index: int) -> Optional[IPAddress]:
         try:
-            with open(os.path.join(self.root, f"{CURSOR_PREFIX}{index}")) as f:
-                return ipaddress.ip_address(f.read().strip())
-        except (OSError, ValueError):
+            return ipaddress.ip_address(read_bytes(os.path.join(self.root, f"{CURSOR_PREFIX}{index}"), 4096).decode().strip())
+        except (OSError, ValueError):  # UnicodeDecodeError is a ValueError: a torn cursor only moves round-robin
             return None
 
     def _remove_if_ours(self, ip: IPAddress, attachment: Attachment) -> bool:

@@ -161,11 +161,39 @@ class _NodeEvents(logging.Handler):
         log_event("node_policy", record.levelname.lower(), message=record.getMessage())
 
 
+_request_handler: Optional[logging.Handler] = None  # the root handler _install_logging adds
+_logger_enabled_for = logging.Logger.isEnabledFor
+
+
+def _enabled_for_request(logger: logging.Logger, level: int) -> bool:
+    """``Logger.isEnabledFor`` in the daemon: a record below WARNING is made only when a handler
+    may take it. The root logger stays at DEBUG (a request may ask for DEBUG), so without this
+    every ``log.info``/``log.debug`` of a call made a LogRecord (the caller's frame looked up,
+    ~30 us) that the request's level then dropped: six per ADD/DEL pair. The request's handler
+    takes what :class:`_RequestLevel` lets through; any other handler on the way to the root
+    (lease-ipam's ``log_file``, a test's capture) may take whatever its own level allows, so
+    the record is made for it as before."""
+    if level < logging.WARNING and _request_handler is not None:
+        cap = _capture.get()
+        if cap is None or level < cap.level:
+            current: Optional[logging.Logger] = logger
+            while current is not None:
+                for handler in current.handlers:
+                    if handler is not _request_handler and level >= handler.level:
+                        return _logger_enabled_for(logger, level)
+                current = current.parent if current.propagate else None
+            return False
+    return _logger_enabled_for(logger, level)
+
+
 def _install_logging() -> None:
+    global _request_handler
     sys.stderr = _RoutedStderr()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(_LOG_FORMAT))
     handler.addFilter(_RequestLevel())
+    _request_handler = handler
+    logging.Logger.isEnabledFor = _enabled_for_request  # type: ignore[method-assign]  (this process: the daemon)
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

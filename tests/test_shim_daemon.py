@@ -207,6 +207,24 @@ def test_log_level_is_per_request(env_dir, daemon):
     assert b"CNI error" in loud.stderr
 
 
+def test_ipam_log_file_gets_its_info_lines_while_the_request_logs_warnings_only(env_dir, daemon, tmp_path):
+    # The daemon makes a log record below WARNING only when a handler may take it: the request's
+    # level (WARNING here) drops lease-ipam's "ADD ..." line, its ipam.log_file (debug) must not.
+    log_file = tmp_path / "logs" / "lease-ipam.log"
+    conf = json.loads(ipam_conf(tmp_path / "data"))
+    conf["ipam"].update(log_file=str(log_file), log_level="debug")
+    bin_dir = env_dir / "bin"
+    for cid in ("logged-1", "logged-2"):
+        add = call(bin_dir, "lease-ipam", "ADD", json.dumps(conf).encode(), **ipam_env(bin_dir, cid))
+        assert add.returncode == 0, add.stdout
+        assert add.stderr == b""
+    quiet = call(bin_dir, "lease-ipam", "DEL", ipam_conf(tmp_path / "data"), **ipam_env(bin_dir, "logged-1"))
+    assert (quiet.returncode, quiet.stderr) == (0, b"")
+    lines = log_file.read_text().splitlines()
+    assert [line.split(" INFO ")[1].split(":")[0] for line in lines if " INFO " in line] == \
+        ["ADD logged-1/net1 in shimnet", "ADD logged-2/net1 in shimnet"]
+
+
 # --------------------------------------------------------------------------- a daemon that goes away
 
 

@@ -9,6 +9,9 @@ code object marshalled beside the shim, ``.<shim name>.code``::
 
     <the interpreter's MAGIC_NUMBER> <_STAMP> <crc32 of the marshal data, 8 hex digits> <marshal data>
 
+(the marshal data: shim.fast's code, then shim.launcher's, which the cold paths run without
+compiling it: ~2 ms of every in-process call)
+
 loaded only when all three match: made by this very interpreter (the magic number changes with
 the bytecode), from this very source (``_STAMP``, a digest of it that render_shim bakes in) and
 whole. Any other file (none yet, a Python upgrade on the node, a reinstall, a crash mid-write on a
@@ -22,8 +25,9 @@ exec on the node (install.sh's VERSION check) writes it under the node's python3
 
 ``_SOURCES`` holds :mod:`shim.codecache`, :mod:`shim.fast` and :mod:`shim.launcher` as they were
 when the shim was rendered, NUL-separated, zlib-compressed and base64-encoded (tokenizing them as
-plain text cost ~0.4 ms per exec): the cold paths (no valid code file; no daemon, the daemon
-declining or going away, a DEL that did not succeed: :func:`shim.fast._launcher`) unpack them.
+plain text cost ~0.4 ms per exec): the cold paths (no daemon, the daemon declining or going
+away, a DEL that did not succeed: :func:`shim.fast._launcher`) take the launcher's code from the
+code file, or unpack and compile it when there is no valid one.
 Compiling costs ~1 000 instructions a character here (Python 3.11), tokenizing a string literal
 ~80: so this code is one function without a docstring, and what only a cold start needs
 (``_REBUILD``: unpack :mod:`shim.codecache` and run it) is a string, compiled when it runs.
@@ -33,9 +37,9 @@ import sys
 
 _REBUILD = """
 import binascii, zlib
-cache, fast, _ = zlib.decompress(binascii.a2b_base64(_SOURCES)).decode("utf-8").split("\\0")
+cache, fast, launcher = zlib.decompress(binascii.a2b_base64(_SOURCES)).decode("utf-8").split("\\0")
 exec(compile(cache, "<rdmanet shim: shim/codecache.py>", "exec"))
-exec(rebuild(fast, path, head), hot)
+exec(rebuild(fast, path, head, launcher), hot)
 """
 
 
@@ -47,7 +51,7 @@ def run(plugin, site_dir, socket_path):
     path = __file__[:where] + "." + __file__[where:] + ".code"
     magic = getattr(sys.modules.get("_frozen_importlib_external"), "MAGIC_NUMBER", None)
     head = (magic or b"") + _STAMP
-    code = None
+    code = body = None
     try:
         with open(path, "rb") as fh:
             data = fh.read()
@@ -56,7 +60,7 @@ def run(plugin, site_dir, socket_path):
             code = marshal.loads(body)
     except (OSError, EOFError, ValueError, TypeError):
         pass
-    hot = {"__name__": "rdmanet_shim", "__file__": __file__, "_SOURCES": _SOURCES}
+    hot = {"__name__": "rdmanet_shim", "__file__": __file__, "_SOURCES": _SOURCES, "_CODE_BODY": body if code else None}
     if code is None:  # compile shim.fast; saved for the next exec unless no magic number is known
         exec(_REBUILD, {"_SOURCES": _SOURCES, "path": path, "head": head if magic else None, "hot": hot})
     else:

@@ -51,19 +51,39 @@ def journal_path(socket_path, plugin, environb):
 
 
 def _launcher():
-    """The launcher's functions: compiled from the shim's own copy (``_SOURCES``, see
-    :mod:`shim.boot`), or the module (imported)."""
+    """The launcher's functions: its code from the shim's code file when the shim ran from one
+    (``_CODE_BODY``, checked whole by :mod:`shim.boot`; the second object :mod:`shim.codecache`
+    wrote), else compiled from the shim's own copy (``_SOURCES``), or the module (imported)."""
     packed = globals().get("_SOURCES")
     if packed is None:
         from shim import launcher
 
         return vars(launcher)
-    import zlib
-
-    source = zlib.decompress(binascii.a2b_base64(packed)).decode("utf-8").split("\0")[2]
     namespace = {"__name__": "rdmanet_shim_launcher", "__file__": globals().get("__file__", "")}
-    exec(compile(source, "<rdmanet shim: shim/launcher.py>", "exec"), namespace)
+    code = _launcher_code(globals().get("_CODE_BODY"))
+    if code is None:
+        import zlib
+
+        source = zlib.decompress(binascii.a2b_base64(packed)).decode("utf-8").split("\0")[2]
+        code = compile(source, "<rdmanet shim: shim/launcher.py>", "exec")
+    exec(code, namespace)
     return namespace
+
+
+def _launcher_code(body):
+    """The launcher's code object after shim.fast's in a code file's body, or None."""
+    if body is None:
+        return None
+    import _io
+    import marshal
+
+    stream = _io.BytesIO(body)
+    try:
+        marshal.load(stream)  # shim.fast's code (running already)
+        code = marshal.load(stream)
+    except (EOFError, ValueError, TypeError):
+        return None
+    return code if getattr(code, "co_filename", None) == "<rdmanet shim: shim/launcher.py>" else None
 
 
 def _ask(path, request):

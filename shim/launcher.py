@@ -423,15 +423,16 @@ def _shim_sources():
     for name in ("boot", "codecache", "fast", "launcher"):
         with open(os.path.join(here, name + ".py"), encoding="utf-8") as fh:
             sources[name] = fh.read()
-    # what the code file holds depends on these two (how it is compiled, from what)
-    stamp = hashlib.sha256((sources["codecache"] + "\0" + sources["fast"]).encode("utf-8")).hexdigest()[:32]
+    # what the code file holds depends on these (how it is compiled, from what)
+    stamp = hashlib.sha256("\0".join(sources[name] for name in ("codecache", "fast", "launcher")).encode("utf-8"))
+    stamp = stamp.hexdigest()[:32]
     return sources, stamp.encode("ascii")
 
 
 def render_shim(plugin_name, python, site_dir, socket_path=DEFAULT_SOCKET):
     """The text of the bin-dir file for ``plugin_name``: :mod:`shim.boot`'s code, ``_STAMP`` (a
-    digest of :mod:`shim.codecache` and :mod:`shim.fast`), ``_SOURCES`` (those two and this
-    module: zlib, base64) and the call ``sys.exit(run(<plugin>, <site dir or None>, <socket>))``.
+    digest of :mod:`shim.codecache`, :mod:`shim.fast` and this module), ``_SOURCES`` (those three:
+    zlib, base64) and the call ``sys.exit(run(<plugin>, <site dir or None>, <socket>))``.
     The hot path runs from :func:`code_path` beside the shim, which the shim itself checks and
     writes (see :mod:`shim.boot`).
 
@@ -500,4 +501,4 @@ def write_shim(path, plugin_name, python, site_dir, socket_path=DEFAULT_SOCKET):
 
         sources, stamp = _shim_sources()
         head = sys.modules["_frozen_importlib_external"].MAGIC_NUMBER + stamp
-        codecache.rebuild(sources["fast"], code_path(path), head)
+        codecache.rebuild(sources["fast"], code_path(path), head, sources["launcher"])

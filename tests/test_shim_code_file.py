@@ -201,3 +201,29 @@ def test_the_shim_ends_once_the_whole_answer_is_in_without_waiting_for_the_close
         shim_done.set()
         thread.join()
         server.close()
+
+
+def test_a_call_the_daemon_does_not_answer_runs_the_launcher_from_the_code_file(tmp_path):
+    """The code file holds shim/launcher.py's code after shim/fast.py's, so a call that runs
+    in-process compiles nothing: a file whose launcher part is other code is what answers."""
+    import io
+    import json
+    import sysconfig
+
+    (tmp_path / "bin").mkdir()
+    path = tmp_path / "bin" / PLUGIN
+    launcher.write_shim(str(path), PLUGIN, sys.executable, sysconfig.get_path("purelib"), str(tmp_path / "none.sock"))
+    code = pathlib.Path(launcher.code_path(str(path)))
+    start = head(path)
+    stream = io.BytesIO(code.read_bytes()[len(start) + 8:])
+    fast_code, launcher_code = marshal.load(stream), marshal.load(stream)
+    assert (fast_code.co_filename, launcher_code.co_filename) == ("<rdmanet shim: shim/fast.py>",
+                                                                  "<rdmanet shim: shim/launcher.py>")
+    version = call(path)  # no daemon: the plugin answers in-process
+    assert version.returncode == 0 and "1.0.0" in json.loads(version.stdout)["supportedVersions"]
+
+    other = compile('def resume(*args):\n    import sys\n    sys.stdout.write("ran the code file\'s launcher\\n")\n'
+                    '    return 0\ndef finish(code):\n    return code\n', "<rdmanet shim: shim/launcher.py>", "exec")
+    body = marshal.dumps(fast_code) + marshal.dumps(other)
+    code.write_bytes(start + b"%08x" % binascii.crc32(body) + body)
+    assert call(path).stdout == b"ran the code file's launcher\n"

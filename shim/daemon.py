@@ -225,6 +225,9 @@ def load_plugins() -> dict[str, Any]:
     from ipam.store.kube import use_watch_cache
 
     use_watch_cache(True)  # Lease watch cache per domain, started on a domain's first ADD/DEL: daemon only
+    from cni.linux.link_delete import finish_in_background
+
+    finish_in_background(True)  # a DEL answers once its link is unlisted; the kernel frees it meanwhile
     warm_up()
     return plugins
 

@@ -213,6 +213,26 @@ class Rtnl:
         """The socket's fd (as ``IPRoute.fileno``): an ioctl on it is answered for its namespace."""
         return self._sock.fileno()
 
+    def subscribed(self, groups: int) -> socket.socket:
+        """A new netlink socket in this one's namespace receiving the notifications of the
+        multicast ``groups`` (RTMGRP_* bits); the caller closes it."""
+        with netns.entered_fd(self._ns):
+            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.NETLINK_ROUTE)
+        try:
+            sock.bind((0, groups))
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    def detached(self) -> Channel:
+        """A channel over a duplicate of this socket, for a request whose answer may come after
+        this Rtnl is closed (whoever holds the channel closes ``channel.sock``). This Rtnl makes
+        no request after it (they would share the answers): its own requests raise EIO."""
+        channel = Channel(self._sock.dup(), MarshalLinks(), "rtnetlink")
+        self._channel.broken = True
+        return channel
+
     def close(self) -> None:
         if self._ipr is not None:
             self._ipr.close()

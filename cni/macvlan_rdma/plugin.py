@@ -30,7 +30,7 @@ from cni.core.check import previous
 from cni.core.invocation import Invocation
 from cni.core.ipam_exec import IPAM
 from cni.core.result import DNS, Interface, Result
-from cni.linux import attachment_link, attachment_lock, device_info, links, netns, shared_rdma, sysfs
+from cni.linux import attachment_link, attachment_lock, device_info, link_delete, links, netns, shared_rdma, sysfs
 from cni.linux import pod as pod_ns
 from cni.linux.links import Link, LinkBasics
 from cni.linux.pod import check_addresses, check_routes
@@ -105,7 +105,7 @@ class MacvlanRdma:
                     what = f"a {link.kind or 'link'}" if link.kind != "macvlan" else f"a macvlan with alias {link.alias!r}"
                     log.warning("DEL: %s in %s is %s, not this attachment's macvlan; leaving it", inv.ifname, inv.netns, what)
                     return
-                links.delete(pod, link.index)
+                link_delete.delete_until_unlisted(pod, link.index)  # the daemon answers before the kernel frees it
         except netns.NetnsGone:
             log.info("DEL: netns %s is gone; nothing to remove", inv.netns)
 

@@ -69,6 +69,69 @@ INDEPENDENT_RATIO = 2.0
 RESTART_NETWORK_READS = 2.0  # all daemons together may read the network's Leases this many times
 
 
+# -- requests by reason ----------------------------------------------------------------------------
+
+# The store's steps a request is counted under (``--json`` rows: ``reasons``): the innermost of
+# ``_STEPS`` on the caller's stack names what the request was for, the innermost of ``_PATHS`` what
+# the verb was doing (its own blocks, acquiring one, borrowing), e.g. ``POST _try_record in _acquire_block 409``.
+_STEPS = ("_try_record", "_acquire_in_group", "_acquire_seen", "_claim_at", "_borrow_round_robin", "_scan_domain",
+          "_take_record", "_free_record", "_drop_block", "_settle", "_sweep_uncertain", "_rollback",
+          "_attachment_claims", "_claim_requested", "_remove", "_whereabouts_holder")
+_PATHS = ("_acquire_block", "_borrow", "_pick", "_allocate_cached", "_allocate", "_release_cached",
+          "_release_idle_blocks", "allocate", "release", "gc", "status")
+
+
+class Reasons:
+    """Counts the requests of every ``KubeStore`` by the store step that made them (installed
+    around ``KubeStore._call``; the fake server's own counts are unchanged)."""
+
+    def __init__(self) -> None:
+        self.counts: Counter = Counter()
+        self.lock = threading.Lock()
+        self._real = None
+
+    def install(self) -> None:
+        from ipam.store.kube import KubeStore
+
+        real = self._real = KubeStore._call
+        reasons = self
+
+        def _call(store: Any, method: str, path: str, what: str, deadline: float, query: Any = (), body: Any = None):
+            resp, retried = real(store, method, path, what, deadline, query, body)
+            reasons.count(method, getattr(resp, "status", 0))
+            return resp, retried
+
+        KubeStore._call = _call
+
+    def uninstall(self) -> None:
+        from ipam.store.kube import KubeStore
+
+        if self._real is not None:
+            KubeStore._call = self._real
+            self._real = None
+
+    def count(self, method: str, status: int) -> None:
+        step, outer = "", ""
+        f = sys._getframe(2)
+        while f is not None:
+            name = f.f_code.co_name
+            if not step and name in _STEPS:
+                step = name
+            if name in _PATHS:
+                outer = name  # the innermost: what the verb was doing
+                break
+            f = f.f_back
+        key = f"{method} {step or '-'} in {outer or '-'} {status}"
+        with self.lock:
+            self.counts[key] += 1
+
+    def take(self) -> dict[str, int]:
+        with self.lock:
+            out = dict(sorted(self.counts.items()))
+            self.counts.clear()
+        return out
+
+
 # -- the simulated cluster -----------------------------------------------------------------------
 
 _local = threading.local()
@@ -78,21 +141,32 @@ def _who() -> Optional[str]:
     return getattr(_local, "node", None)
 
 
-def network_config(size: int) -> dict:
-    """A network of ``size`` allocatable addresses from 10.0.0.1 in a /8 (a /15 for 100,000)."""
+def network_config(size: int, block_size: Optional[int] = None) -> dict:
+    """A network of ``size`` allocatable addresses from 10.0.0.1 in a /8 (a /15 for 100,000);
+    ``block_size``: the NAD's ``kubernetes.block_size`` (None: not set, the default)."""
     start = ipaddress.IPv4Address("10.0.0.1")
     end = start + size - 1
     prefix = 32 - (size + 2 - 1).bit_length()
     subnet = ipaddress.IPv4Network(f"10.0.0.0/{prefix}")
+    kube: dict[str, Any] = {"kubeconfig": "/sim/kubeconfig", "namespace": NAMESPACE}
+    if block_size is not None:
+        kube["block_size"] = block_size
     return {"cniVersion": "1.0.0", "name": NETWORK, "type": "macvlan-rdma",
             "ipam": {"type": "lease-ipam", "range": str(subnet), "range_end": str(end), "whereabouts_check": False,
-                     "kubernetes": {"kubeconfig": "/sim/kubeconfig", "namespace": NAMESPACE}}}
+                     "kubernetes": kube}}
+
+
+def effective_block_size(block_size: Optional[int]) -> int:
+    """The IPv4 block size the stores use (the sim's network is IPv4)."""
+    from ipam.store.kube_blocks import DEFAULT_BLOCK_SIZE
+
+    return block_size or DEFAULT_BLOCK_SIZE[4]
 
 
 class Cluster:
     """The fake API server, N node names and the daemon-side store of each."""
 
-    def __init__(self, nodes: int, size: int, shared: bool, cache_settings: dict) -> None:
+    def __init__(self, nodes: int, size: int, shared: bool, cache_settings: dict, block_size: Optional[int] = None) -> None:
         from ipam import kube_config
         from ipam.config import parse_ipam_config
         from ipam.kube_config import Connection, KubeSettings
@@ -100,7 +174,7 @@ class Cluster:
         from ipam.store import lease_cache
 
         self.server = KubeAPIServer(start=False, max_events=20_000)
-        self.config = network_config(size)
+        self.config = network_config(size, block_size)
         self.range_sets = list(parse_ipam_config(self.config).range_sets)
         self.allocatable = sum(rs.count_free([]) for rs in self.range_sets)
         self.domain = store_location(self.config)[1]
@@ -109,13 +183,15 @@ class Cluster:
         self._conns: dict[str, Any] = {}
         self._settings: dict[str, Any] = {}
         if shared:
-            common = KubeSettings(kubeconfig="/sim/shared", namespace=NAMESPACE, timeout=60.0, request_timeout=30.0)
+            common = KubeSettings(kubeconfig="/sim/shared", namespace=NAMESPACE, timeout=60.0, request_timeout=30.0,
+                                  block_size=block_size)
             conn = Connection(InProcessApiClient(self.server, INFORMER, who=_who), NAMESPACE)
             for n in self.nodes:
                 self._settings[n], self._conns[common.kubeconfig] = common, conn
         else:
             for n in self.nodes:
-                s = KubeSettings(kubeconfig=f"/sim/{n}", namespace=NAMESPACE, timeout=60.0, request_timeout=30.0)
+                s = KubeSettings(kubeconfig=f"/sim/{n}", namespace=NAMESPACE, timeout=60.0, request_timeout=30.0,
+                                 block_size=block_size)  # what the daemon reads from the NAD (self.config)
                 self._settings[n] = s
                 self._conns[s.kubeconfig] = Connection(InProcessApiClient(self.server, n + INFORMER, who=_who), NAMESPACE)
         self._real_connect = kube_config.connect
@@ -126,6 +202,8 @@ class Cluster:
         self.addresses: dict[str, tuple] = {}  # attachment container id -> the addresses its ADD answered
         self.errors: Counter = Counter()
         self.lock = threading.Lock()
+        self.reasons = Reasons()
+        self.reasons.install()
 
     def close(self) -> None:
         from ipam import kube_config
@@ -133,6 +211,7 @@ class Cluster:
 
         lease_cache.enable(False)
         kube_config.connect = self._real_connect
+        self.reasons.uninstall()
         self.server.stop()
 
     # -- verbs -----------------------------------------------------------------------------------
@@ -248,10 +327,12 @@ def read_bytes(c: Counter) -> int:
 def measure(cl: Cluster, label: str, ops: int, run: Any) -> dict:
     """Run ``run()`` with the server's counts reset; what it cost, per operation."""
     cl.server.reset_client_stats()
+    cl.reasons.take()
     before = {inf: dict(inf.stats) for inf in cl.informers()}
     t0 = time.perf_counter()
     done = run()
     wall = time.perf_counter() - t0
+    reasons = cl.reasons.take()
     tot = totals(cl.per_node())
     verb, inf = tot["verb"], tot["informer"]
     n = max(1, done)
@@ -264,7 +345,7 @@ def measure(cl: Cluster, label: str, ops: int, run: Any) -> dict:
             "requests_per_op": round((verb["requests"] + inf["requests"]) / n, 4),
             "conflicts_per_op": round(verb["create:409"] / n, 4),
             "watch_events_per_op": round(inf["watch_events"] / n, 2), "watch_bytes_per_op": round(inf["watch_bytes"] / n),
-            "informer_bytes": read_bytes(inf), "echo_misses": echo}
+            "informer_bytes": read_bytes(inf), "echo_misses": echo, "reasons": reasons}
 
 
 def fill_to(cl: Cluster, target: int, counter: list[int], threads: int, deadline: float = float("inf")) -> int:
@@ -300,11 +381,13 @@ def network_bytes(cl: Cluster) -> int:
 
 
 def simulate(nodes: int, size: int, fills: list[int], batch: int, job: int, threads: int, shared: bool,
-             cache_settings: dict, log: Any, fill_threads: int = 8, phase_seconds: float = float("inf")) -> dict:
+             cache_settings: dict, log: Any, fill_threads: int = 8, phase_seconds: float = float("inf"),
+             block_size: Optional[int] = None) -> dict:
     t_start = time.perf_counter()
-    cl = Cluster(nodes, size, shared, cache_settings)
+    cl = Cluster(nodes, size, shared, cache_settings, block_size)
     rows: list[dict] = []
-    out: dict[str, Any] = {"nodes": nodes, "size": cl.allocatable, "informers": "shared" if shared else "per-node"}
+    out: dict[str, Any] = {"nodes": nodes, "size": cl.allocatable, "informers": "shared" if shared else "per-node",
+                           "block_size": effective_block_size(block_size)}
     try:
         # 1. daemons start: each node's first verb (a DEL of nothing) starts its informers
         t0 = time.perf_counter()
@@ -332,7 +415,8 @@ def simulate(nodes: int, size: int, fills: list[int], batch: int, job: int, thre
                 out["stopped"] = f"the fill to {pct} % stopped at {reached:.1f} % after {phase_seconds:g} s (--phase-seconds)"
                 log(f"  N={nodes}: {out['stopped']}")
             log(f"  N={nodes}: filled to {pct} % ({len(cl.held)}) in {r['seconds']} s: {r['requests_per_op']} req/ADD, "
-                f"{r['watch_events_per_op']} events/ADD")
+                f"{r['watch_events_per_op']} events/ADD; beyond 0.005/ADD: "
+                + "; ".join(f"{v / max(1, r['ops']):.3f} {k}" for k, v in r["reasons"].items() if v >= 0.005 * max(1, r["ops"])))
             fill_from = pct
             # DEL a random batch at this fill, then ADD it back (the same nodes)
             if stopped:
@@ -402,9 +486,9 @@ def simulate(nodes: int, size: int, fills: list[int], batch: int, job: int, thre
         gc.collect()
 
 
-def probe_shared(size: int, cache_settings: dict) -> tuple[bool, list]:
+def probe_shared(size: int, cache_settings: dict, block_size: Optional[int] = None) -> tuple[bool, list]:
     """Whether two nodes' informers watch exactly the same selectors (then one can stand for all)."""
-    cl = Cluster(2, min(size, 4096), False, cache_settings)
+    cl = Cluster(2, min(size, 4096), False, cache_settings, block_size)
     try:
         for n in cl.nodes:
             cl.add(n, f"probe-{n}")
@@ -460,17 +544,23 @@ def fmt_bytes(n: float) -> str:
 
 def print_report(results: list[dict], checks: dict) -> None:
     for r in results:
-        print(f"\nN = {r['nodes']} nodes, {r['size']} addresses, informers: {r['informers']} "
+        print(f"\nN = {r['nodes']} nodes, {r['size']} addresses, block size S = {r.get('block_size', 16)}, informers: {r['informers']} "
               f"({r['seconds']} s, max RSS {r['max_rss_mb']} MiB, echo misses {r['echo_misses']}, errors {r['errors'] or 'none'}, "
               f"addresses given twice {r['duplicates']})")
-        print("| phase | ops | req/op | verb requests/op | verb bytes read/op | informer req/op | 409/op | watch events/op | watch bytes/op | s |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+        print("| S | phase | ops | req/op | verb requests/op | verb bytes read/op | informer req/op | 409/op | watch events/op | watch bytes/op | s |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         for row in r["rows"]:
             n = max(1, row["ops"])
             verbs = " ".join(f"{v / n:.3g} {k}" for k, v in row["verb_requests"].items()) or "-"
             vb = fmt_bytes(row["verb_bytes_per_op"]) if "verb_bytes_per_op" in row else "-"
-            print(f"| {row['phase']} | {row['ops']} | {row['requests_per_op']:.3f} | {verbs} | {vb} | {row['informer_per_op']:.4f} | "
+            print(f"| {r.get('block_size', 16)} | {row['phase']} | {row['ops']} | {row['requests_per_op']:.3f} | {verbs} | {vb} | {row['informer_per_op']:.4f} | "
                   f"{row['conflicts_per_op']:.3f} | {row['watch_events_per_op']:g} | {fmt_bytes(row['watch_bytes_per_op'])} | {row['seconds']} |")
+        print("Verb requests per op by store step (`METHOD step in what-the-verb-was-doing status`), above 0.001:")
+        for row in r["rows"]:
+            n = max(1, row["ops"])
+            top = sorted(((v / n, k) for k, v in (row.get("reasons") or {}).items()), reverse=True)
+            shown = "; ".join(f"{v:.3f} {k}" for v, k in top if v >= 0.001)
+            print(f"- S = {r.get('block_size', 16)}, {row['phase']}: {shown or '-'}")
         if r.get("stopped"):
             print(f"stopped: {r['stopped']}")
         rs = r["restart"]
@@ -479,11 +569,11 @@ def print_report(results: list[dict], checks: dict) -> None:
               f"in {rs['requests']} requests; per daemon {fmt_bytes(rs['per_daemon_mean'])} mean, {fmt_bytes(rs['per_daemon_max'])} max "
               f"(own claims: {rs['own_claims_mean']} mean, {rs['own_claims_max']} max); back in sync in {rs['seconds']} s")
     print("\nSummary per N")
-    print("| N | req/ADD (worst) | req/DEL (worst) | watch events/ADD | watch bytes/ADD | daemon start bytes (mean) | restart bytes, all daemons |")
-    print("|---|---|---|---|---|---|---|")
+    print("| N | S | req/ADD (worst) | req/DEL (worst) | watch events/ADD | watch bytes/ADD | daemon start bytes (mean) | restart bytes, all daemons |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in results:
         n = r["nodes"]
-        print(f"| {n} | {checks['1']['worst_requests_per_add'][n]:.3f} | {checks['1']['worst_requests_per_del'][n]:.3f} | "
+        print(f"| {n} | {r.get('block_size', 16)} | {checks['1']['worst_requests_per_add'][n]:.3f} | {checks['1']['worst_requests_per_del'][n]:.3f} | "
               f"{checks['2']['events_per_add'][n]:g} | {fmt_bytes(checks['2']['bytes_per_add'][n])} | "
               f"{fmt_bytes(r['restart']['per_daemon_mean'])} | {fmt_bytes(r['restart']['total_bytes'])} |")
     names = {"1": "API requests per ADD/DEL <= 1 amortised, independent of N and fill",
@@ -506,6 +596,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--phase-seconds", type=float, default=300.0,
                     help="a fill phase longer than this stops there: the restart is measured at the fill reached (default 300)")
     ap.add_argument("--informers", choices=("auto", "shared", "per-node"), default="auto")
+    ap.add_argument("--block-size", type=int, default=None,
+                    help="the NAD's kubernetes.block_size (a power of two; default: not set, the store's default, 16)")
     ap.add_argument("--quick", action="store_true", help="smoke run: N = 10,100, 10,000 addresses, job of 200")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     ap.add_argument("--report", metavar="FILE", help="print the tables of a saved --json run and exit")
@@ -521,6 +613,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     batch = args.batch if args.batch is not None else (100 if args.quick else 500)
     fills = [int(x) for x in args.fills.split(",")]
     log = (lambda msg: print(msg, file=sys.stderr, flush=True))
+    log(f"block size S = {effective_block_size(args.block_size)}")
     cache_settings = {"sync_budget": 10.0, "echo_budget": 10.0}
     logger = logging.getLogger("rdmanet")
     level, stack = logger.level, threading.stack_size(512 * 1024)
@@ -529,14 +622,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     t0 = time.perf_counter()
     try:
         if args.informers == "auto":
-            shared, seen = probe_shared(size, cache_settings)
+            shared, seen = probe_shared(size, cache_settings, args.block_size)
             log(f"informers: {'one shared (every node watches ' + repr(seen[0]) + ')' if shared else 'one per node'}")
         else:
             shared = args.informers == "shared"
         for n in nodes:
             log(f"N = {n} ...")
             results.append(simulate(n, size, fills, batch, job, args.threads, shared, cache_settings, log, args.fill_threads,
-                                    args.phase_seconds))
+                                    args.phase_seconds, args.block_size))
     finally:
         logger.setLevel(level)
         threading.stack_size(stack)

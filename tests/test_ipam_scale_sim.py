@@ -34,6 +34,8 @@ def check_consistent(result: dict) -> None:
         assert row["requests_per_op"] == pytest.approx(row["verb_per_op"] + row["informer_per_op"], abs=1e-3)
         assert sum(row["verb_requests"].values()) == pytest.approx(row["verb_per_op"] * row["ops"], abs=0.5)
         assert row["verb_per_op"] >= 1.0  # every ADD/DEL asks the API server at least once
+        # every request a verb made is counted under the store step that made it, once
+        assert sum(row["reasons"].values()) == sum(row["verb_requests"].values()), row["phase"]
     phases = [row["phase"] for row in result["rows"]]
     assert phases[0] == "fill 0-50 %" and "job: 24 ADDs at once" in phases and "fill 50-95 %" in phases
     restart = result["restart"]
@@ -52,6 +54,31 @@ def test_sim_runs_per_node_informers_and_its_counts_add_up():
         check_consistent(r)
     assert set(doc["targets"]) == {"1", "2", "3"}
     assert all(isinstance(t["pass"], bool) for t in doc["targets"].values())
+
+
+def test_block_size_is_the_nads_and_stated_in_every_row():
+    """--block-size reaches the stores as the NAD's kubernetes.block_size: with blocks of 4, a
+    node's ADDs acquire a block (its record is the ADD's claim) every 4 ADDs while filling."""
+    rc, doc = run("--nodes", "2", "--block-size", "4")
+    assert rc == 0
+    [r] = doc["results"]
+    check_consistent(r)
+    assert r["block_size"] == 4
+    fill = r["rows"][0]
+    acquired = sum(v for k, v in fill["reasons"].items() if k.startswith("POST _try_record") and k.endswith(" 201"))
+    # 128 ADDs, 64 per node: one block per 4 (one more where a block holds the network address)
+    assert fill["ops"] // 4 <= acquired <= fill["ops"] // 4 + 2, fill["reasons"]
+    out = io.StringIO()
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"sim-{os.getpid()}.json")
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    try:
+        with redirect_stdout(out):
+            assert ipam_scale_sim.main(["--report", path]) == 0
+    finally:
+        os.unlink(path)
+    rows = [line for line in out.getvalue().splitlines() if line.startswith("| 4 | fill")]
+    assert rows, out.getvalue()
 
 
 def test_shared_informer_counts_what_per_node_informers_receive():

@@ -74,9 +74,10 @@ RESTART_NETWORK_READS = 2.0  # all daemons together may read the network's Lease
 # The store's steps a request is counted under (``--json`` rows: ``reasons``): the innermost of
 # ``_STEPS`` on the caller's stack names what the request was for, the innermost of ``_PATHS`` what
 # the verb was doing (its own blocks, acquiring one, borrowing), e.g. ``POST _try_record in _acquire_block 409``.
-_STEPS = ("_try_record", "_acquire_in_group", "_acquire_seen", "_claim_at", "_borrow_round_robin", "_scan_domain",
+_STEPS = ("_try_record", "_acquire_in_group", "_acquire_in_records", "_acquire_seen", "_claim_at", "_borrow_round_robin", "_scan_domain",
           "_take_record", "_free_record", "_drop_block", "_settle", "_sweep_uncertain", "_rollback",
           "_attachment_claims", "_claim_requested", "_remove", "_whereabouts_holder")
+_VIA = ("_try_after_newest", "_try_free_seen", "_acquire_in_group", "_acquire_in_records", "_acquire_seen", "_claim_seen")  # shown as step<via
 _PATHS = ("_acquire_block", "_borrow", "_pick", "_allocate_cached", "_allocate", "_release_cached",
           "_release_idle_blocks", "allocate", "release", "gc", "status")
 
@@ -117,6 +118,9 @@ class Reasons:
             name = f.f_code.co_name
             if not step and name in _STEPS:
                 step = name
+                via = f.f_back.f_code.co_name if f.f_back is not None else ""
+                if via in _VIA:
+                    step += f"<{via}"
             if name in _PATHS:
                 outer = name  # the innermost: what the verb was doing
                 break

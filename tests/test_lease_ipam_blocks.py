@@ -671,3 +671,61 @@ def test_a_node_whose_acquisition_gave_up_takes_a_block_the_domain_read_shows_fr
     assert block_owner(lease) == node, "the ADD borrowed instead of acquiring a block the domain read showed free"
     following = store_add(candidate, conf, "c1")  # its next ADD: in its own block
     assert following is not None and int(ipaddress.ip_address(following)) // 4 == int(ipaddress.ip_address(got)) // 4
+
+
+def hold_every_block_but(server, kubeconfig, conf, free):
+    """Every block of ``conf``'s range but those starting at the addresses ``free`` held by
+    node-full (its record: the claim of the block's first usable address)."""
+    [rs] = parse_ipam_config(conf).range_sets
+    [r] = rs.ranges
+    filler = store(kubeconfig, "node-full", conf)
+    for j in range(filler._block_count(rs)):
+        first = filler._position(rs, j)[1]
+        if r.address(first) in free:
+            continue
+        ip = filler._record_ip(r, first)
+        body = filler._record_body(filler._body(ip, Attachment(f"full-{first}", "net1"), "net-a", rs), "node-full", r, first)
+        assert server.api_create(RESOURCES["leases"], NS, body, False)[0] == 201
+
+
+def hashed_blocks(kubeconfig, conf, node, n):
+    """The first addresses of the first ``n`` blocks of ``node``'s hashed acquisition order."""
+    s = store(kubeconfig, node, conf)
+    [rs] = parse_ipam_config(conf).range_sets
+    total = s._block_count(rs)
+    return [rs.ranges[0].address(s._position(rs, s._probe(rs, i) % total)[1]) for i in range(n)]
+
+
+def test_a_daemon_finds_the_free_blocks_of_a_crowded_range_with_one_read_and_uses_them_one_by_one(
+        server, kubeconfig, daemon):
+    """Issue 17 target 1 near a full pool: when a daemon's probes and group Lists meet only held
+    blocks, it reads where the free blocks are once (the domain's block records, not its claims)
+    and remembers what it saw: its next acquisitions create their records at those blocks
+    directly, so every later ADD costs one create (no probe meeting a 409, no List). Here 1,016
+    of a /20's 1,024 blocks of 4 are held; the 8 free ones are every other block of one group,
+    so the block after a node's newest one is never free."""
+    conf = netconf(kubeconfig, "10.9.32.0/20", block_size=4)
+    free = {ipaddress.ip_address("10.9.37.0") + 8 * k for k in range(8)}
+    hold_every_block_but(server, kubeconfig, conf, free)
+    group = ipaddress.ip_network("10.9.37.0/24")  # the free blocks' group
+    node = next(n for n in (f"node-{k}" for k in range(100))  # one whose hashed probes and groups miss it
+                if not any(ip in group for ip in hashed_blocks(kubeconfig, conf, n, 32)))
+    assert call("DEL", conf, "nothing", node) == (0, None)  # the daemon starts its informer
+    inf = informer_of(node)
+    wait_until(inf.usable, f"{node}'s informer to sync")
+    log_from = len(server.request_log())
+    first = add(conf, "x0", node)
+    assert first is not None and ipaddress.ip_address(first) in free
+    selectors = [e["query"].get("labelSelector", "") for e in server.request_log()[log_from:]
+                 if e["verb"] == "list"]
+    claims_read = [s for s in selectors if "rdmanet.io/node=" not in s and "block" not in s]
+    assert not claims_read, f"the ADD read the domain's claims to find a free block: {selectors}"
+    wait_until(lambda: len(inf.blocks()) == 1, f"{node}'s block in its view")
+    server.reset_counts()
+    rest = [add(conf, f"x{i}", node) for i in range(1, 32)]
+    assert server.counts() == {("create", "leases"): 31}, "an acquisition met a 409 or Listed"
+    got = {ipaddress.ip_address(ip) for ip in [first, *rest]}
+    assert got == {f + k for f in free for k in range(4)}  # the 8 free blocks, all of them the node's
+    assert sorted(block_owner(o) for o in block_leases(server, NS) if block_owner(o) != "node-full") == [node] * 8
+    borrowed = add(conf, "x32", node)  # no block left: it borrows an address of a held block
+    assert borrowed is not None and ipaddress.ip_address(borrowed) not in got

@@ -14,9 +14,10 @@ Block Leases of the first block design (``lipb-<domain hash>-<first>-<size>``) a
 a node's held blocks (and released when empty), never made.
 
 :class:`NodeBlocks` is the part of :class:`ipam.store.kube.KubeStore` that finds a node's blocks
-in a range set, acquires one at the node's hashed positions (after ``PROBE_MISSES`` 409s, a List
-of one group's records, at most ``BLOCK_GROUP`` Leases), borrows in other nodes' blocks when every
-block is held (one block's claims per List), and releases a node's empty blocks after
+in a range set, acquires one (the block after its newest, the free blocks a List showed, its
+hashed positions, then Lists of one group's records, at most ``BLOCK_GROUP`` Leases, and when
+those show none free one paginated List of every record of the domain), borrows in other nodes'
+blocks when every block is held (one block's claims per List), and releases a node's empty blocks after
 ``block_release_seconds``. It relies on the store's requests (``_call``, ``_list``, ``_list_all``),
 claim creation (``_create``, ``_body``, ``_get``) and candidate walk (``_start``, ``_skip``, ``_next``).
 """
@@ -50,13 +51,18 @@ _EPOCH = datetime.fromtimestamp(0, timezone.utc)
 DEFAULT_BLOCK_SIZE = {4: 16, 6: 64}  # addresses per block (docs/lease-ipam.md: how to size blocks)
 BLOCK_PROBES = 8  # hashed block positions tried before a group of records is listed
 PROBE_MISSES = 2  # 409s on records before one group's records are listed (a 409 is ~200 B; a group List, <= 64 Leases, tells which are free)
-GROUP_LISTS = 3  # groups of records one acquisition lists before it borrows (a group found full is not listed again for FULL_BLOCK_SECONDS)
+GROUP_LISTS = 6  # groups of records one acquisition lists before it borrows (a group found full is not listed again for FULL_BLOCK_SECONDS)
 GROUP_MISSES = 4  # 409s within a listed group (claims of first addresses that are not records) before the next group
 SMALL_BLOCK_COUNT = 64  # a range set with at most this many blocks lists its group at once instead of probing
 BORROW_BLOCKS = 8  # blocks whose claims one borrowing ADD reads (one small List each) before the domain's
 NO_FREE_BLOCK_SECONDS = 5.0  # a daemon borrows from the free addresses it read for this long without re-reading
 ACQUIRE_PAUSE_SECONDS = 5.0  # after an acquisition found no free block: no new attempt for this long (a doubling pause kept nodes borrowing, and reading, with a fifth of the blocks free)
 FULL_BLOCK_SECONDS = 30.0  # a daemon does not read again for this long a block it found full when borrowing
+FREE_SEEN_SECONDS = 30.0  # the blocks a List showed free are tried first (before probes or another List) for this long
+RECORD_SCAN_BLOCKS = 1 << 16  # a range set of at most this many blocks may have its records read whole (<= 132 pages) when groups show none free
+NO_BLOCK_AT_ALL_SECONDS = 30.0  # after a read of every record showed no block free: no acquisition attempt for this long
+CROWDED_SHARE = 0.5  # the share of blocks held seen lately is at least this: no hashed probes, the next List at once
+PROBE_WEIGHT = 0.5  # how much one hashed probe's outcome (409 or not) moves that share (a List sets it)
 
 
 @dataclass(frozen=True)
@@ -180,11 +186,16 @@ class NodeBlocks:
                        attachment: Attachment, network: str) -> Optional[Claim]:
         """The ADD's claim on the first usable address of a block of ``rs`` that no node holds,
         made as the block's record: one create acquires the block and claims the address (409:
-        a record, or a claim of that address: next block). Creates at this node's hashed
-        positions (skipping blocks this daemon knows held), until ``PROBE_MISSES`` 409s; then
-        one List of the records of the group of ``BLOCK_GROUP`` blocks at the next position
-        (at most ``GROUP_LISTS`` groups), creating at the first block of it no record holds.
-        None: no block was free (borrow)."""
+        a record, or a claim of that address: next block). In this order: the block after the
+        node's newest; the blocks a List showed free in the last ``FREE_SEEN_SECONDS`` (best
+        first, one 409 and the rest is forgotten); this node's hashed positions (skipping
+        blocks this daemon knows held) until ``PROBE_MISSES`` 409s, unless the last List showed
+        ``CROWDED_SHARE`` or more of its blocks held; one List of the records of the group of
+        ``BLOCK_GROUP`` blocks at the next position, at most ``GROUP_LISTS`` groups (a create
+        at the best block each shows free); then, on a range set of more than
+        ``SMALL_BLOCK_COUNT`` blocks, one paginated List of the domain's records and a create
+        at each block it shows free until one succeeds. None: no block was free (borrow; no
+        attempt for ``NO_BLOCK_AT_ALL_SECONDS`` when the whole read showed none)."""
         notes = cache.notes if cache is not None else {}
         until, _ = notes.get(("no-free-block", rs.index), (0.0, 0.0))
         if until > time.monotonic():
@@ -199,34 +210,44 @@ class NodeBlocks:
         held: set = notes.setdefault(("held", rs.index), set())
         i = notes.get(("probe", rs.index), 0)
         probes, misses, looked = (BLOCK_PROBES if total > SMALL_BLOCK_COUNT else 1), 0, 0
-        if notes.get(("crowded", rs.index)):
-            probes = 1  # the last acquisition needed a group List: hashed probes seldom succeed now
+        if notes.get(("crowded", rs.index), 0.0) >= CROWDED_SHARE:
+            # The share f of blocks held, as the last List showed it (or the last probes: each
+            # 409 moves it up, each success down): a hashed probe meets a 409 with about that
+            # probability, so two probes before a List cost f + 2f² requests on average against
+            # the List's 1, more from f = 1/2 on: list at once.
+            probes = 0
         try:
             # First the block right after this node's newest one: a node grows a run of adjacent
             # blocks, so it meets another node only where its run reaches theirs (then it jumps
             # to its next hashed position), instead of a 409 with the probability of the held
             # fraction at every acquisition.
-            after = self._after_newest(rs, blocks)
-            if after is not None:
-                claim, missed = self._try_record(rs, *after, mine, held, attachment, network, deadline)
-                if claim is not None:
-                    return claim
-                misses += missed
+            claim, missed = self._try_after_newest(rs, blocks, mine, held, attachment, network, deadline)
+            if claim is not None:
+                return claim
+            misses += missed
+            # Then the blocks an earlier group List showed free (one List shows every free block
+            # of its group: at a high fill it serves several acquisitions, not one).
+            claim, missed = self._try_free_seen(rs, mine, held, attachment, network, deadline, notes)
+            if claim is not None:
+                return claim
+            misses += missed
             while misses < min(probes, PROBE_MISSES) and looked < probes * 16:
                 looked += 1
                 r, first = self._position(rs, self._probe(rs, i) % total)
                 i += 1
                 claim, missed = self._try_record(rs, r, first, mine, held, attachment, network, deadline)
+                if claim is not None or missed:
+                    share = notes.get(("crowded", rs.index), 0.0)
+                    notes[("crowded", rs.index)] = share + PROBE_WEIGHT * ((1.0 if missed else 0.0) - share)
                 if claim is not None:
-                    notes.pop(("crowded", rs.index), None)
                     notes.pop(("no-free-block", rs.index), None)
                     return claim
                 misses += missed
-            if cache is not None:
-                notes[("crowded", rs.index)] = True
             groups: set = set()
             full: dict = notes.setdefault(("full-groups", rs.index), {})
             now = time.monotonic()
+            for g in [g for g, t in full.items() if t <= now]:
+                del full[g]
             for _ in range(GROUP_LISTS * 8):
                 if len(groups) >= GROUP_LISTS:
                     break
@@ -236,17 +257,78 @@ class NodeBlocks:
                 if group in groups or full.get(group, 0.0) > now:
                     continue
                 groups.add(group)
-                full[group] = now + FULL_BLOCK_SECONDS  # until a free block is found in it
-                claim = self._acquire_in_group(rs, r, first, mine, held, attachment, network, deadline)
+                # Not listed again for a while: what the List showed free is remembered instead.
+                full[group] = now + FULL_BLOCK_SECONDS
+                claim = self._acquire_in_group(rs, r, first, mine, held, attachment, network, deadline, notes)
                 if claim is not None:
-                    full.pop(group, None)
                     notes.pop(("no-free-block", rs.index), None)
                     return claim
+            # The groups listed had no free block (or this node met 409s on every one it saw
+            # free): one read of every record of the domain tells where the free blocks are
+            # (1/S of the claims, none of the other addresses); the ones it shows are tried, and
+            # remembered for the next acquisitions.
+            pause = ACQUIRE_PAUSE_SECONDS
+            if SMALL_BLOCK_COUNT < total <= RECORD_SCAN_BLOCKS:  # (a small range's groups were just listed)
+                claim, free = self._acquire_in_records(rs, mine, held, attachment, network, deadline, notes)
+                if claim is not None:
+                    notes.pop(("no-free-block", rs.index), None)
+                    return claim
+                # Every block it showed free was taken before this node's create (borrow this
+                # once, acquire again on the next ADD), or none was: borrow until blocks come back.
+                pause = NO_BLOCK_AT_ALL_SECONDS if not free else 0.0
         finally:
             notes[("probe", rs.index)] = i
-        if cache is not None:  # no block free: borrow, and try again after a pause
-            notes[("no-free-block", rs.index)] = (time.monotonic() + ACQUIRE_PAUSE_SECONDS, ACQUIRE_PAUSE_SECONDS)
+        if cache is not None and pause > 0:  # no block free: borrow, and try again after a pause
+            notes[("no-free-block", rs.index)] = (time.monotonic() + pause, pause)
         return None
+
+    def _acquire_in_records(self, rs: RangeSet, mine: set, held: set, attachment: Attachment, network: str,
+                            deadline: float, notes: dict) -> tuple[Optional[Claim], int]:
+        """One paginated List of the domain's block records (``rdmanet.io/block-owner`` set;
+        only their names are kept, page by page), then the ADD's claim made as the record of a
+        block of ``rs`` none of them holds, best first (:meth:`_rank_free`), trying each until
+        one create succeeds; the others are remembered (:meth:`_try_free_seen`). (claim or
+        None, how many blocks the read showed free)."""
+        names: set = set()
+        for page in self._pages(f"{L_DOMAIN}={self.dhash},{L_BLOCK_OWNER}", deadline,
+                                f"list block records of domain {self.domain}"):
+            if page is None:
+                names.clear()
+                continue
+            for item in page:
+                if isinstance(item, dict):
+                    names.add(str((item.get("metadata") or {}).get("name") or ""))
+        by_range: dict[Range, list[int]] = {}
+        until = time.monotonic() + FREE_SEEN_SECONDS
+        total = self._block_count(rs)
+        for j in range(total):
+            r, first = self._position(rs, j)
+            ip = self._record_ip(r, first)
+            if ip is None:
+                continue
+            name = lease_name(self.dhash, ip)
+            if name in names:
+                if name not in mine:
+                    held.add(name)
+            elif name not in mine:
+                held.discard(name)
+                by_range.setdefault(r, []).append(first)
+        seen = {at: (r, until, room) for r, frees in by_range.items() for at, room in self._rank_free(self._size(r), frees)}
+        notes[("free-seen", rs.index)] = seen
+        notes[("crowded", rs.index)] = 1.0 - len(seen) / max(1, total)
+        # Just read: every one of them is tried before this ADD borrows (a 409 costs one request,
+        # borrowing may read the domain's claims).
+        claim, _ = self._try_free_seen(rs, mine, held, attachment, network, deadline, notes, len(seen))
+        return claim, len(seen)
+
+    def _try_after_newest(self, rs: RangeSet, blocks: Sequence[Block], mine: set, held: set, attachment: Attachment,
+                          network: str, deadline: float) -> tuple[Optional[Claim], int]:
+        """The ADD's claim made as the record of the block after this node's newest one (when
+        it has one there and does not know it held). (claim or None, 409s met)."""
+        after = self._after_newest(rs, blocks)
+        if after is None:
+            return None, 0
+        return self._try_record(rs, *after, mine, held, attachment, network, deadline)
 
     def _after_newest(self, rs: RangeSet, blocks: Sequence[Block]) -> Optional[tuple[Range, int]]:
         """(range, first address) of the block after this node's most recently acquired block of
@@ -279,10 +361,13 @@ class NodeBlocks:
         return claim, 0
 
     def _acquire_in_group(self, rs: RangeSet, r: Range, first: int, mine: set, held: set, attachment: Attachment,
-                          network: str, deadline: float) -> Optional[Claim]:
+                          network: str, deadline: float, notes: Optional[dict] = None) -> Optional[Claim]:
         """One List of the records of the group holding the block at ``first`` (at most
         ``BLOCK_GROUP`` Leases), then a record created at the first block of the group, from
-        ``first`` on, that none holds (up to ``PROBE_MISSES`` 409s: claims of first addresses)."""
+        ``first`` on, that none holds (up to ``GROUP_MISSES`` 409s: claims of first addresses).
+        ``notes`` (a daemon's): the other blocks the List showed free are remembered for the
+        next acquisitions (:meth:`_try_free_seen`), and the share of the group's blocks held
+        tells the next acquisition whether hashed probes are worth their 409s."""
         size = self._size(r)
         group = block_group_id(r.subnet, first, size)
         records, _ = self._list_all(f"{L_DOMAIN}={self.dhash},{L_BLOCK_GROUP}={group}", deadline,
@@ -295,12 +380,28 @@ class NodeBlocks:
             if ip is not None:
                 held.discard(lease_name(self.dhash, ip))
         held.update(listed - mine)
-        misses = 0
-        offset = (first - start) // size
+        frees, blocks_here = [], 0
         for k in range(BLOCK_GROUP):
-            at = start + ((offset + k) % BLOCK_GROUP) * size
-            if at + size - 1 < r.start or at > r.end:
+            at = start + k * size
+            ip = self._record_ip(r, at) if r.start <= at + size - 1 and at <= r.end else None
+            if ip is None:
                 continue
+            blocks_here += 1
+            name = lease_name(self.dhash, ip)
+            if name not in held and name not in mine:
+                frees.append(at)
+        ranked = self._rank_free(size, frees)
+        order = [at for at, _ in ranked]
+        if notes is not None and blocks_here:
+            notes[("crowded", rs.index)] = 1.0 - len(order) / blocks_here
+            seen: dict = notes.setdefault(("free-seen", rs.index), {})
+            until = time.monotonic() + FREE_SEEN_SECONDS
+            for at, room in ranked[1:]:
+                seen[at] = (r, until, room)
+        misses = 0
+        for at in order:
+            if notes is not None:
+                notes.get(("free-seen", rs.index), {}).pop(at, None)
             claim, missed = self._try_record(rs, r, at, mine, held, attachment, network, deadline)
             if claim is not None:
                 return claim
@@ -308,6 +409,54 @@ class NodeBlocks:
             if misses >= GROUP_MISSES:
                 break
         return None
+
+    def _spread(self, value: int) -> bytes:
+        """A node-specific sort key for ``value``: nodes choosing among the same free blocks
+        seldom choose the same one."""
+        return hashlib.sha256(f"{self.node}\0{value}".encode()).digest()[:8]
+
+    def _rank_free(self, size: int, frees: Sequence[int]) -> list[tuple[int, int]]:
+        """(first address, room) of the free blocks ``frees`` (first addresses, one range),
+        best first. Room: how many free blocks this node could grow into from there (it takes
+        the block after its newest next) while leaving as many to whoever grows into the run from
+        its start: ``min(blocks from it to the run's end, blocks from the run's start to it + 1)``;
+        the middle of the longest run of free blocks comes first, so that one acquisition after
+        a List is followed by acquisitions of the next blocks at no request of their own. Ties
+        in a node-specific order."""
+        ranked: list[tuple[int, int]] = []
+        run: list[int] = []
+        for at in sorted(frees) + [None]:  # runs of adjacent free blocks, in one pass
+            if run and (at is None or at != run[-1] + size):
+                ranked += [(b, min(len(run) - i, i + 1)) for i, b in enumerate(run)]
+                run = []
+            if at is not None:
+                run.append(at)
+        ranked.sort(key=lambda x: (-x[1], self._spread(x[0])))
+        return ranked
+
+    def _try_free_seen(self, rs: RangeSet, mine: set, held: set, attachment: Attachment, network: str,
+                       deadline: float, notes: dict, budget: int = 1) -> tuple[Optional[Claim], int]:
+        """The ADD's claim made as the record of a block a List showed free less than
+        ``FREE_SEEN_SECONDS`` ago, best first (:meth:`_rank_free`: the nodes that read the same
+        free blocks seldom choose the same one), up to ``budget`` 409s. Each is tried once; a
+        409 beyond the budget means other nodes took them since: what is left is forgotten
+        (while nodes acquire at once, what a List showed is soon stale). (claim or None, 409s met)."""
+        seen: dict = notes.get(("free-seen", rs.index)) or {}
+        now, misses = time.monotonic(), 0
+        order = sorted(seen, key=lambda at: (-seen[at][2], self._spread(at)))
+        for at in order:
+            if misses >= budget:
+                break
+            r, until, _ = seen.pop(at)
+            if until <= now or r not in rs.ranges:  # old, or seen under another config of the range set
+                continue
+            claim, missed = self._try_record(rs, r, at, mine, held, attachment, network, deadline)
+            if claim is not None:
+                return claim, misses
+            misses += missed
+        if misses >= budget:
+            seen.clear()
+        return None, misses
 
     def _record_body(self, body: dict, owner: str, r: Range, first: int) -> dict:
         """``body`` (a claim Lease) made the record of the block at ``first`` held by ``owner``."""
@@ -540,7 +689,6 @@ class NodeBlocks:
             claim, missed = self._try_record(rs, r, first, set(), set(), attachment, network, deadline)
             if claim is not None:
                 notes.pop(("no-free-block", rs.index), None)
-                notes.pop(("crowded", rs.index), None)
                 return claim, misses
             misses += missed
             if misses >= PROBE_MISSES:

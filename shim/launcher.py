@@ -246,8 +246,9 @@ def in_process(plugin, site_dir, stdin):
     ran ~65 times for ~14 ms of CPU (~6 % of the call) and found ~500 unreachable objects among
     ~28 000. What the call leaves in reference cycles goes back with the process's memory.
 
-    Run by a shim, the methods of the ~70 dataclasses the call's imports create come compiled from
-    beside the shim (:func:`classes_path`, :mod:`shim.dataclass_code`): ~10 ms of CPU per call."""
+    Run by a shim, what dataclasses and typing compile from text while the call imports (~70
+    classes' methods, ~800 forward references) comes compiled from beside the shim
+    (:func:`texts_path`, :mod:`shim.compiled_texts`): ~12 ms of CPU per call."""
     import gc
     import io
     import site
@@ -255,18 +256,18 @@ def in_process(plugin, site_dir, stdin):
     gc.disable()
 
     site.addsitedir(site_dir)  # also runs its .pth files (editable installs)
-    classes = None
+    texts = None
     if __name__ == SHIM_LAUNCHER and __file__:  # run by a shim: __file__ is the shim (shim.fast)
-        from shim import dataclass_code
+        from shim import compiled_texts
 
-        classes = dataclass_code.install(classes_path(__file__))
+        texts = compiled_texts.install(texts_path(__file__))
     from cni.core import skel
 
     module, cls = PLUGINS[plugin]
     instance = getattr(__import__(module, fromlist=[cls]), cls)()
     code = skel.main(instance, os.environ, io.BytesIO(stdin))
-    if classes is not None:
-        classes.save()
+    if texts is not None:
+        texts.save()
     return code
 
 
@@ -475,11 +476,12 @@ def code_path(shim_path):
     return os.path.join(directory, "." + name + ".code")
 
 
-def classes_path(shim_path):
-    """Where the shim at ``shim_path`` keeps the dataclass methods its in-process calls compiled:
-    ``<dir>/.<name>.classes`` (:mod:`shim.dataclass_code`; install.sh's --uninstall removes it)."""
+def texts_path(shim_path):
+    """Where the shim at ``shim_path`` keeps the code its in-process calls compiled from text
+    (dataclass methods, forward references): ``<dir>/.<name>.texts`` (:mod:`shim.compiled_texts`;
+    install.sh's --uninstall removes it)."""
     directory, name = os.path.split(shim_path)
-    return os.path.join(directory, "." + name + ".classes")
+    return os.path.join(directory, "." + name + ".texts")
 
 
 def write_shim(path, plugin_name, python, site_dir, socket_path=DEFAULT_SOCKET):

@@ -1,21 +1,23 @@
-"""The methods :mod:`dataclasses` writes for each class, compiled once per shim instead of on
-every in-process call. STANDARD LIBRARY ONLY: it runs before anything else of ours is imported.
+"""The code that :mod:`dataclasses` and :mod:`typing` compile from text while a call imports,
+compiled once per shim instead of on every in-process call. STANDARD LIBRARY ONLY: it runs before
+anything else of ours is imported.
 
 For each ``@dataclass`` the module writes the source of ``__init__``, ``__repr__``, ``__eq__``
 (and ``__setattr__``, ``__delattr__``, ``__hash__`` when frozen) and compiles it with ``exec``:
-~160 us of the ~230 us a class costs (Python 3.11). An in-process macvlan-rdma ADD creates ~70
-dataclasses while it imports (annotated_types, pydantic, filelock, ours), so ~10 ms of CPU went
-to compiling the same texts on every call.
+~160 us of the ~230 us a class costs (Python 3.11); an in-process macvlan-rdma ADD creates ~70
+dataclasses while it imports (annotated_types, pydantic, filelock, ours): ~10 ms of CPU. And
+``typing.ForwardRef`` compiles each annotation written as a string (``eval`` mode, ~3 us): ~800
+of them, pydantic_core's TypedDicts mostly, ~2.5 ms. The same texts on every call.
 
-:func:`install` gives :mod:`dataclasses` an ``exec`` (a name in its module, ahead of the
-builtin) that runs code compiled earlier for the very same source text, from a file beside the
-shim (``.<name>.classes``)::
+:func:`install` gives both modules a name (``exec`` in dataclasses, ``compile`` in typing: module
+globals, ahead of the builtins) that takes the code compiled earlier for the very same text from
+a file beside the shim (``.<name>.texts``)::
 
     <the interpreter's MAGIC_NUMBER> <crc32 of the marshal data, 8 hex digits> <marshal data>
 
-(the marshal data: a dict, source text -> code object), and compiles what the file lacks as
-``exec`` would (filename ``"<string>"``, no inherited ``__future__`` flags: dataclasses.py has
-none). :meth:`Cache.save` rewrites the file when the call compiled something: the first calls
+(the marshal data: a dict, (mode, text) -> code object), and compiles what the file lacks as the
+builtins would (filename ``"<string>"``, no inherited ``__future__`` flags: neither module has
+one). :meth:`Cache.save` rewrites the file when the call compiled something: the first calls
 after an install or an upgrade. A file from another interpreter (the magic number changes with
 the bytecode), cut short or altered is never loaded: the call compiles, as without a file. The
 key is the whole text, so a changed class (a field added, a library upgraded) simply misses.
@@ -31,11 +33,12 @@ import sys
 
 from .codecache import save as _save
 
-SUFFIX = ".classes"
 # more texts than this in the file (library upgrades leave texts nothing asks for): save only
 # what this process used
-MAX_ENTRIES = 4096
+MAX_ENTRIES = 8192
+FILENAME = "<string>"
 _builtin_exec = builtins.exec
+_builtin_compile = builtins.compile
 
 
 def _magic():
@@ -43,8 +46,8 @@ def _magic():
 
 
 class Cache:
-    """Compiled dataclass methods by source text, loaded from ``path`` (empty when it is absent,
-    from another interpreter or not whole)."""
+    """Code by (mode, source text), loaded from ``path`` (empty when it is absent, from another
+    interpreter or not whole)."""
 
     def __init__(self, path):
         self.path = path
@@ -69,21 +72,32 @@ class Cache:
             return {}
         return codes if type(codes) is dict else {}
 
+    def code(self, source, mode):
+        """The code of ``source`` compiled as ``compile(source, "<string>", mode)`` would."""
+        key = (mode, source)
+        code = self.codes.get(key)
+        if code is None:
+            code = self.compiled[key] = self.codes[key] = _builtin_compile(source, FILENAME, mode, dont_inherit=True)
+        else:
+            self.used.add(key)
+        return code
+
     def exec(self, source, globals=None, locals=None):
-        """``exec(source, globals, locals)``, with the code of a source text compiled before."""
+        """``exec(source, globals, locals)``, a source text's code compiled before (dataclasses)."""
         if globals is None:  # as the builtin: the caller's namespaces
             frame = sys._getframe(1)
             globals = frame.f_globals
             if locals is None:
                 locals = frame.f_locals
         if type(source) is str:
-            code = self.codes.get(source)
-            if code is None:
-                code = self.compiled[source] = self.codes[source] = compile(source, "<string>", "exec", dont_inherit=True)
-            else:
-                self.used.add(source)
-            source = code
+            source = self.code(source, "exec")
         return _builtin_exec(source, globals, locals)
+
+    def compile(self, source, filename, mode, flags=0, dont_inherit=False, optimize=-1):
+        """``compile(...)``, a source text's code compiled before (typing.ForwardRef's ``eval``)."""
+        if type(source) is str and filename == FILENAME and mode == "eval" and not flags and optimize == -1:
+            return self.code(source, mode)
+        return _builtin_compile(source, filename, mode, flags, dont_inherit, optimize)
 
     def save(self):
         """Rewrite the file when this process compiled something (nothing when it may not write)."""
@@ -91,15 +105,18 @@ class Cache:
             return
         codes = self.codes
         if len(codes) > MAX_ENTRIES:
-            codes = {source: codes[source] for source in self.used.union(self.compiled)}
+            codes = {key: codes[key] for key in self.used.union(self.compiled)}
         body = marshal.dumps(codes)
         _save(self.path, self.magic + b"%08x" % binascii.crc32(body) + body)
 
 
 def install(path):
-    """Compile :mod:`dataclasses`' methods through a :class:`Cache` of ``path``; returns it."""
+    """Compile dataclasses' methods and typing's forward references through a :class:`Cache` of
+    ``path``; returns it."""
     import dataclasses
+    import typing
 
     cache = Cache(path)
     dataclasses.exec = cache.exec
+    typing.compile = cache.compile
     return cache

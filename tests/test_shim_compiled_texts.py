@@ -1,7 +1,7 @@
-"""The dataclass methods an in-process call compiles, kept beside the shim (``.<name>.classes``,
-shim/dataclass_code.py): the first in-process call writes the file, the next ones compile none of
-what it holds and answer the same, and a file that is not whole or not made by this interpreter
-is never run."""
+"""The code an in-process call compiles from text (dataclass methods, forward references), kept
+beside the shim (``.<name>.texts``, shim/compiled_texts.py): the first in-process call writes the
+file, the next ones compile none of what it holds and answer the same, and a file that is not
+whole or not made by this interpreter is never run."""
 
 from __future__ import annotations
 
@@ -14,45 +14,51 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import typing
 
 import pytest
 
-from shim import dataclass_code, launcher
+from shim import compiled_texts, launcher
 from shim.testing import plain_site_dir
 from policy_file import write_policy
 
 SOURCE = '''
 import dataclasses
 
+import typing
+
 @dataclasses.dataclass(frozen=True)
 class Point:
     x: int
     y: int = 0
     tags: tuple = dataclasses.field(default_factory=tuple)
+
+Later = typing.Optional["Point"]
 '''
 
 
 @pytest.fixture
 def installed():
-    """``install`` on the real dataclasses module, undone after the test."""
+    """``install`` on the real dataclasses and typing modules, undone after the test."""
     caches = []
 
-    def install(path: pathlib.Path) -> dataclass_code.Cache:
-        cache = dataclass_code.install(str(path))
+    def install(path: pathlib.Path) -> compiled_texts.Cache:
+        cache = compiled_texts.install(str(path))
         caches.append(cache)
         return cache
 
     yield install
     if caches:
-        del dataclasses.exec  # the builtin again
+        del dataclasses.exec, typing.compile  # the builtins again
 
 
-def point_class(cache: dataclass_code.Cache):
+def point_class(cache: compiled_texts.Cache):
     sys.modules["points"] = namespace_module = type(sys)("points")
     try:
         exec(SOURCE, namespace_module.__dict__)
     finally:
         del sys.modules["points"]
+    namespace_module.Point.Later = namespace_module.Later
     return namespace_module.Point
 
 
@@ -64,11 +70,12 @@ def behaviour(Point) -> tuple:
     except dataclasses.FrozenInstanceError:
         frozen = True
     return (repr(p), p == Point(1, 0, ("a",)), p != Point(2), hash(p) == hash(Point(1, 0, ("a",))), frozen,
-            [f.name for f in dataclasses.fields(Point)], repr(Point(3)))
+            [f.name for f in dataclasses.fields(Point)], repr(Point(3)),
+            repr(typing.get_type_hints(type("Holder", (), {"__annotations__": {"p": Point.Later}}), {"Point": Point})))
 
 
 def test_saved_methods_are_run_instead_of_compiled_and_behave_the_same(tmp_path, installed):
-    path = tmp_path / ".plugin.classes"
+    path = tmp_path / ".plugin.texts"
     first = installed(path)
     made = behaviour(point_class(first))
     assert first.compiled  # nothing beside the shim yet: compiled here
@@ -80,14 +87,14 @@ def test_saved_methods_are_run_instead_of_compiled_and_behave_the_same(tmp_path,
     again = behaviour(point_class(second))
     assert second.compiled == {}  # every method came from the file
     assert again == made == ("Point(x=1, y=0, tags=('a',))", True, True, True, True, ["x", "y", "tags"],
-                             "Point(x=3, y=0, tags=())")
+                             "Point(x=3, y=0, tags=())", "{'p': typing.Optional[points.Point]}")
     second.save()  # nothing new: the file is not rewritten
     assert path.read_bytes() == data
 
 
 @pytest.mark.parametrize("damage", ["cut", "flipped", "other interpreter"])
 def test_a_file_that_is_not_whole_or_not_this_interpreters_is_never_run(tmp_path, installed, damage):
-    path = tmp_path / ".plugin.classes"
+    path = tmp_path / ".plugin.texts"
     cache = installed(path)
     point_class(cache)
     cache.save()
@@ -109,7 +116,7 @@ def test_a_file_that_is_not_whole_or_not_this_interpreters_is_never_run(tmp_path
 
 @pytest.fixture
 def shim_bin():
-    root = pathlib.Path(tempfile.mkdtemp(prefix="rdn-classes-"))
+    root = pathlib.Path(tempfile.mkdtemp(prefix="rdn-texts-"))
     try:
         (root / "bin").mkdir()
         site = plain_site_dir(root / "site")
@@ -123,7 +130,7 @@ def shim_bin():
 def test_in_process_calls_write_the_file_once_and_answer_the_same_from_it(shim_bin):
     root = shim_bin
     shim = root / "bin" / "lease-ipam"
-    classes = pathlib.Path(launcher.classes_path(str(shim)))
+    classes = pathlib.Path(launcher.texts_path(str(shim)))
     env = {"CNI_CONTAINERID": "c1", "CNI_NETNS": "/run/netns/x", "CNI_IFNAME": "net1", "CNI_PATH": str(root / "bin"),
            "RDMANET_NODE_POLICY": str(write_policy(root / "policy.json", dataRoots=[str(root)]))}
     conf = json.dumps({"cniVersion": "1.0.0", "name": "classes", "type": "macvlan",

@@ -39,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     daemon.add_argument("--call-timeout", type=float, default=None, metavar="SECONDS",
                         help="deadline of each call, lock waits and IPAM execs included; keep it below the runtime's "
                              "(default: 50; kubelet gives CRI calls 120)")
+    daemon.add_argument("--nice", type=int, default=None, metavar="N",
+                        help="serve at this nice value, or at the one it was started with when that is lower "
+                             "(default: -10: a burst of pod starts has the shims' processes compete with it)")
     from .node_policy import register as register_policy
 
     register_policy(daemon)
@@ -88,19 +91,22 @@ def main(argv: list[str] | None = None) -> int:
 
         from cni.core.deadline import DEFAULT_SECONDS
         from cni.linux.roots import PolicyError
-        from shim.daemon import WORKERS
+        from shim.daemon import NICE, WORKERS
 
         from .node_policy import from_args
 
         if (args.workers is not None and args.workers < 1) or (args.call_timeout is not None and args.call_timeout <= 0):
             parser.error("--workers and --call-timeout must be positive")
+        if args.nice is not None and not -20 <= args.nice <= 19:
+            parser.error("--nice must be between -20 and 19")
         try:
             policy = from_args(args)
         except PolicyError as exc:
             print(f"rdmanet daemon: {exc}", file=sys.stderr)
             return 2
         return run_daemon(path, allowed_uids=args.allow_uid or (0,), workers=args.workers or WORKERS,
-                          call_timeout=args.call_timeout or DEFAULT_SECONDS, policy=policy)
+                          call_timeout=args.call_timeout or DEFAULT_SECONDS, policy=policy,
+                          nice=NICE if args.nice is None else args.nice)
     if args.command == "doctor":
         from .doctor import run as run_doctor
 

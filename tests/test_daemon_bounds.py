@@ -186,6 +186,46 @@ def test_nofile_is_raised_at_start(env_dir):
         d.cleanup()
 
 
+def nice_of_threads(pid: int) -> dict[int, int]:
+    """Each thread's nice value, as ps -L shows it (proc(5): field 19 of /proc/<pid>/task/<tid>/stat)."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        stat = pathlib.Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        out[int(tid)] = int(stat.rpartition(")")[2].split()[16])
+    return out
+
+
+def test_the_daemon_serves_at_the_nice_value_asked(env_dir):
+    """Every thread of the daemon (the workers, the accept loop) runs at --nice; where raising the
+    priority is not permitted, the daemon says so and serves at the one it has."""
+    d = Daemon(str(env_dir / "run" / "daemon.sock"), allow_uids=[os.getuid()], args=["--nice", "-7"])
+    try:
+        assert health(d.socket)["ok"]
+        threads = nice_of_threads(d.pid)
+        assert len(threads) > 3, threads  # the workers exist
+        if os.geteuid() == 0:
+            assert set(threads.values()) == {-7}, threads
+        else:
+            assert set(threads.values()) == {os.getpriority(os.PRIO_PROCESS, 0)}, threads
+            deadline = time.monotonic() + 10
+            while '"event": "priority"' not in d.log() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert '"event": "priority"' in d.log()
+    finally:
+        d.cleanup()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a negative nice value needs root")
+def test_a_daemon_started_at_a_lower_nice_value_keeps_it(env_dir):
+    """A unit's Nice=-15 is not undone by the daemon's default (-10)."""
+    d = Daemon(str(env_dir / "run" / "daemon.sock"), allow_uids=[os.getuid()], preexec_fn=lambda: os.nice(-15))
+    try:
+        assert health(d.socket)["ok"]
+        assert set(nice_of_threads(d.pid).values()) == {-15}
+    finally:
+        d.cleanup()
+
+
 def test_worker_threads_are_bounded(env_dir):
     """Forty callers that connect and send half a request (or a burst of pod starts) get no more
     threads than --workers: the rest wait in the queue and the listen backlog."""

@@ -585,6 +585,18 @@ def _equalities(selector: str | None) -> list[tuple[str, str]]:
     return out
 
 
+def _memberships(selector: str | None) -> list[tuple[str, set[str]]]:
+    """The ``key in (v1,v2,...)`` requirements of a label selector."""
+    if not selector or not selector.strip():
+        return []
+    out = []
+    for part in _split_top_level(selector):
+        m = _SET_RE.match(part)
+        if m and m.group(2) == "in":
+            out.append((m.group(1), {v.strip() for v in m.group(3).split(",") if v.strip()}))
+    return out
+
+
 class _WatchGroup:
     """Watches of one (resource, namespace, label selector, field selector): they all receive the
     same events, so each event is matched and serialised once per group, not once per watch.
@@ -1378,11 +1390,15 @@ class KubeAPIServer:
 
     def _selected_keys(self, resource: str, selector: str | None) -> list[tuple[str, str]]:
         """The sorted keys of the objects that may match ``selector``: those carrying the label of
-        its rarest ``key=value`` requirement (all objects when it has none). The caller still
-        matches each one."""
+        its rarest ``key=value`` requirement, or one of the values of a ``key in (...)``
+        requirement (all objects when it has neither). The caller still matches each one."""
         best = None
         for k, v in _equalities(selector):
             keys = self._lindex.get((resource, k, v), set())
+            if best is None or len(keys) < len(best):
+                best = keys
+        for k, values in _memberships(selector):
+            keys = set().union(*(self._lindex.get((resource, k, v), set()) for v in values))
             if best is None or len(keys) < len(best):
                 best = keys
         return sorted(self._store[resource] if best is None else best)

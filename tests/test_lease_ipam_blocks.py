@@ -729,3 +729,43 @@ def test_a_daemon_finds_the_free_blocks_of_a_crowded_range_with_one_read_and_use
     assert sorted(block_owner(o) for o in block_leases(server, NS) if block_owner(o) != "node-full") == [node] * 8
     borrowed = add(conf, "x32", node)  # no block left: it borrows an address of a held block
     assert borrowed is not None and ipaddress.ip_address(borrowed) not in got
+
+
+def test_a_borrower_near_a_full_pool_reads_eight_blocks_per_list(server, kubeconfig):
+    """Every block of a /22 (256 blocks of 4) is held and full but one, which has one free address
+    and lies sixth in the borrower's hashed borrowing order: the ADD gets that address after one
+    List of eight blocks' claims (``rdmanet.io/block in (...)``), not six Lists of one block each,
+    and never reads the domain's claims."""
+    conf = netconf(kubeconfig, "10.9.40.0/22", block_size=4)
+    [rs] = parse_ipam_config(conf).range_sets
+    [r] = rs.ranges
+    filler = store(kubeconfig, "node-full", conf)
+    borrower = store(kubeconfig, "node-b", conf)
+    total = filler._block_count(rs)
+    order = []
+    for i in range(64):
+        first = borrower._position(rs, borrower._probe(rs, i, "borrow") % total)[1]
+        if first not in order:
+            order.append(first)
+    spare = order[5]  # the only block with a free address: its last one
+    for j in range(total):
+        first = filler._position(rs, j)[1]
+        for k in range(4):
+            value = first + k
+            if not r.start <= value <= r.end or (first == spare and k == 3):
+                continue
+            ip = r.address(value)
+            body = filler._body(ip, Attachment(f"full-{value}", "net1"), "net-a", rs)
+            if ip == filler._record_ip(r, first):
+                body = filler._record_body(body, "node-full", r, first)
+            assert server.api_create(RESOURCES["leases"], NS, body, False)[0] == 201
+    server.reset_counts()
+    got = store_add(borrower, conf, "b0")
+    assert got == str(r.address(spare + 3))
+    selectors = [e["query"].get("labelSelector", "") for e in server.request_log()
+                 if e["verb"] == "list" and e["resource"] == "leases"]
+    borrowing = [s for s in selectors if "rdmanet.io/block=" in s or "rdmanet.io/block in" in s]
+    assert len(borrowing) == 1, borrowing
+    domain_claims = [s for s in selectors if s == f"rdmanet.io/ipam-domain={DHASH}"]
+    assert not domain_claims, selectors
+    assert store_add(borrower, conf, "b1") is None  # the pool is now full to its last address

@@ -372,13 +372,13 @@ class KubeStore(NodeBlocks, Store):
         labels = {L_DOMAIN: self.dhash, **extra}
         return ",".join(f"{k}={v}" for k, v in labels.items())
 
-    def _pages(self, selector: str, deadline: float, what: str) -> Iterator[Optional[list[Any]]]:
-        """The selected Leases, one page (``LIST_PAGE``) at a time: a List never holds more than a
+    def _pages(self, selector: str, deadline: float, what: str, limit: int = LIST_PAGE) -> Iterator[Optional[list[Any]]]:
+        """The selected Leases, one page (``limit``, default ``LIST_PAGE``) at a time: a List never holds more than a
         page of documents in memory. A continue token that expired (410) restarts the List: None
         is yielded then, and what was gathered so far must be dropped."""
         cont, restarts = "", 0
         while True:
-            query = [("labelSelector", selector), ("limit", str(LIST_PAGE))]
+            query = [("labelSelector", selector), ("limit", str(limit))]
             if cont:
                 query.append(("continue", cont))
             resp, _ = self._call("GET", self.path, what, deadline, query=query)

@@ -54,12 +54,15 @@ PROBE_MISSES = 2  # 409s on records before one group's records are listed (a 409
 GROUP_LISTS = 6  # groups of records one acquisition lists before it borrows (a group found full is not listed again for FULL_BLOCK_SECONDS)
 GROUP_MISSES = 4  # 409s within a listed group (claims of first addresses that are not records) before the next group
 SMALL_BLOCK_COUNT = 64  # a range set with at most this many blocks lists its group at once instead of probing
-BORROW_BLOCKS = 8  # blocks whose claims one borrowing ADD reads (one small List each) before the domain's
+BORROW_BLOCKS = 32  # blocks whose claims one borrowing ADD reads before the domain's
+BORROW_BATCH = 8  # blocks one borrowing List reads (`rdmanet.io/block in (...)`), up to BORROW_LEASES addresses
+BORROW_LEASES = 128  # addresses of the blocks one borrowing List may read (at most this many Leases, ~120 kB)
 NO_FREE_BLOCK_SECONDS = 5.0  # a daemon borrows from the free addresses it read for this long without re-reading
 ACQUIRE_PAUSE_SECONDS = 5.0  # after an acquisition found no free block: no new attempt for this long (a doubling pause kept nodes borrowing, and reading, with a fifth of the blocks free)
 FULL_BLOCK_SECONDS = 30.0  # a daemon does not read again for this long a block it found full when borrowing
 FREE_SEEN_SECONDS = 30.0  # the blocks a List showed free are tried first (before probes or another List) for this long
-RECORD_SCAN_BLOCKS = 1 << 16  # a range set of at most this many blocks may have its records read whole (<= 132 pages) when groups show none free
+RECORD_PAGE = 2000  # records per page of that read (only their names are kept: 2,000 Leases, ~2 MB of JSON, one page at a time)
+RECORD_SCAN_BLOCKS = 1 << 16  # a range set of at most this many blocks may have its records read whole (<= 33 pages) when groups show none free
 NO_BLOCK_AT_ALL_SECONDS = 30.0  # after a read of every record showed no block free: no acquisition attempt for this long
 CROWDED_SHARE = 0.5  # the share of blocks held seen lately is at least this: no hashed probes, the next List at once
 PROBE_WEIGHT = 0.5  # how much one hashed probe's outcome (409 or not) moves that share (a List sets it)
@@ -291,7 +294,7 @@ class NodeBlocks:
         None, how many blocks the read showed free)."""
         names: set = set()
         for page in self._pages(f"{L_DOMAIN}={self.dhash},{L_BLOCK_OWNER}", deadline,
-                                f"list block records of domain {self.domain}"):
+                                f"list block records of domain {self.domain}", RECORD_PAGE):
             if page is None:
                 names.clear()
                 continue
@@ -588,49 +591,62 @@ class NodeBlocks:
             total, i, listed, looked = self._block_count(rs), notes.get(("borrow-pos", rs.index), 0), 0, 0
             try:
                 while listed < BORROW_BLOCKS and looked < BORROW_BLOCKS * 16:
-                    looked += 1
-                    r, first = self._position(rs, self._probe(rs, i, "borrow") % total)
-                    span = self._span(r, first)
-                    bid = block_id(r.address(first), self._size(r))
-                    if span is None or bid in full or bid in mine:
-                        i += 1
-                        continue
-                    listed += 1
-                    claims = self._list(f"{L_DOMAIN}={self.dhash},{L_BLOCK}={bid}", deadline,
-                                        f"list claims of block {bid} of domain {self.domain}")
-                    if not any(c.block == bid for c in claims):  # no record holds it: acquire it on the way
-                        held = notes.setdefault(("held", rs.index), set())
-                        claim, missed = self._try_record(rs, r, first, set(), held, attachment, network, deadline)
+                    # The next blocks of this node's hashed sequence (not its own, not found full
+                    # lately), read by one List: a borrower meets full blocks (most are, near a
+                    # full pool) at 1/BORROW_BATCH of a request each.
+                    batch: list[tuple[int, Range, int, Range, str]] = []
+                    width = max(1, min(BORROW_BATCH, BORROW_LEASES // max(1, self._size(rs.ranges[0]))))
+                    k = i
+                    while len(batch) < width and listed + len(batch) < BORROW_BLOCKS and looked < BORROW_BLOCKS * 16:
+                        looked += 1
+                        r, first = self._position(rs, self._probe(rs, k, "borrow") % total)
+                        span = self._span(r, first)
+                        bid = block_id(r.address(first), self._size(r))
+                        if span is not None and bid not in full and bid not in mine and all(b[4] != bid for b in batch):
+                            batch.append((k, r, first, span, bid))
+                        k += 1
+                    i = k
+                    if not batch:
+                        break
+                    listed += len(batch)
+                    claims = self._list(f"{L_DOMAIN}={self.dhash},{L_BLOCK} in ({','.join(b[4] for b in batch)})", deadline,
+                                        f"list claims of blocks {', '.join(b[4] for b in batch)} of domain {self.domain}")
+                    for pos, r, first, span, bid in batch:
+                        last = first + self._size(r) - 1
+                        inside = [c for c in claims if c.ip.version == rs.family and first <= int(c.ip) <= last]
+                        if not any(c.block == bid for c in inside):  # no record holds it: acquire it on the way
+                            held = notes.setdefault(("held", rs.index), set())
+                            claim, missed = self._try_record(rs, r, first, set(), held, attachment, network, deadline)
+                            taken += missed
+                            if claim is not None:
+                                notes.pop(("no-free-block", rs.index), None)  # a block was free after all
+                                block = claim.as_block()
+                                if block is not None:
+                                    blocks.append(block)
+                                i = pos + 1
+                                return claim
+                        here = sorted(int(c.ip) for c in inside if not c.free)
+                        free_records = {int(c.ip): c for c in inside if c.free}
+                        seen = {}
+                        value = span.start
+                        while True:
+                            value = intervals.lowest_free(value, span.end, span.blocked, here)
+                            if value is None:
+                                break
+                            seen[value] = free_records.get(value)
+                            value += 1
+                        if not seen:
+                            full[bid] = time.monotonic() + FULL_BLOCK_SECONDS
+                            continue
+                        if cache is not None:
+                            notes[("borrow-free", rs.index)] = (time.monotonic() + NO_FREE_BLOCK_SECONDS, seen)
+                        claim, missed = self._claim_seen(rs, seen, attachment, network, deadline)
                         taken += missed
                         if claim is not None:
-                            notes.pop(("no-free-block", rs.index), None)  # a block was free after all
-                            block = claim.as_block()
-                            if block is not None:
-                                blocks.append(block)
+                            # The next borrowing ADD reads this block again (it has addresses left)
+                            # or the one after it (this one is used up).
+                            i = pos + (0 if seen else 1)
                             return claim
-                    here = sorted(int(c.ip) for c in claims if not c.free and c.ip.version == rs.family)
-                    free_records = {int(c.ip): c for c in claims if c.free}
-                    seen = {}
-                    value = span.start
-                    while True:
-                        value = intervals.lowest_free(value, span.end, span.blocked, here)
-                        if value is None:
-                            break
-                        seen[value] = free_records.get(value)
-                        value += 1
-                    if not seen:
-                        full[bid] = time.monotonic() + FULL_BLOCK_SECONDS
-                        i += 1
-                        continue
-                    if cache is not None:
-                        notes[("borrow-free", rs.index)] = (time.monotonic() + NO_FREE_BLOCK_SECONDS, seen)
-                    claim, missed = self._claim_seen(rs, seen, attachment, network, deadline)
-                    taken += missed
-                    if claim is not None:
-                        if not seen:
-                            i += 1  # this block is used up: the next borrowing ADD reads the next one
-                        return claim
-                    i += 1
             finally:
                 notes[("borrow-pos", rs.index)] = i
         # Every address of the range set, whatever block holds it (or none: a block being released),

@@ -1,4 +1,5 @@
-"""The code that :mod:`dataclasses` and :mod:`typing` compile from text while a call imports,
+"""The code that :mod:`dataclasses`, :mod:`typing` and :mod:`collections` compile from text
+while a call imports,
 compiled once per shim instead of on every in-process call. STANDARD LIBRARY ONLY: it runs before
 anything else of ours is imported.
 
@@ -7,17 +8,18 @@ For each ``@dataclass`` the module writes the source of ``__init__``, ``__repr__
 ~160 us of the ~230 us a class costs (Python 3.11); an in-process macvlan-rdma ADD creates ~70
 dataclasses while it imports (annotated_types, pydantic, filelock, ours): ~10 ms of CPU. And
 ``typing.ForwardRef`` compiles each annotation written as a string (``eval`` mode, ~3 us): ~800
-of them, pydantic_core's TypedDicts mostly, ~2.5 ms. The same texts on every call.
+of them, pydantic_core's TypedDicts mostly, ~2.5 ms; and ``collections.namedtuple`` its
+``__new__`` (``eval``, ~25 of them). The same texts on every call.
 
-:func:`install` gives both modules a name (``exec`` in dataclasses, ``compile`` in typing: module
-globals, ahead of the builtins) that takes the code compiled earlier for the very same text from
-a file beside the shim (``.<name>.texts``)::
+:func:`install` gives the three modules a name (``exec`` in dataclasses, ``compile`` in typing,
+``eval`` in collections: module globals, ahead of the builtins) that takes the code compiled
+earlier for the very same text from a file beside the shim (``.<name>.texts``)::
 
     <the interpreter's MAGIC_NUMBER> <crc32 of the marshal data, 8 hex digits> <marshal data>
 
 (the marshal data: a dict, (mode, text) -> code object), and compiles what the file lacks as the
-builtins would (filename ``"<string>"``, no inherited ``__future__`` flags: neither module has
-one). :meth:`Cache.save` rewrites the file when the call compiled something: the first calls
+builtins would (filename ``"<string>"``, no inherited ``__future__`` flags: none of the three
+modules has one). :meth:`Cache.save` rewrites the file when the call compiled something: the first calls
 after an install or an upgrade. A file from another interpreter (the magic number changes with
 the bytecode), cut short or altered is never loaded: the call compiles, as without a file. The
 key is the whole text, so a changed class (a field added, a library upgraded) simply misses.
@@ -38,6 +40,7 @@ from .codecache import save as _save
 MAX_ENTRIES = 8192
 FILENAME = "<string>"
 _builtin_exec = builtins.exec
+_builtin_eval = builtins.eval
 _builtin_compile = builtins.compile
 
 
@@ -93,6 +96,17 @@ class Cache:
             source = self.code(source, "exec")
         return _builtin_exec(source, globals, locals)
 
+    def eval(self, source, globals=None, locals=None):
+        """``eval(source, globals, locals)``, a source text's code compiled before (namedtuple)."""
+        if globals is None:  # as the builtin: the caller's namespaces
+            frame = sys._getframe(1)
+            globals = frame.f_globals
+            if locals is None:
+                locals = frame.f_locals
+        if type(source) is str:
+            source = self.code(source, "eval")
+        return _builtin_eval(source, globals, locals)
+
     def compile(self, source, filename, mode, flags=0, dont_inherit=False, optimize=-1):
         """``compile(...)``, a source text's code compiled before (typing.ForwardRef's ``eval``)."""
         if type(source) is str and filename == FILENAME and mode == "eval" and not flags and optimize == -1:
@@ -111,12 +125,14 @@ class Cache:
 
 
 def install(path):
-    """Compile dataclasses' methods and typing's forward references through a :class:`Cache` of
-    ``path``; returns it."""
+    """Compile dataclasses' methods, typing's forward references and namedtuples' ``__new__``
+    through a :class:`Cache` of ``path``; returns it."""
+    import collections
     import dataclasses
     import typing
 
     cache = Cache(path)
     dataclasses.exec = cache.exec
     typing.compile = cache.compile
+    collections.eval = cache.eval
     return cache

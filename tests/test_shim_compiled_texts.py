@@ -5,6 +5,7 @@ whole or not made by this interpreter is never run."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import importlib.util
 import json
@@ -23,8 +24,8 @@ from shim.testing import plain_site_dir
 from policy_file import write_policy
 
 SOURCE = '''
+import collections
 import dataclasses
-
 import typing
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +35,7 @@ class Point:
     tags: tuple = dataclasses.field(default_factory=tuple)
 
 Later = typing.Optional["Point"]
+Pair = collections.namedtuple("Pair", "left right")
 '''
 
 
@@ -49,7 +51,7 @@ def installed():
 
     yield install
     if caches:
-        del dataclasses.exec, typing.compile  # the builtins again
+        del dataclasses.exec, typing.compile, collections.eval  # the builtins again
 
 
 def point_class(cache: compiled_texts.Cache):
@@ -59,6 +61,7 @@ def point_class(cache: compiled_texts.Cache):
     finally:
         del sys.modules["points"]
     namespace_module.Point.Later = namespace_module.Later
+    namespace_module.Point.Pair = namespace_module.Pair
     return namespace_module.Point
 
 
@@ -71,7 +74,8 @@ def behaviour(Point) -> tuple:
         frozen = True
     return (repr(p), p == Point(1, 0, ("a",)), p != Point(2), hash(p) == hash(Point(1, 0, ("a",))), frozen,
             [f.name for f in dataclasses.fields(Point)], repr(Point(3)),
-            repr(typing.get_type_hints(type("Holder", (), {"__annotations__": {"p": Point.Later}}), {"Point": Point})))
+            repr(typing.get_type_hints(type("Holder", (), {"__annotations__": {"p": Point.Later}}), {"Point": Point})),
+            repr(Point.Pair(1, right=2)))
 
 
 def test_saved_methods_are_run_instead_of_compiled_and_behave_the_same(tmp_path, installed):
@@ -87,7 +91,7 @@ def test_saved_methods_are_run_instead_of_compiled_and_behave_the_same(tmp_path,
     again = behaviour(point_class(second))
     assert second.compiled == {}  # every method came from the file
     assert again == made == ("Point(x=1, y=0, tags=('a',))", True, True, True, True, ["x", "y", "tags"],
-                             "Point(x=3, y=0, tags=())", "{'p': typing.Optional[points.Point]}")
+                             "Point(x=3, y=0, tags=())", "{'p': typing.Optional[points.Point]}", "Pair(left=1, right=2)")
     second.save()  # nothing new: the file is not rewritten
     assert path.read_bytes() == data
 

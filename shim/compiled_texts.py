@@ -128,11 +128,12 @@ def install(path):
     """Compile dataclasses' methods, typing's forward references and namedtuples' ``__new__``
     through a :class:`Cache` of ``path``; returns it."""
     import collections
+
+    cache = Cache(path)
+    collections.eval = cache.eval  # first: importing dataclasses (inspect, dis, tokenize) makes namedtuples
     import dataclasses
     import typing
 
-    cache = Cache(path)
     dataclasses.exec = cache.exec
     typing.compile = cache.compile
-    collections.eval = cache.eval
     return cache

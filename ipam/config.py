@@ -108,6 +108,8 @@ class IPAMConf(Model):
 
 @dataclass(frozen=True)
 class LeaseIPAMConfig:
+    """lease-ipam's validated configuration, resolved for the store and the allocator."""
+
     range_sets: tuple[RangeSet, ...]
     domain: str  # allocation domain: network_name, else the network's name
     data_dir: str

@@ -36,6 +36,8 @@ def usable_bounds(subnet: IPNetwork) -> Interval:
 
 @dataclass(frozen=True)
 class Range:
+    """An address range inside a subnet: [start, end] as integers, its gateway, its exclusions."""
+
     subnet: IPNetwork
     start: int
     end: int

@@ -65,6 +65,8 @@ def validate_container_id(container_id: str) -> None:
 
 @dataclass
 class Invocation:
+    """One CNI call: the verb and its CNI_* environment, parsed."""
+
     command: str
     container_id: str = ""
     netns: str = ""

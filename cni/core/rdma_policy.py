@@ -23,6 +23,8 @@ SHARED_MODE_FIX = (
 
 @dataclass(frozen=True)
 class SharedDecision:
+    """The RDMA device a shared-mode pod gets, or None with why."""
+
     device: Optional[str]  # the RDMA device the pod can use, or None
     warning: str = ""
 

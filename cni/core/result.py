@@ -22,6 +22,8 @@ IPNetwork = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
 
 @dataclass
 class Interface:
+    """An entry of a CNI result's ``interfaces``."""
+
     name: str
     mac: str = ""
     sandbox: str = ""
@@ -48,6 +50,8 @@ class Interface:
 
 @dataclass
 class IPConfig:
+    """An entry of a CNI result's ``ips``."""
+
     address: IPInterface
     gateway: Optional[IPAddress] = None
     interface: Optional[int] = None
@@ -70,6 +74,8 @@ class IPConfig:
 
 @dataclass
 class Route:
+    """An entry of a CNI result's ``routes``."""
+
     dst: IPNetwork
     gw: Optional[IPAddress] = None
     mtu: Optional[int] = None
@@ -94,6 +100,8 @@ class Route:
 
 @dataclass
 class DNS:
+    """A CNI result's ``dns``."""
+
     nameservers: list[str] = field(default_factory=list)
     domain: str = ""
     search: list[str] = field(default_factory=list)
@@ -126,6 +134,8 @@ class DNS:
 
 @dataclass
 class Result:
+    """A CNI result: interfaces, ips, routes, dns (to_json writes it for a cniVersion)."""
+
     interfaces: list[Interface] = field(default_factory=list)
     ips: list[IPConfig] = field(default_factory=list)
     routes: list[Route] = field(default_factory=list)

@@ -69,6 +69,8 @@ MAC_IN_USE_HINT = ("another interface on the same master already has this MAC ad
 
 @dataclass
 class Link:
+    """What a plugin reads of a link: index, name, kind, MAC, MTU, up."""
+
     index: int
     name: str
     kind: str

@@ -57,6 +57,9 @@ HOW_TO_WIDEN = "the node owner can widen the roots in the node policy (docs/secu
 
 @dataclass(frozen=True)
 class NodePolicy:
+    """What a config may name on this node: directories, Lease namespaces, API servers (the node
+    owner's policy file, else these defaults)."""
+
     log_roots: tuple[str, ...] = ("/var/log/rdmanet",)
     data_roots: tuple[str, ...] = ("/var/lib/cni",)
     kubeconfig_roots: tuple[str, ...] = ("/etc/cni/net.d",)

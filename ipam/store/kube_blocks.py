@@ -565,8 +565,8 @@ class NodeBlocks:
         """No block of ``rs`` was free: a claim in a held block (another node's, or ours with
         addresses our view thought taken). First the free addresses this daemon saw in blocks
         it read a moment ago; then up to ``BORROW_BLOCKS`` blocks, in this node's hashed order,
-        each read by one List of its label (at most a block's worth of Leases; a block found
-        full is not read again for ``FULL_BLOCK_SECONDS``); a block no record holds is acquired
+        ``BORROW_BATCH`` of them (at most ``BORROW_LEASES`` addresses) read by one List of their
+        labels (a block found full is not read again for ``FULL_BLOCK_SECONDS``); a block no record holds is acquired
         on the way. Only when those are all full (or the range set has few blocks) are the
         domain's claims read, page by page, once (a daemon borrows from that view for
         ``NO_FREE_BLOCK_SECONDS``): the pool is usable to its last address, and "exhausted"

@@ -48,6 +48,13 @@ def _magic():
     return getattr(sys.modules.get("_frozen_importlib_external"), "MAGIC_NUMBER", None)
 
 
+def _callers_namespaces(locals):
+    """The globals and locals ``exec``/``eval`` use when given no globals: those of the frame that
+    called the :class:`Cache` method (two frames up from here), ``locals`` when given."""
+    frame = sys._getframe(2)
+    return frame.f_globals, frame.f_locals if locals is None else locals
+
+
 class Cache:
     """Code by (mode, source text), loaded from ``path`` (empty when it is absent, from another
     interpreter or not whole)."""
@@ -87,25 +94,15 @@ class Cache:
 
     def exec(self, source, globals=None, locals=None):
         """``exec(source, globals, locals)``, a source text's code compiled before (dataclasses)."""
-        if globals is None:  # as the builtin: the caller's namespaces
-            frame = sys._getframe(1)
-            globals = frame.f_globals
-            if locals is None:
-                locals = frame.f_locals
-        if type(source) is str:
-            source = self.code(source, "exec")
-        return _builtin_exec(source, globals, locals)
+        if globals is None:
+            globals, locals = _callers_namespaces(locals)
+        return _builtin_exec(self.code(source, "exec") if type(source) is str else source, globals, locals)
 
     def eval(self, source, globals=None, locals=None):
         """``eval(source, globals, locals)``, a source text's code compiled before (namedtuple)."""
-        if globals is None:  # as the builtin: the caller's namespaces
-            frame = sys._getframe(1)
-            globals = frame.f_globals
-            if locals is None:
-                locals = frame.f_locals
-        if type(source) is str:
-            source = self.code(source, "eval")
-        return _builtin_eval(source, globals, locals)
+        if globals is None:
+            globals, locals = _callers_namespaces(locals)
+        return _builtin_eval(self.code(source, "eval") if type(source) is str else source, globals, locals)
 
     def compile(self, source, filename, mode, flags=0, dont_inherit=False, optimize=-1):
         """``compile(...)``, a source text's code compiled before (typing.ForwardRef's ``eval``)."""

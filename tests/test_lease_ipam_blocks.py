@@ -617,6 +617,23 @@ def test_claims_made_before_the_upgrade_stay_their_attachments(server, kubeconfi
     assert before["old20"] not in holders(server)
 
 
+def fill_blocks(server, filler, rs, wanted, size=4):
+    """Claim, as node ``filler``'s (its block records included), address ``k`` of each block ``j``
+    of the single-range set ``rs`` (first address ``first``) for which ``wanted(j, first, k)``."""
+    [r] = rs.ranges
+    for j in range(filler._block_count(rs)):
+        first = filler._position(rs, j)[1]
+        for k in range(size):
+            value = first + k
+            if not r.start <= value <= r.end or not wanted(j, first, k):
+                continue
+            ip = r.address(value)
+            body = filler._body(ip, Attachment(f"full-{value}", "net1"), "net-a", rs)
+            if ip == filler._record_ip(r, first):
+                body = filler._record_body(body, "node-full", r, first)
+            assert server.api_create(RESOURCES["leases"], NS, body, False)[0] == 201
+
+
 def test_a_node_whose_acquisition_gave_up_takes_a_block_the_domain_read_shows_free(server, kubeconfig):
     """An acquisition tries a few hashed blocks and at most a few groups of records; when those
     are all held it borrows, and a borrower that finds the blocks it reads full reads the whole
@@ -627,7 +644,6 @@ def test_a_node_whose_acquisition_gave_up_takes_a_block_the_domain_read_shows_fr
     conf = netconf(kubeconfig, "10.9.32.0/20", block_size=4)  # 1,024 blocks of 4: 16 groups of 64
     [rs] = parse_ipam_config(conf).range_sets
     filler = store(kubeconfig, "node-full", conf)
-    [r] = rs.ranges
     total = filler._block_count(rs)
     group_of = {}
     for j in range(total):
@@ -652,19 +668,7 @@ def test_a_node_whose_acquisition_gave_up_takes_a_block_the_domain_read_shows_fr
             break
     assert free_group is not None
     # Every block outside the free group: held by node-full's record and full of its claims.
-    for j in range(total):
-        first = filler._position(rs, j)[1]
-        if group_of[j] == free_group:
-            continue
-        for k in range(4):
-            value = first + k
-            if not r.start <= value <= r.end:
-                continue
-            ip = r.address(value)
-            body = filler._body(ip, Attachment(f"full-{value}", "net1"), "net-a", rs)
-            if ip == filler._record_ip(r, first):
-                body = filler._record_body(body, "node-full", r, first)
-            assert server.api_create(RESOURCES["leases"], NS, body, False)[0] == 201
+    fill_blocks(server, filler, rs, lambda j, first, k: group_of[j] != free_group)
     got = store_add(candidate, conf, "c0")
     assert got is not None and int(ipaddress.ip_address(got)) // (4 * 64) == free_group
     lease = next(o for o in server.objects("leases", NS) if o["metadata"]["annotations"]["rdmanet.io/ip"] == got)
@@ -748,17 +752,7 @@ def test_a_borrower_near_a_full_pool_reads_eight_blocks_per_list(server, kubecon
         if first not in order:
             order.append(first)
     spare = order[5]  # the only block with a free address: its last one
-    for j in range(total):
-        first = filler._position(rs, j)[1]
-        for k in range(4):
-            value = first + k
-            if not r.start <= value <= r.end or (first == spare and k == 3):
-                continue
-            ip = r.address(value)
-            body = filler._body(ip, Attachment(f"full-{value}", "net1"), "net-a", rs)
-            if ip == filler._record_ip(r, first):
-                body = filler._record_body(body, "node-full", r, first)
-            assert server.api_create(RESOURCES["leases"], NS, body, False)[0] == 201
+    fill_blocks(server, filler, rs, lambda j, first, k: not (first == spare and k == 3))
     server.reset_counts()
     got = store_add(borrower, conf, "b0")
     assert got == str(r.address(spare + 3))

@@ -30,7 +30,8 @@ Host mode (default): from this checkout, on Debian 12.
     venv, with the same output. Each is written by write + rename and checked to answer VERSION;
     that first call leaves .<name>.code beside it, the shim's hot path compiled for its
     interpreter (every shim rewrites it when it does not match: shim/boot.py); the first call that
-    runs in-process leaves .<name>.texts, code it compiled from text (shim/compiled_texts.py).
+    runs in-process (a VERSION excepted) leaves .<name>.texts, code it compiled from text
+    (shim/compiled_texts.py).
   - The link --link-dir/rdmanet (default /usr/local/bin/rdmanet).
   - When systemd runs the host (/run/systemd/system exists): the daemon as a socket-activated
     service. /etc/systemd/system/rdmanet.socket listens on --socket (mode 0600, root's; its

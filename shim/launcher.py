@@ -248,7 +248,9 @@ def in_process(plugin, site_dir, stdin):
 
     Run by a shim, what the standard library compiles from text while the call imports (~70
     dataclasses' methods, ~800 forward references, ~25 namedtuples) comes compiled from beside the shim
-    (:func:`texts_path`, :mod:`shim.compiled_texts`): ~12 ms of CPU per call."""
+    (:func:`texts_path`, :mod:`shim.compiled_texts`): ~12 ms of CPU per call. A VERSION call uses
+    that file but never writes it (a probe, such as ``rdmanet doctor``'s, leaves the bin dir as
+    it was); the first call of another verb does."""
     import gc
     import io
     import site
@@ -266,8 +268,8 @@ def in_process(plugin, site_dir, stdin):
     module, cls = PLUGINS[plugin]
     instance = getattr(__import__(module, fromlist=[cls]), cls)()
     code = skel.main(instance, os.environ, io.BytesIO(stdin))
-    if texts is not None:
-        texts.save()
+    if texts is not None and os.environ.get("CNI_COMMAND") != "VERSION":
+        texts.save()  # not for VERSION: the probe of install.sh, `rdmanet doctor`, runtimes writes nothing
     return code
 
 

@@ -630,7 +630,7 @@ def fill_blocks(server, filler, rs, wanted, size=4):
             ip = r.address(value)
             body = filler._body(ip, Attachment(f"full-{value}", "net1"), "net-a", rs)
             if ip == filler._record_ip(r, first):
-                body = filler._record_body(body, "node-full", r, first)
+                body = filler._record_body(body, filler.node, r, first)
             assert server.api_create(RESOURCES["leases"], NS, body, False)[0] == 201
 
 
@@ -649,13 +649,15 @@ def test_a_node_whose_acquisition_gave_up_takes_a_block_the_domain_read_shows_fr
     for j in range(total):
         group_of[j] = filler._position(rs, j)[1] // (4 * 64)
 
-    def order(s):  # the groups an acquisition of node s looks at: two hashed probes, then three groups
-        seen = []
-        for i in range(64):
-            g = group_of[s._probe(rs, i) % total]
-            if i < 2 or g not in seen:
-                seen.append(g)
-        return seen[:5]
+    def order(s):  # the groups an acquisition of node s looks at: two hashed probes (two 409s: the
+        # pool looks crowded), then Lists of four adjacent groups each, twelve groups in all
+        seen = [group_of[s._probe(rs, i) % total] for i in range(2)]
+        spans = []
+        for i in range(2, 64):
+            span = group_of[s._probe(rs, i) % total] // 4
+            if span not in spans:
+                spans.append(span)
+        return seen + [g for span in spans[:3] for g in range(4 * span, 4 * span + 4)]
 
     free_group = None
     for n in range(200):
@@ -763,3 +765,67 @@ def test_a_borrower_near_a_full_pool_reads_eight_blocks_per_list(server, kubecon
     domain_claims = [s for s in selectors if s == f"rdmanet.io/ipam-domain={DHASH}"]
     assert not domain_claims, selectors
     assert store_add(borrower, conf, "b1") is None  # the pool is now full to its last address
+
+
+def first_ip(conf, j):
+    """The first address of block ``j`` (of 4) of ``conf``'s range (counted from its network address)."""
+    [rs] = parse_ipam_config(conf).range_sets
+    [r] = rs.ranges
+    return r.address(int(r.subnet.network_address) + 4 * j)
+
+
+def test_a_node_whose_run_meets_another_nodes_lists_the_free_blocks_instead_of_probing(server, kubeconfig, daemon):
+    """Issue 17 target 1 in a crowded pool: a node's next block is the one after its newest, and
+    a 409 there means its run met another node's, so the pool is crowded enough that a hashed
+    probe would meet a 409 too (at a share f of blocks held, two probes cost f + 2f² requests
+    against a List's 1): the ADD lists one group's records and creates its record at a block
+    that List shows free. Here node-a's one block is full, the block after it and every other
+    block are held, and the node's first hashed position is a held block: the ADD costs the 409,
+    the List and its create, not a probe's 409 as well."""
+    conf = netconf(kubeconfig, "10.9.32.0/20", block_size=4)  # 1,024 blocks of 4
+    [rs] = parse_ipam_config(conf).range_sets
+    node = next(n for n in (f"node-{k}" for k in range(100))
+                if store(kubeconfig, n, conf)._probe(rs, 0) % 1024 % 2 == 1)  # its first probe: a held block
+    fill_blocks(server, store(kubeconfig, node, conf), rs, lambda j, first, k: j == 0)  # its block, full
+    fill_blocks(server, store(kubeconfig, "node-full", conf), rs, lambda j, first, k: j % 2 == 1 and k == 0)
+    assert call("DEL", conf, "nothing", node) == (0, None)  # the daemon starts its informer
+    inf = informer_of(node)
+    wait_until(lambda: inf.usable() and len(inf.blocks()) == 1, f"{node}'s informer to sync")
+    server.reset_counts()
+    got = add(conf, "a0", node)
+    assert got is not None
+    j = (int(ipaddress.ip_address(got)) - int(first_ip(conf, 0))) // 4
+    assert j % 2 == 0 and j > 0 and got == str(first_ip(conf, j)), got  # a free block's record (its first address)
+    steps = [(e["verb"], e["status"]) for e in server.request_log() if e["verb"] != "watch"]
+    assert steps == [("create", 409), ("list", 200), ("create", 201)], steps
+    lease = next(o for o in server.objects("leases", NS) if o["metadata"]["annotations"]["rdmanet.io/ip"] == got)
+    assert block_owner(lease) == node
+
+
+def test_a_daemon_in_a_crowded_pool_reads_four_adjacent_groups_with_one_list(server, kubeconfig, daemon):
+    """Issue 17 target 1 near a full pool: one group of 64 blocks often shows none free, and every
+    further List is one more request per acquisition. Once a daemon's creates have met 409s
+    (two hashed probes here: three quarters of the blocks look held), one List reads the records
+    of four adjacent groups. Here 1,023 of a /20's 1,024 blocks of 4 are held; the free one lies
+    next to the group the node lists first, not in it: the ADD costs its two 409s, one List and
+    its create, where Lists of one group would cost two Lists or more."""
+    conf = netconf(kubeconfig, "10.9.32.0/20", block_size=4)
+    [rs] = parse_ipam_config(conf).range_sets
+    s = store(kubeconfig, "node-b", conf)
+    pos = [s._probe(rs, i) % 1024 for i in range(3)]
+    assert len(set(pos)) == 3
+    group = pos[2] // 64  # the group of its first List's position: the free block is in the next one of its four
+    span = group // 4
+    free_group = 4 * span + (group % 4 + 1) % 4
+    j = next(j for j in range(64 * free_group, 64 * free_group + 64) if j not in pos)
+    hold_every_block_but(server, kubeconfig, conf, {first_ip(conf, j)})
+    assert call("DEL", conf, "nothing", "node-b") == (0, None)
+    inf = informer_of("node-b")
+    wait_until(inf.usable, "node-b's informer to sync")
+    server.reset_counts()
+    got = add(conf, "b0", "node-b")
+    assert got == str(first_ip(conf, j))
+    steps = [(e["verb"], e["status"]) for e in server.request_log() if e["verb"] != "watch"]
+    assert steps == [("create", 409), ("create", 409), ("list", 200), ("create", 201)], steps
+    [selector] = [e["query"].get("labelSelector", "") for e in server.request_log() if e["verb"] == "list"]
+    assert selector.count("-256") == 4 and " in (" in selector, selector  # four groups of 64 blocks of 4

@@ -66,6 +66,9 @@ RECORD_SCAN_BLOCKS = 1 << 16  # a range set of at most this many blocks may have
 NO_BLOCK_AT_ALL_SECONDS = 30.0  # after a read of every record showed no block free: no acquisition attempt for this long
 CROWDED_SHARE = 0.5  # the share of blocks held seen lately is at least this: no hashed probes, the next List at once
 PROBE_WEIGHT = 0.5  # how much one hashed probe's outcome (409 or not) moves that share (a List sets it)
+WIDE_SHARE = 0.75  # that share is at least this: one List reads WIDE_GROUPS adjacent groups (a group of a crowded pool often shows none free)
+WIDE_GROUPS = 4  # groups one List reads when the pool looks crowded (at most 4 × BLOCK_GROUP Leases, ~240 kB)
+GROUPS_READ = 12  # groups one acquisition reads at most (in at most GROUP_LISTS Lists) before the read of every record
 
 
 @dataclass(frozen=True)
@@ -213,12 +216,10 @@ class NodeBlocks:
         held: set = notes.setdefault(("held", rs.index), set())
         i = notes.get(("probe", rs.index), 0)
         probes, misses, looked = (BLOCK_PROBES if total > SMALL_BLOCK_COUNT else 1), 0, 0
-        if notes.get(("crowded", rs.index), 0.0) >= CROWDED_SHARE:
-            # The share f of blocks held, as the last List showed it (or the last probes: each
-            # 409 moves it up, each success down): a hashed probe meets a 409 with about that
-            # probability, so two probes before a List cost f + 2f² requests on average against
-            # the List's 1, more from f = 1/2 on: list at once.
-            probes = 0
+        # The share f of blocks held, as the last List showed it (or the last probes: each 409
+        # moves it up, each success down): a hashed probe meets a 409 with about that
+        # probability, so two probes before a List cost f + 2f² requests on average against the
+        # List's 1, more from f = 1/2 on: from there, list at once.
         try:
             # First the block right after this node's newest one: a node grows a run of adjacent
             # blocks, so it meets another node only where its run reaches theirs (then it jumps
@@ -227,7 +228,13 @@ class NodeBlocks:
             claim, missed = self._try_after_newest(rs, blocks, mine, held, attachment, network, deadline)
             if claim is not None:
                 return claim
+            if missed:
+                # Its run met another node's: the pool is at least as crowded as a probe's 409
+                # says (a run leaves room ahead of it until the pool fills up).
+                self._crowding(notes, rs, True)
             misses += missed
+            if notes.get(("crowded", rs.index), 0.0) >= CROWDED_SHARE:
+                probes = 0
             # Then the blocks an earlier group List showed free (one List shows every free block
             # of its group: at a high fill it serves several acquisitions, not one).
             claim, missed = self._try_free_seen(rs, mine, held, attachment, network, deadline, notes)
@@ -240,8 +247,7 @@ class NodeBlocks:
                 i += 1
                 claim, missed = self._try_record(rs, r, first, mine, held, attachment, network, deadline)
                 if claim is not None or missed:
-                    share = notes.get(("crowded", rs.index), 0.0)
-                    notes[("crowded", rs.index)] = share + PROBE_WEIGHT * ((1.0 if missed else 0.0) - share)
+                    self._crowding(notes, rs, bool(missed))
                 if claim is not None:
                     notes.pop(("no-free-block", rs.index), None)
                     return claim
@@ -251,18 +257,24 @@ class NodeBlocks:
             now = time.monotonic()
             for g in [g for g, t in full.items() if t <= now]:
                 del full[g]
+            lists = 0
             for _ in range(GROUP_LISTS * 8):
-                if len(groups) >= GROUP_LISTS:
+                if lists >= GROUP_LISTS or len(groups) >= GROUPS_READ:
                     break
                 r, first = self._position(rs, self._probe(rs, i) % total)
                 i += 1
-                group = block_group_id(r.subnet, first, self._size(r))
-                if group in groups or full.get(group, 0.0) > now:
+                # A crowded pool's group often shows no free block: then one List reads the
+                # adjacent groups around this one (the same request, more Leases).
+                width = WIDE_GROUPS if notes.get(("crowded", rs.index), 0.0) >= WIDE_SHARE else 1
+                ids = [g for g in self._groups(r, first, width) if g not in groups and full.get(g, 0.0) <= now]
+                if not ids:
                     continue
-                groups.add(group)
-                # Not listed again for a while: what the List showed free is remembered instead.
-                full[group] = now + FULL_BLOCK_SECONDS
-                claim = self._acquire_in_group(rs, r, first, mine, held, attachment, network, deadline, notes)
+                lists += 1
+                for g in ids:
+                    groups.add(g)
+                    # Not listed again for a while: what the List showed free is remembered instead.
+                    full[g] = now + FULL_BLOCK_SECONDS
+                claim = self._acquire_in_group(rs, r, first, mine, held, attachment, network, deadline, notes, width)
                 if claim is not None:
                     notes.pop(("no-free-block", rs.index), None)
                     return claim
@@ -363,28 +375,50 @@ class NodeBlocks:
         log.info("node %s acquired block %s of %s", self.node, claim.block, self.domain)
         return claim, 0
 
-    def _acquire_in_group(self, rs: RangeSet, r: Range, first: int, mine: set, held: set, attachment: Attachment,
-                          network: str, deadline: float, notes: Optional[dict] = None) -> Optional[Claim]:
-        """One List of the records of the group holding the block at ``first`` (at most
-        ``BLOCK_GROUP`` Leases), then a record created at the first block of the group, from
-        ``first`` on, that none holds (up to ``GROUP_MISSES`` 409s: claims of first addresses).
-        ``notes`` (a daemon's): the other blocks the List showed free are remembered for the
-        next acquisitions (:meth:`_try_free_seen`), and the share of the group's blocks held
-        tells the next acquisition whether hashed probes are worth their 409s."""
+    @staticmethod
+    def _crowding(notes: dict, rs: RangeSet, missed: bool) -> None:
+        """A create at a block met a 409 (``missed``) or made its record: the share of blocks
+        held this daemon assumes moves ``PROBE_WEIGHT`` of the way to 1 or 0 (a List sets it)."""
+        share = notes.get(("crowded", rs.index), 0.0)
+        notes[("crowded", rs.index)] = share + PROBE_WEIGHT * ((1.0 if missed else 0.0) - share)
+
+    def _groups(self, r: Range, first: int, width: int = 1) -> list[str]:
+        """The groups one List reads for the block at ``first``: its own (``width`` 1), or the
+        ``width`` aligned adjacent groups around it that hold blocks of ``r``."""
         size = self._size(r)
-        group = block_group_id(r.subnet, first, size)
-        records, _ = self._list_all(f"{L_DOMAIN}={self.dhash},{L_BLOCK_GROUP}={group}", deadline,
-                                    f"list block records of group {group} of domain {self.domain}")
         net, span = int(r.subnet.network_address), size * BLOCK_GROUP
+        start = net + (first - net) // (span * width) * (span * width)
+        return [block_group_id(r.subnet, at, size) for at in range(start, start + span * width, span)
+                if at <= r.end and at + span - 1 >= r.start]
+
+    def _acquire_in_group(self, rs: RangeSet, r: Range, first: int, mine: set, held: set, attachment: Attachment,
+                          network: str, deadline: float, notes: Optional[dict] = None, width: int = 1) -> Optional[Claim]:
+        """One List of the records of the group holding the block at ``first`` (at most
+        ``BLOCK_GROUP`` Leases; ``width`` > 1: of that many aligned adjacent groups around it),
+        then a record created at the best block they show that none holds (up to
+        ``GROUP_MISSES`` 409s: claims of first addresses). ``notes`` (a daemon's): the other
+        blocks the List showed free are remembered for the next acquisitions
+        (:meth:`_try_free_seen`), and the share of the blocks read that are held tells the next
+        acquisition whether hashed probes are worth their 409s and how many groups to read."""
+        size = self._size(r)
+        ids = self._groups(r, first, width)
+        if not ids:
+            return None
+        selector = f"{L_BLOCK_GROUP}={ids[0]}" if len(ids) == 1 else f"{L_BLOCK_GROUP} in ({','.join(ids)})"
+        records, _ = self._list_all(f"{L_DOMAIN}={self.dhash},{selector}", deadline,
+                                    f"list block records of group{'s' if len(ids) > 1 else ''} {', '.join(ids)} "
+                                    f"of domain {self.domain}")
+        net, span = int(r.subnet.network_address), size * BLOCK_GROUP * width
         start = net + (first - net) // span * span
+        count = BLOCK_GROUP * width
         listed = {c.name for c in records if c.block}
-        for k in range(BLOCK_GROUP):  # what the List showed replaces what the 409s told of this group
+        for k in range(count):  # what the List showed replaces what the 409s told of these groups
             ip = self._record_ip(r, start + k * size)
             if ip is not None:
                 held.discard(lease_name(self.dhash, ip))
         held.update(listed - mine)
         frees, blocks_here = [], 0
-        for k in range(BLOCK_GROUP):
+        for k in range(count):
             at = start + k * size
             ip = self._record_ip(r, at) if r.start <= at + size - 1 and at <= r.end else None
             if ip is None:

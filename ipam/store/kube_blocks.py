@@ -15,7 +15,8 @@ a node's held blocks (and released when empty), never made.
 
 :class:`NodeBlocks` is the part of :class:`ipam.store.kube.KubeStore` that finds a node's blocks
 in a range set, acquires one (the block after its newest, the free blocks a List showed, its
-hashed positions, then Lists of one group's records, at most ``BLOCK_GROUP`` Leases, and when
+hashed positions, then Lists of one group's records, at most ``BLOCK_GROUP`` Leases (four groups
+in a crowded pool), and when
 those show none free one paginated List of every record of the domain), borrows in other nodes'
 blocks when every block is held (one block's claims per List), and releases a node's empty blocks after
 ``block_release_seconds``. It relies on the store's requests (``_call``, ``_list``, ``_list_all``),
@@ -196,9 +197,11 @@ class NodeBlocks:
         node's newest; the blocks a List showed free in the last ``FREE_SEEN_SECONDS`` (best
         first, one 409 and the rest is forgotten); this node's hashed positions (skipping
         blocks this daemon knows held) until ``PROBE_MISSES`` 409s, unless the last List showed
-        ``CROWDED_SHARE`` or more of its blocks held; one List of the records of the group of
-        ``BLOCK_GROUP`` blocks at the next position, at most ``GROUP_LISTS`` groups (a create
-        at the best block each shows free); then, on a range set of more than
+        ``CROWDED_SHARE`` or more of its blocks held (or the creates since, a 409 on the block
+        after the newest included, moved that share there); one List of the records of the
+        group of ``BLOCK_GROUP`` blocks at the next position (``WIDE_GROUPS`` adjacent groups
+        once that share is ``WIDE_SHARE``), at most ``GROUP_LISTS`` Lists and ``GROUPS_READ``
+        groups (a create at the best block each shows free); then, on a range set of more than
         ``SMALL_BLOCK_COUNT`` blocks, one paginated List of the domain's records and a create
         at each block it shows free until one succeeds. None: no block was free (borrow; no
         attempt for ``NO_BLOCK_AT_ALL_SECONDS`` when the whole read showed none)."""

@@ -778,8 +778,8 @@ def test_a_node_whose_run_meets_another_nodes_lists_the_free_blocks_instead_of_p
     """Issue 17 target 1 in a crowded pool: a node's next block is the one after its newest, and
     a 409 there means its run met another node's, so the pool is crowded enough that a hashed
     probe would meet a 409 too (at a share f of blocks held, two probes cost f + 2f² requests
-    against a List's 1): the ADD lists one group's records and creates its record at a block
-    that List shows free. Here node-a's one block is full, the block after it and every other
+    against a List's 1): the ADD lists the records of the groups around its next position and
+    creates its record at a block that List shows free. Here node-a's one block is full, the block after it and every other
     block are held, and the node's first hashed position is a held block: the ADD costs the 409,
     the List and its create, not a probe's 409 as well."""
     conf = netconf(kubeconfig, "10.9.32.0/20", block_size=4)  # 1,024 blocks of 4
@@ -805,7 +805,7 @@ def test_a_node_whose_run_meets_another_nodes_lists_the_free_blocks_instead_of_p
 def test_a_daemon_in_a_crowded_pool_reads_four_adjacent_groups_with_one_list(server, kubeconfig, daemon):
     """Issue 17 target 1 near a full pool: one group of 64 blocks often shows none free, and every
     further List is one more request per acquisition. Once a daemon's creates have met 409s
-    (two hashed probes here: three quarters of the blocks look held), one List reads the records
+    (two hashed probes here: half the blocks or more look held), one List reads the records
     of four adjacent groups. Here 1,023 of a /20's 1,024 blocks of 4 are held; the free one lies
     next to the group the node lists first, not in it: the ADD costs its two 409s, one List and
     its create, where Lists of one group would cost two Lists or more."""

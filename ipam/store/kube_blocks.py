@@ -67,8 +67,7 @@ RECORD_SCAN_BLOCKS = 1 << 16  # a range set of at most this many blocks may have
 NO_BLOCK_AT_ALL_SECONDS = 30.0  # after a read of every record showed no block free: no acquisition attempt for this long
 CROWDED_SHARE = 0.5  # the share of blocks held seen lately is at least this: no hashed probes, the next List at once
 PROBE_WEIGHT = 0.5  # how much one hashed probe's outcome (409 or not) moves that share (a List sets it)
-WIDE_SHARE = 0.75  # that share is at least this: one List reads WIDE_GROUPS adjacent groups (a group of a crowded pool often shows none free)
-WIDE_GROUPS = 4  # groups one List reads when the pool looks crowded (at most 4 × BLOCK_GROUP Leases, ~240 kB)
+WIDE_GROUPS = 4  # groups one List reads from CROWDED_SHARE on (a group of a crowded pool often shows none free; at most 4 × BLOCK_GROUP Leases, ~240 kB)
 GROUPS_READ = 12  # groups one acquisition reads at most (in at most GROUP_LISTS Lists) before the read of every record
 
 
@@ -200,7 +199,7 @@ class NodeBlocks:
         ``CROWDED_SHARE`` or more of its blocks held (or the creates since, a 409 on the block
         after the newest included, moved that share there); one List of the records of the
         group of ``BLOCK_GROUP`` blocks at the next position (``WIDE_GROUPS`` adjacent groups
-        once that share is ``WIDE_SHARE``), at most ``GROUP_LISTS`` Lists and ``GROUPS_READ``
+        from ``CROWDED_SHARE`` on), at most ``GROUP_LISTS`` Lists and ``GROUPS_READ``
         groups (a create at the best block each shows free); then, on a range set of more than
         ``SMALL_BLOCK_COUNT`` blocks, one paginated List of the domain's records and a create
         at each block it shows free until one succeeds. None: no block was free (borrow; no
@@ -268,7 +267,7 @@ class NodeBlocks:
                 i += 1
                 # A crowded pool's group often shows no free block: then one List reads the
                 # adjacent groups around this one (the same request, more Leases).
-                width = WIDE_GROUPS if notes.get(("crowded", rs.index), 0.0) >= WIDE_SHARE else 1
+                width = WIDE_GROUPS if notes.get(("crowded", rs.index), 0.0) >= CROWDED_SHARE else 1
                 ids = [g for g in self._groups(r, first, width) if g not in groups and full.get(g, 0.0) <= now]
                 if not ids:
                     continue

@@ -24,7 +24,7 @@ from ipam.config import parse_ipam_config
 from ipam.kube_config import connect, kube_settings
 from ipam.location import CLUSTER_DOMAIN
 from ipam.plugin import LeaseIPAM
-from ipam.store import lease_cache
+from ipam.store import kube_blocks, lease_cache
 from ipam.store.base import Attachment
 from ipam.store.kube import (
     L_DOMAIN,
@@ -634,13 +634,20 @@ def fill_blocks(server, filler, rs, wanted, size=4):
             assert server.api_create(RESOURCES["leases"], NS, body, False)[0] == 201
 
 
-def test_a_node_whose_acquisition_gave_up_takes_a_block_the_domain_read_shows_free(server, kubeconfig):
-    """An acquisition tries a few hashed blocks and at most a few groups of records; when those
-    are all held it borrows, and a borrower that finds the blocks it reads full reads the whole
-    domain. That read shows every block: the ADD then acquires one that is still free (the node's
-    own block from then on, its next ADDs cost one create each) instead of borrowing an address
-    in it as a plain claim. Here 15 of a /20's 16 groups of blocks are held and full, and the
-    node is one whose hashed acquisition and borrowing orders meet only those."""
+@pytest.mark.parametrize("records_read", [True, False], ids=["records-read", "no-records-read"])
+def test_a_node_whose_acquisition_gave_up_takes_a_block_the_domain_read_shows_free(server, kubeconfig, monkeypatch,
+                                                                                    records_read):
+    """An acquisition tries a few hashed blocks and at most a few groups of records, then reads
+    every block record of the domain (a range set of at most ``RECORD_SCAN_BLOCKS`` blocks) and
+    acquires a block that read shows free. Without that read (a larger range set: here the limit
+    is set to 0), it borrows, and a borrower that finds the blocks it reads full reads the whole
+    domain's claims; that read too shows every block, and the ADD acquires one that is still
+    free (the node's own block from then on, its next ADDs cost one create each) instead of
+    borrowing an address in it as a plain claim. Here 15 of a /20's 16 groups of blocks are held
+    and full, and the node is one whose hashed acquisition and borrowing orders meet only those."""
+    if not records_read:
+        monkeypatch.setattr(kube_blocks, "RECORD_SCAN_BLOCKS", 0)
+    borrowed_blocks = kube_blocks.BORROW_BLOCKS  # the blocks a borrower reads before the domain's claims
     conf = netconf(kubeconfig, "10.9.32.0/20", block_size=4)  # 1,024 blocks of 4: 16 groups of 64
     [rs] = parse_ipam_config(conf).range_sets
     filler = store(kubeconfig, "node-full", conf)
@@ -664,7 +671,7 @@ def test_a_node_whose_acquisition_gave_up_takes_a_block_the_domain_read_shows_fr
         s = store(kubeconfig, f"node-{n}", conf)
         groups = order(s)
         left = sorted(set(group_of.values()) - set(groups)
-                      - {group_of[s._probe(rs, i, "borrow") % total] for i in range(8)})  # blocks a borrower reads
+                      - {group_of[s._probe(rs, i, "borrow") % total] for i in range(borrowed_blocks)})
         if left:
             node, free_group, candidate = f"node-{n}", left[0], s
             break

@@ -21,8 +21,21 @@ def rebuild(fast_source, path, head, launcher_source=None):
         body = marshal.dumps(code)
         if launcher_source is not None:
             body += marshal.dumps(compile(launcher_source, LAUNCHER_FILENAME, "exec"))
-        save(path, head + b"%08x" % binascii.crc32(body) + body)
+        save(path, seal(head, body))
     return code
+
+
+def seal(head, body):
+    """A file beside a shim: ``head``, the crc32 of ``body`` (8 hex digits), ``body``
+    (:mod:`shim.boot` checks its code file the same way, inline)."""
+    return head + b"%08x" % binascii.crc32(body) + body
+
+
+def unseal(data, head):
+    """The body of ``data`` made by :func:`seal` behind ``head``, or None (another head, cut short
+    or altered)."""
+    body = memoryview(data)[len(head) + 8:]
+    return body if data[:len(head) + 8] == head + b"%08x" % binascii.crc32(body) else None
 
 
 def save(path, data):

@@ -28,12 +28,11 @@ directory, whose writers could replace the shim itself; it is written by write +
 at all where the caller may not write (:func:`shim.codecache.save`).
 """
 
-import binascii
 import builtins
 import marshal
 import sys
 
-from .codecache import save as _save
+from . import codecache
 
 # more texts than this in the file (library upgrades leave texts nothing asks for): save only
 # what this process used
@@ -72,9 +71,8 @@ class Cache:
                 data = fh.read()
         except OSError:
             return {}
-        head = len(self.magic) + 8
-        body = memoryview(data)[head:]
-        if data[:head] != self.magic + b"%08x" % binascii.crc32(body):
+        body = codecache.unseal(data, self.magic)
+        if body is None:
             return {}
         try:
             codes = marshal.loads(body)
@@ -118,7 +116,7 @@ class Cache:
         if len(codes) > MAX_ENTRIES:
             codes = {key: codes[key] for key in self.used.union(self.compiled)}
         body = marshal.dumps(codes)
-        _save(self.path, self.magic + b"%08x" % binascii.crc32(body) + body)
+        codecache.save(self.path, codecache.seal(self.magic, body))
 
 
 def install(path):

@@ -24,6 +24,7 @@ DEFAULT_SOCKET = "/run/rdmanet/daemon.sock"
 SOCKET_ENV = b"RDMANET_DAEMON_SOCKET"
 PROTOCOL = 2
 JOURNAL_DIR = "del-journal"
+LAUNCHER_FILENAME = "<rdmanet shim: shim/launcher.py>"  # as shim.codecache compiles it
 
 
 def _fsdecode(value):
@@ -65,7 +66,7 @@ def _launcher():
         import zlib
 
         source = zlib.decompress(binascii.a2b_base64(packed)).decode("utf-8").split("\0")[2]
-        code = compile(source, "<rdmanet shim: shim/launcher.py>", "exec")
+        code = compile(source, LAUNCHER_FILENAME, "exec")
     exec(code, namespace)
     return namespace
 
@@ -83,7 +84,7 @@ def _launcher_code(body):
         code = marshal.load(stream)
     except (EOFError, ValueError, TypeError):
         return None
-    return code if getattr(code, "co_filename", None) == "<rdmanet shim: shim/launcher.py>" else None
+    return code if getattr(code, "co_filename", None) == LAUNCHER_FILENAME else None
 
 
 def _ask(path, request):

@@ -471,19 +471,23 @@ def render_shim(plugin_name, python, site_dir, socket_path=DEFAULT_SOCKET):
         python, plugin_name, kind, _boot_code(sources["boot"]), stamp, packed, plugin_name, site_dir, socket_path)
 
 
+def _beside(shim_path, suffix):
+    """``<dir>/.<name><suffix>`` for the shim at ``<dir>/<name>``."""
+    directory, name = os.path.split(shim_path)
+    return os.path.join(directory, "." + name + suffix)
+
+
 def code_path(shim_path):
     """Where the shim at ``shim_path`` keeps its compiled hot path: ``<dir>/.<name>.code`` (the
     shim writes it; see :mod:`shim.boot`; install.sh's --uninstall removes it with the shim)."""
-    directory, name = os.path.split(shim_path)
-    return os.path.join(directory, "." + name + ".code")
+    return _beside(shim_path, ".code")
 
 
 def texts_path(shim_path):
     """Where the shim at ``shim_path`` keeps the code its in-process calls compiled from text
     (dataclass methods, forward references): ``<dir>/.<name>.texts`` (:mod:`shim.compiled_texts`;
     install.sh's --uninstall removes it)."""
-    directory, name = os.path.split(shim_path)
-    return os.path.join(directory, "." + name + ".texts")
+    return _beside(shim_path, ".texts")
 
 
 def write_shim(path, plugin_name, python, site_dir, socket_path=DEFAULT_SOCKET):

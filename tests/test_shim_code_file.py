@@ -18,7 +18,7 @@ import tempfile
 
 import pytest
 
-from shim import boot, launcher
+from shim import boot, codecache, fast, launcher
 from shim.testing import ScriptedDaemon
 
 PLUGIN = "lease-ipam"
@@ -219,6 +219,7 @@ def test_a_call_the_daemon_does_not_answer_runs_the_launcher_from_the_code_file(
     fast_code, launcher_code = marshal.load(stream), marshal.load(stream)
     assert (fast_code.co_filename, launcher_code.co_filename) == ("<rdmanet shim: shim/fast.py>",
                                                                   "<rdmanet shim: shim/launcher.py>")
+    assert fast.LAUNCHER_FILENAME == codecache.LAUNCHER_FILENAME  # what shim.fast looks for is what was written
     version = call(path)  # no daemon: the plugin answers in-process
     assert version.returncode == 0 and "1.0.0" in json.loads(version.stdout)["supportedVersions"]
 

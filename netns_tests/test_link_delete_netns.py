@@ -4,6 +4,8 @@ name free at once) and raises what links.delete raises."""
 
 from __future__ import annotations
 
+import errno
+import os
 import threading
 
 import pytest
@@ -86,6 +88,32 @@ def test_past_its_bound_a_deletion_waits_for_the_kernel(netns, master, in_backgr
             link_delete.delete_until_unlisted(pod, links.find_link(pod, "net1").index)
         assert nt.link(ns.name, "net1") is None
         assert _deleting_threads() == []  # done in the caller's thread
+    finally:
+        for _ in range(taken):
+            link_delete._slots.release()
+
+
+def test_a_refused_duplicate_of_the_socket_leaves_no_descriptor_and_no_slot_taken(netns, master, in_background,
+                                                                                 monkeypatch):
+    ns, m = netns(), master()
+    _macvlan(ns, m, "net1")
+
+    def refused(self):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    with links.rtnl_in(ns.path) as pod:
+        index = links.find_link(pod, "net1").index
+        monkeypatch.setattr(type(pod), "detached", refused)
+        before = sorted(os.listdir("/proc/self/fd"))
+        with pytest.raises(OSError):
+            link_delete.delete_until_unlisted(pod, index)
+        assert sorted(os.listdir("/proc/self/fd")) == before
+    assert nt.link(ns.name, "net1") is not None  # nothing was asked of the kernel
+    taken = 0
+    try:
+        while link_delete._slots.acquire(blocking=False):
+            taken += 1
+        assert taken == link_delete.BACKGROUND
     finally:
         for _ in range(taken):
             link_delete._slots.release()

@@ -60,10 +60,13 @@ def delete_until_unlisted(ipr, index: int) -> None:
         _slots.release()
         raise
     outcome: list = []
+    pipe: tuple[int, ...] = ()
     try:
-        done_r, done_w = os.pipe()
+        pipe = done_r, done_w = os.pipe()
         channel = ipr.detached()
     except BaseException:
+        for fd in pipe:  # made when the duplicate of the socket was refused (EMFILE)
+            os.close(fd)
         monitor.close()
         _slots.release()
         raise

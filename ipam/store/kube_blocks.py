@@ -384,12 +384,16 @@ class NodeBlocks:
         share = notes.get(("crowded", rs.index), 0.0)
         notes[("crowded", rs.index)] = share + PROBE_WEIGHT * ((1.0 if missed else 0.0) - share)
 
+    def _groups_start(self, r: Range, first: int, width: int) -> int:
+        """The first address of the ``width`` aligned adjacent groups around the block at ``first``."""
+        net, span = int(r.subnet.network_address), self._size(r) * BLOCK_GROUP * width
+        return net + (first - net) // span * span
+
     def _groups(self, r: Range, first: int, width: int = 1) -> list[str]:
         """The groups one List reads for the block at ``first``: its own (``width`` 1), or the
         ``width`` aligned adjacent groups around it that hold blocks of ``r``."""
         size = self._size(r)
-        net, span = int(r.subnet.network_address), size * BLOCK_GROUP
-        start = net + (first - net) // (span * width) * (span * width)
+        span, start = size * BLOCK_GROUP, self._groups_start(r, first, width)
         return [block_group_id(r.subnet, at, size) for at in range(start, start + span * width, span)
                 if at <= r.end and at + span - 1 >= r.start]
 
@@ -410,9 +414,7 @@ class NodeBlocks:
         records, _ = self._list_all(f"{L_DOMAIN}={self.dhash},{selector}", deadline,
                                     f"list block records of group{'s' if len(ids) > 1 else ''} {', '.join(ids)} "
                                     f"of domain {self.domain}")
-        net, span = int(r.subnet.network_address), size * BLOCK_GROUP * width
-        start = net + (first - net) // span * span
-        count = BLOCK_GROUP * width
+        start, count = self._groups_start(r, first, width), BLOCK_GROUP * width
         listed = {c.name for c in records if c.block}
         for k in range(count):  # what the List showed replaces what the 409s told of these groups
             ip = self._record_ip(r, start + k * size)

@@ -546,9 +546,15 @@ def fmt_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
+def report_block_size(r: dict) -> int:
+    """The block size a run's row used (reports saved before ``--block-size`` ran with the default)."""
+    return r.get("block_size") or effective_block_size(None)
+
+
 def print_report(results: list[dict], checks: dict) -> None:
     for r in results:
-        print(f"\nN = {r['nodes']} nodes, {r['size']} addresses, block size S = {r.get('block_size', 16)}, informers: {r['informers']} "
+        block_size = report_block_size(r)
+        print(f"\nN = {r['nodes']} nodes, {r['size']} addresses, block size S = {block_size}, informers: {r['informers']} "
               f"({r['seconds']} s, max RSS {r['max_rss_mb']} MiB, echo misses {r['echo_misses']}, errors {r['errors'] or 'none'}, "
               f"addresses given twice {r['duplicates']})")
         print("| S | phase | ops | req/op | verb requests/op | verb bytes read/op | informer req/op | 409/op | watch events/op | watch bytes/op | s |")
@@ -557,14 +563,14 @@ def print_report(results: list[dict], checks: dict) -> None:
             n = max(1, row["ops"])
             verbs = " ".join(f"{v / n:.3g} {k}" for k, v in row["verb_requests"].items()) or "-"
             vb = fmt_bytes(row["verb_bytes_per_op"]) if "verb_bytes_per_op" in row else "-"
-            print(f"| {r.get('block_size', 16)} | {row['phase']} | {row['ops']} | {row['requests_per_op']:.3f} | {verbs} | {vb} | {row['informer_per_op']:.4f} | "
+            print(f"| {block_size} | {row['phase']} | {row['ops']} | {row['requests_per_op']:.3f} | {verbs} | {vb} | {row['informer_per_op']:.4f} | "
                   f"{row['conflicts_per_op']:.3f} | {row['watch_events_per_op']:g} | {fmt_bytes(row['watch_bytes_per_op'])} | {row['seconds']} |")
         print("Verb requests per op by store step (`METHOD step in what-the-verb-was-doing status`), above 0.001:")
         for row in r["rows"]:
             n = max(1, row["ops"])
             top = sorted(((v / n, k) for k, v in (row.get("reasons") or {}).items()), reverse=True)
             shown = "; ".join(f"{v:.3f} {k}" for v, k in top if v >= 0.001)
-            print(f"- S = {r.get('block_size', 16)}, {row['phase']}: {shown or '-'}")
+            print(f"- S = {block_size}, {row['phase']}: {shown or '-'}")
         if r.get("stopped"):
             print(f"stopped: {r['stopped']}")
         rs = r["restart"]
@@ -577,7 +583,7 @@ def print_report(results: list[dict], checks: dict) -> None:
     print("|---|---|---|---|---|---|---|---|")
     for r in results:
         n = r["nodes"]
-        print(f"| {n} | {r.get('block_size', 16)} | {checks['1']['worst_requests_per_add'][n]:.3f} | {checks['1']['worst_requests_per_del'][n]:.3f} | "
+        print(f"| {n} | {report_block_size(r)} | {checks['1']['worst_requests_per_add'][n]:.3f} | {checks['1']['worst_requests_per_del'][n]:.3f} | "
               f"{checks['2']['events_per_add'][n]:g} | {fmt_bytes(checks['2']['bytes_per_add'][n])} | "
               f"{fmt_bytes(r['restart']['per_daemon_mean'])} | {fmt_bytes(r['restart']['total_bytes'])} |")
     names = {"1": "API requests per ADD/DEL <= 1 amortised, independent of N and fill",

@@ -119,7 +119,7 @@ def release_blocks(target: Any, node: str, grace: float, now: Optional[float] = 
 
     from .reconcile import ApiError
 
-    blocks = [b for b in target.list_blocks() if b.node == node]
+    blocks = [b for b in target.list_blocks() if b.node == node and not b.planned]  # a plan's blocks stay while empty
     if len(_empty_since) > 65536:  # entries of blocks released elsewhere: forget them all (a run's delay)
         _empty_since.clear()
     if not blocks:

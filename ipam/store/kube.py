@@ -106,7 +106,7 @@ from .whereabouts import WhereaboutsView
 from .kube_blocks import Block, NodeBlocks, _any_within, parse_block  # noqa: F401  (parse_block re-exported)
 from .kube_transport import ApiClientTransport, Response, Transport, Unreachable  # noqa: F401  (re-exported)
 from .lease_names import (  # noqa: F401  (GROUP, L_POD_UID ... re-exported: tests and tools use them from here)
-    GROUP, KIND_BLOCK, L_ATTACHMENT, L_BLOCK, L_BLOCK_OWNER, L_DOMAIN, L_KIND, L_NETWORK, L_NODE,
+    GROUP, KIND_BLOCK, L_ATTACHMENT, L_BLOCK, L_BLOCK_OWNER, L_DOMAIN, L_KIND, L_NETWORK, L_NODE, L_PLANNED,
     L_POD_UID, _now_micro, parse_time, attachment_hash, block_first, block_id, domain_hash, holder_of,
     ip_of_name, label_value, lease_name, parse_block_id, parse_holder,
 )
@@ -154,6 +154,7 @@ class Claim:
     range: str = ""  # the subnet annotation: the range the claim was made in (the round-robin cursor)
     block: str = ""  # a block record (the claim Lease of a block's first usable address): the block's id
     owner: str = ""  # a block record: the node that holds the block
+    planned: bool = False  # a block record a plan gave its node (``rdmanet ipam plan``): kept while empty
 
     @property
     def free(self) -> bool:
@@ -165,7 +166,8 @@ class Claim:
         found = parse_block_id(self.block) if self.block else None
         if found is None:
             return None
-        return Block(self.name, found[0], found[1], self.owner, self.uid, self.resource_version, self.time, self.ip)
+        return Block(self.name, found[0], found[1], self.owner, self.uid, self.resource_version, self.time, self.ip,
+                     self.planned)
 
 
 def parse_claim(item: Any, dhash: str) -> Optional[Claim]:
@@ -181,12 +183,13 @@ def parse_claim(item: Any, dhash: str) -> Optional[Claim]:
     notes = md.get("annotations") or {}
     when = parse_time(spec.get("acquireTime")) or parse_time(md.get("creationTimestamp"))
     block = owner = ""
-    if (md.get("labels") or {}).get(L_BLOCK_OWNER):  # a block record: its block and owner
-        block, owner = str((md.get("labels") or {}).get(L_BLOCK) or ""), str(notes.get(f"{GROUP}/block-owner") or "")
+    labels = md.get("labels") or {}
+    if labels.get(L_BLOCK_OWNER):  # a block record: its block and owner
+        block, owner = str(labels.get(L_BLOCK) or ""), str(notes.get(f"{GROUP}/block-owner") or "")
     return Claim(name, ip, parse_holder(spec.get("holderIdentity")), str(md.get("uid") or ""),
                  str(md.get("resourceVersion") or ""), sys.intern(str(notes.get(f"{GROUP}/network") or "")), when,
                  sys.intern(str(notes.get(f"{GROUP}/range") or "")),  # shared by every claim of a network
-                 block, owner)
+                 block, owner, bool(block) and labels.get(L_PLANNED) == "true")
 
 
 def parse_lease(item: Any, dhash: str) -> Any:
@@ -1024,7 +1027,7 @@ class KubeStore(NodeBlocks, Store):
                 kept.append(c)
         values = sorted(int(c.ip) for c in kept if not c.free)
         for b in blocks:
-            if b.node != self.node or _any_within(values, int(b.ip), b.last):
+            if b.node != self.node or b.planned or _any_within(values, int(b.ip), b.last):
                 continue
             b = records.get(b.name) or b
             if b.time is not None and (now - b.time).total_seconds() >= self.block_release:

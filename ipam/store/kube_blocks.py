@@ -39,8 +39,9 @@ from cni.core.errors import IO_FAILURE, POOL_EXHAUSTED, CNIError
 from .. import intervals
 from ..ranges import IPAddress, Range, RangeSet
 from .base import Attachment
-from .lease_names import (BLOCK_GROUP, GROUP, L_BLOCK, L_BLOCK_GROUP, L_BLOCK_OWNER, L_DOMAIN, L_NODE,
-                          parse_time, block_group_id, block_id, block_of_name, label_value, lease_name)
+from .lease_names import (BLOCK_GROUP, GROUP, L_BLOCK, L_BLOCK_GROUP, L_BLOCK_OWNER, L_DOMAIN, L_NODE, L_PLANNED,
+                          parse_time, block_group_id, block_id, block_of_name, domain_hash, label_value, lease_name,
+                          parse_block_id)
 
 if TYPE_CHECKING:
     from .kube import Claim
@@ -84,6 +85,7 @@ class Block:
     resource_version: str
     time: Optional[datetime]
     record_ip: Optional[IPAddress] = None  # the address whose claim Lease is the record (None: a ``lipb-`` Lease)
+    planned: bool = False  # given to its node by a plan (``rdmanet ipam plan``): never released for being empty
     is_block = True
 
     @property
@@ -109,6 +111,47 @@ def parse_block(item: Any, dhash: str) -> Optional[Block]:
     when = parse_time(spec.get("acquireTime")) or parse_time(md.get("creationTimestamp"))
     return Block(md["name"], found[0], found[1], holder if isinstance(holder, str) else "", str(md.get("uid") or ""),
                  str(md.get("resourceVersion") or ""), when)
+
+
+def record_body(body: dict, owner: str, subnet: Any, first: int, size: int, planned: bool = False) -> dict:
+    """``body`` (a claim Lease) made the record of the ``size`` block at ``first`` of ``subnet``
+    held by ``owner``; ``planned``: labelled as a plan's (its node keeps it while empty)."""
+    md = body["metadata"]
+    md["labels"].update({L_NODE: label_value(owner), L_BLOCK: block_id(_address(subnet, first), size),
+                         L_BLOCK_OWNER: label_value(owner), L_BLOCK_GROUP: block_group_id(subnet, first, size)})
+    md["annotations"].update({f"{GROUP}/block-owner": owner, f"{GROUP}/block-size": str(size)})
+    if planned:
+        md["labels"][L_PLANNED] = "true"
+    return body
+
+
+def free_record_body(namespace: str, domain: str, ip: IPAddress, block: str, subnet: str, owner: str,
+                     planned: bool = False) -> dict:
+    """A record of block ``block`` (its id) whose address ``ip`` is free: no holder, no attachment
+    or pod labels, the block held by ``owner``; ``subnet``: the range it is in, as the claims'
+    ``range`` annotation spells it (its group label comes from it). What a DEL of that address
+    writes, and what a plan creates (``planned``: labelled as a plan's)."""
+    dhash = domain_hash(domain)
+    labels = {L_DOMAIN: dhash, L_NODE: label_value(owner), L_BLOCK: block, L_BLOCK_OWNER: label_value(owner)}
+    notes = {"ipam-domain": domain, "range": subnet, "ip": str(ip), "block-owner": owner,
+             "freed": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    found = parse_block_id(block)
+    if subnet and found is not None:
+        try:
+            labels[L_BLOCK_GROUP] = block_group_id(ipaddress.ip_network(subnet), int(found[0]), found[1])
+            notes["block-size"] = str(found[1])
+        except ValueError:
+            pass
+    if planned:
+        labels[L_PLANNED] = "true"
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": lease_name(dhash, ip), "namespace": namespace, "labels": labels,
+                         "annotations": {f"{GROUP}/{k}": v for k, v in notes.items()}},
+            "spec": {}}
+
+
+def _address(subnet: Any, value: int) -> IPAddress:
+    return ipaddress.ip_address(value) if subnet.version == 4 else ipaddress.IPv6Address(value)
 
 
 def _any_within(values: Sequence[int], lo: int, hi: int) -> bool:
@@ -499,33 +542,17 @@ class NodeBlocks:
             seen.clear()
         return None, misses
 
-    def _record_body(self, body: dict, owner: str, r: Range, first: int) -> dict:
-        """``body`` (a claim Lease) made the record of the block at ``first`` held by ``owner``."""
-        size = self._size(r)
-        md = body["metadata"]
-        md["labels"].update({L_NODE: label_value(owner), L_BLOCK: block_id(r.address(first), size),
-                             L_BLOCK_OWNER: label_value(owner), L_BLOCK_GROUP: block_group_id(r.subnet, first, size)})
-        md["annotations"].update({f"{GROUP}/block-owner": owner, f"{GROUP}/block-size": str(size)})
-        return body
+    def _record_body(self, body: dict, owner: str, r: Range, first: int, planned: bool = False) -> dict:
+        """``body`` (a claim Lease) made the record of the block at ``first`` held by ``owner``
+        (``planned``: a record a plan made, which stays one)."""
+        return record_body(body, owner, r.subnet, first, self._size(r), planned)
 
     def _free_body(self, record: Claim) -> dict:
         """The record ``record`` naming no attachment: its address free, its block still held."""
-        labels = {L_DOMAIN: self.dhash, L_NODE: label_value(record.owner), L_BLOCK: record.block,
-                  L_BLOCK_OWNER: label_value(record.owner)}
-        notes = {"ipam-domain": self.domain, "range": record.range, "ip": str(record.ip), "block-owner": record.owner,
-                 "freed": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-        block = record.as_block()
-        if record.range and block is not None:
-            try:
-                labels[L_BLOCK_GROUP] = block_group_id(ipaddress.ip_network(record.range), int(block.ip), block.size)
-                notes["block-size"] = str(block.size)
-            except ValueError:
-                pass
-        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                "metadata": {"name": record.name, "namespace": self.namespace, "uid": record.uid,
-                             "resourceVersion": record.resource_version, "labels": labels,
-                             "annotations": {f"{GROUP}/{k}": v for k, v in notes.items()}},
-                "spec": {}}
+        body = free_record_body(self.namespace, self.domain, record.ip, record.block, record.range, record.owner,
+                                record.planned)
+        body["metadata"].update({"uid": record.uid, "resourceVersion": record.resource_version})
+        return body
 
     def _put(self, name: str, body: dict, deadline: float) -> tuple[Any, bool]:
         return self._call("PUT", f"{self.path}/{name}", f"update lease {name}", deadline, body=body)
@@ -539,7 +566,7 @@ class NodeBlocks:
         if r is None:
             return None
         for _ in range(3):
-            body = self._record_body(self._body(ip, attachment, network, rs), record.node, r, int(record.ip))
+            body = self._record_body(self._body(ip, attachment, network, rs), record.node, r, int(record.ip), record.planned)
             body["metadata"].update({"uid": record.uid, "resourceVersion": record.resource_version})
             resp, retried = self._put(record.name, body, deadline)
             if resp.status == 200:
@@ -826,7 +853,8 @@ class NodeBlocks:
         invisible here and does not need to be seen: claims, not blocks, are what keep an address."""
         now = time.monotonic()
         with cache.acquire_lock:
-            empty = [b for b in cache.empty_blocks() if b.node == self.node]  # the cache's index: O(empty blocks)
+            # the cache's index: O(empty blocks); a plan's blocks stay with their node while empty
+            empty = [b for b in cache.empty_blocks() if b.node == self.node and not b.planned]
             names = {b.name for b in empty}
             for key in [k for k in list(cache.notes) if isinstance(k, tuple) and k[0] == "empty-since" and k[1] not in names]:
                 del cache.notes[key]  # in use again (or gone)

@@ -29,6 +29,7 @@ L_BLOCK = f"{GROUP}/block"
 L_KIND = f"{GROUP}/kind"
 L_BLOCK_OWNER = f"{GROUP}/block-owner"  # on a block record: the node holding the block
 L_BLOCK_GROUP = f"{GROUP}/block-group"  # on a block record: the group of BLOCK_GROUP blocks it is in
+L_PLANNED = f"{GROUP}/planned"  # on a block record made by `rdmanet ipam plan` ("true"): its node keeps it while empty
 KIND_BLOCK = "block"  # the label of a block Lease of the first block design (``lipb-``; read, never made)
 BLOCK_PREFIX = "lipb"
 BLOCK_GROUP = 64  # blocks per group: a List of one group's records reads at most this many Leases

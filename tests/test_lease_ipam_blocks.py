@@ -37,6 +37,8 @@ from ipam.store.kube import (
     lease_name,
     use_watch_cache,
 )
+from ipam.store.kube_blocks import free_record_body
+from ipam.store.lease_names import L_PLANNED, block_id
 from rdmanet import cli
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -591,6 +593,69 @@ def test_the_node_gc_releases_a_block_left_empty_by_the_nodes_last_del(server, k
     target_b = KubeTarget.for_settings(kube_settings(conf), node="node-b")
     assert node_gc.release_blocks(target_b, "node-b", grace=0, now=2000.0) == []  # b's claim keeps it
     assert len(block_leases(server, NS)) == 1
+
+
+# -- blocks a plan gave a node (`rdmanet ipam plan`): used at one request per ADD, kept while empty --
+
+def plan_blocks(server, conf, node, firsts):
+    """What a plan writes: a free record labelled planned for each block (first address) given."""
+    [rs] = parse_ipam_config(conf).range_sets
+    [r] = rs.ranges
+    size = kube_settings(conf).block_size
+    for first in firsts:
+        ip = ipaddress.ip_address(first)
+        body = free_record_body(NS, CLUSTER_DOMAIN, ip, block_id(ip, size), str(r.subnet), node, planned=True)
+        # the record's address is the block's first usable one: here the block's first (not the network address)
+        assert server.api_create(RESOURCES["leases"], NS, body, False)[0] == 201
+
+
+def planned(server):
+    return sorted(o["metadata"]["name"].rsplit("-", 1)[1] for o in block_leases(server, NS)
+                  if (o["metadata"].get("labels") or {}).get(L_PLANNED) == "true")
+
+
+def test_a_node_fills_the_blocks_a_plan_gave_it_at_one_request_per_add_and_keeps_them_empty(server, kubeconfig,
+                                                                                             daemon):
+    conf = netconf(kubeconfig, "10.9.40.0/24", block_size=4, block_release_seconds=0)
+    plan_blocks(server, conf, "node-a", ["10.9.40.4", "10.9.40.8"])
+    first = add(conf, "first", "node-a")  # starts node-a's informer
+    inf = informer_of("node-a")
+    wait_until(lambda: len(inf.blocks()) == 2, "both planned blocks in node-a's view")
+    server.reset_counts()
+    got = [add(conf, f"p{i}", "node-a") for i in range(7)]
+    # the 8 addresses of its two planned blocks, one request each: a create, or the update of a
+    # planned record whose address it takes; no List, no 409, no block acquired
+    assert sorted([first, *got], key=ipaddress.ip_address) == [f"10.9.40.{i}" for i in range(4, 12)]
+    counts = server.counts()
+    assert set(counts) <= {("create", "leases"), ("update", "leases")} and sum(counts.values()) == 7, counts
+    assert planned(server) == ["10.9.40.4", "10.9.40.8"]  # taking a planned record's address keeps it planned
+    # every pod goes: the blocks stay node-a's (block_release_seconds is 0: an unplanned empty
+    # block would go with the DEL that emptied it)
+    for cid in ["first", *[f"p{i}" for i in range(7)]]:
+        assert call("DEL", conf, cid, "node-a") == (0, None)
+    assert call("DEL", conf, "first", "node-a") == (0, None)  # a later DEL releases empty blocks: not these
+    assert planned(server) == ["10.9.40.4", "10.9.40.8"]
+    assert all(block_owner(o) == "node-a" and "holderIdentity" not in o["spec"] for o in block_leases(server, NS))
+
+
+def test_cni_gc_and_the_node_gc_release_an_empty_acquired_block_but_never_a_planned_one(server, kubeconfig):
+    from ipam import node_gc
+    from ipam.reconcile import KubeTarget
+
+    conf = netconf(kubeconfig, "10.9.41.0/24", block_size=4, block_release_seconds=0)
+    plan_blocks(server, conf, "node-a", ["10.9.41.4"])
+    s = store(kubeconfig, "node-a", conf, gc_grace=0)
+    # its own block first: the planned one; then one it acquires itself once that is full
+    got = [str(ip) for ip in (s.allocate(Attachment(f"c{i}", "net1"), "net-a", parse_ipam_config(conf).range_sets, {})[0]
+                              for i in range(5))]
+    assert sorted(got[:4]) == [f"10.9.41.{i}" for i in range(4, 8)] and got[4] not in got[:4]
+    assert len(block_leases(server, NS)) == 2
+    s.gc("net-a", set())  # every attachment gone: claims freed, the acquired block released
+    assert planned(server) == ["10.9.41.4"] and len(block_leases(server, NS)) == 1
+    target = KubeTarget.for_settings(kube_settings(conf), node="node-a")
+    assert node_gc.release_blocks(target, "node-a", grace=0, now=1000.0) == []
+    assert node_gc.release_blocks(target, "node-a", grace=0, now=2000.0) == []
+    assert planned(server) == ["10.9.41.4"]
 
 
 def test_claims_made_before_the_upgrade_stay_their_attachments(server, kubeconfig, daemon):

@@ -708,12 +708,14 @@ def test_a_node_whose_acquisition_gave_up_takes_a_block_the_domain_read_shows_fr
     is set to 0), it borrows, and a borrower that finds the blocks it reads full reads the whole
     domain's claims; that read too shows every block, and the ADD acquires one that is still
     free (the node's own block from then on, its next ADDs cost one create each) instead of
-    borrowing an address in it as a plain claim. Here 15 of a /20's 16 groups of blocks are held
+    borrowing an address in it as a plain claim. Here 31 of a /19's 32 groups of blocks are held
     and full, and the node is one whose hashed acquisition and borrowing orders meet only those."""
     if not records_read:
         monkeypatch.setattr(kube_blocks, "RECORD_SCAN_BLOCKS", 0)
     borrowed_blocks = kube_blocks.BORROW_BLOCKS  # the blocks a borrower reads before the domain's claims
-    conf = netconf(kubeconfig, "10.9.32.0/20", block_size=4)  # 1,024 blocks of 4: 16 groups of 64
+    wide = kube_blocks.WIDE_GROUPS  # groups one List of a crowded pool reads
+    lists = -(-kube_blocks.GROUPS_READ // wide)  # Lists one acquisition makes before the read of every record
+    conf = netconf(kubeconfig, "10.9.32.0/19", block_size=4)  # 2,048 blocks of 4: 32 groups of 64
     [rs] = parse_ipam_config(conf).range_sets
     filler = store(kubeconfig, "node-full", conf)
     total = filler._block_count(rs)
@@ -722,14 +724,14 @@ def test_a_node_whose_acquisition_gave_up_takes_a_block_the_domain_read_shows_fr
         group_of[j] = filler._position(rs, j)[1] // (4 * 64)
 
     def order(s):  # the groups an acquisition of node s looks at: two hashed probes (two 409s: the
-        # pool looks crowded), then Lists of four adjacent groups each, twelve groups in all
+        # pool looks crowded), then Lists of `wide` adjacent groups each, GROUPS_READ groups or more in all
         seen = [group_of[s._probe(rs, i) % total] for i in range(2)]
         spans = []
         for i in range(2, 64):
-            span = group_of[s._probe(rs, i) % total] // 4
+            span = group_of[s._probe(rs, i) % total] // wide
             if span not in spans:
                 spans.append(span)
-        return seen + [g for span in spans[:3] for g in range(4 * span, 4 * span + 4)]
+        return seen + [g for span in spans[:lists] for g in range(wide * span, wide * span + wide)]
 
     free_group = None
     for n in range(200):
@@ -874,21 +876,22 @@ def test_a_node_whose_run_meets_another_nodes_lists_the_free_blocks_instead_of_p
     assert block_owner(lease) == node
 
 
-def test_a_daemon_in_a_crowded_pool_reads_four_adjacent_groups_with_one_list(server, kubeconfig, daemon):
+def test_a_daemon_in_a_crowded_pool_reads_eight_adjacent_groups_with_one_list(server, kubeconfig, daemon):
     """Issue 17 target 1 near a full pool: one group of 64 blocks often shows none free, and every
     further List is one more request per acquisition. Once a daemon's creates have met 409s
     (two hashed probes here: half the blocks or more look held), one List reads the records
-    of four adjacent groups. Here 1,023 of a /20's 1,024 blocks of 4 are held; the free one lies
-    next to the group the node lists first, not in it: the ADD costs its two 409s, one List and
-    its create, where Lists of one group would cost two Lists or more."""
+    of eight adjacent groups (one page: one record per block). Here 1,023 of a /20's 1,024
+    blocks of 4 are held; the free one lies four groups away from the group of the node's List
+    position, in the other half of the eight: the ADD costs its two 409s, one List and its
+    create, where Lists of one group (or of four) would cost two Lists or more."""
     conf = netconf(kubeconfig, "10.9.32.0/20", block_size=4)
     [rs] = parse_ipam_config(conf).range_sets
     s = store(kubeconfig, "node-b", conf)
     pos = [s._probe(rs, i) % 1024 for i in range(3)]
     assert len(set(pos)) == 3
-    group = pos[2] // 64  # the group of its first List's position: the free block is in the next one of its four
-    span = group // 4
-    free_group = 4 * span + (group % 4 + 1) % 4
+    group = pos[2] // 64  # the group of its first List's position: the free block is four groups away, among its eight
+    span = group // 8
+    free_group = 8 * span + (group % 8 + 4) % 8
     j = next(j for j in range(64 * free_group, 64 * free_group + 64) if j not in pos)
     hold_every_block_but(server, kubeconfig, conf, {first_ip(conf, j)})
     assert call("DEL", conf, "nothing", "node-b") == (0, None)
@@ -900,4 +903,66 @@ def test_a_daemon_in_a_crowded_pool_reads_four_adjacent_groups_with_one_list(ser
     steps = [(e["verb"], e["status"]) for e in server.request_log() if e["verb"] != "watch"]
     assert steps == [("create", 409), ("create", 409), ("list", 200), ("create", 201)], steps
     [selector] = [e["query"].get("labelSelector", "") for e in server.request_log() if e["verb"] == "list"]
-    assert selector.count("-256") == 4 and " in (" in selector, selector  # four groups of 64 blocks of 4
+    assert selector.count("-256") == 8 and " in (" in selector, selector  # eight groups of 64 blocks of 4
+
+
+def test_a_list_leaves_the_block_after_another_nodes_run_to_that_node(server, kubeconfig):
+    """Issue 17 target 1 near a full pool: a node grows its run into the block after its newest
+    one at one create, so a node that Lists to find a free block must not take that block when
+    the List shows others: of a run of free blocks it takes one with free blocks on both sides
+    (the one after a run's end only when nothing else is free). Here every block of a /20
+    (1,024 blocks of 4) is held but two adjacent ones right after node-a's full block, and
+    node-b's hashed probes meet held blocks, so it Lists the groups holding them. Nodes order
+    equal choices each their own way: node-b is one whose order puts the first of the two
+    first. node-b takes the second; node-a's next ADD then grows into the first at one create,
+    where it would meet a 409 and a List of its own."""
+    conf = netconf(kubeconfig, "10.9.32.0/20", block_size=4)
+    [rs] = parse_ipam_config(conf).range_sets
+    [r] = rs.ranges
+    b = store(kubeconfig, "node-b", conf)
+    probes = [b._probe(rs, i) % 1024 for i in range(3)]
+    window = probes[2] // 512  # node-b Lists the eight groups around its third hashed position
+    first = lambda j: int(first_ip(conf, j))  # noqa: E731
+    run_end = next(j for j in range(512 * window + 1, 512 * window + 509)
+                   if not {j, j + 1, j + 2} & set(probes) and b._spread(first(j + 1)) < b._spread(first(j + 2)))
+    fill_blocks(server, store(kubeconfig, "node-a", conf), rs, lambda j, at, k: j == run_end)  # node-a's, full
+    hold_every_block_but(server, kubeconfig, conf, {first_ip(conf, j) for j in (run_end, run_end + 1, run_end + 2)})
+    got = store_add(b, conf, "b0")
+    assert got == str(first_ip(conf, run_end + 2)), "node-b took the block after node-a's run"
+    server.reset_counts()
+    a = store(kubeconfig, "node-a", conf)
+    grown = store_add(a, conf, "a0")
+    assert grown == str(first_ip(conf, run_end + 1))
+    steps = [(e["verb"], e["status"]) for e in server.request_log() if e["verb"] != "watch"]
+    assert steps == [("list", 200), ("create", 201)], steps  # its own objects, then the record: no 409, no List of groups
+
+
+def test_a_daemon_that_knows_the_block_after_its_newest_held_lists_instead_of_probing(server, kubeconfig, daemon):
+    """Issue 17 target 1 in a crowded pool: a daemon remembers the blocks its Lists and 409s
+    showed held. When the block after its newest one is among them, its run has met another
+    node's as surely as a 409 there would say, so the pool is taken as crowded (no hashed probe,
+    which would meet a 409 with the probability of the share held): the ADD lists the groups
+    around its next position and creates its record at a block the List shows free. Here every
+    other block of a /20 is held, the node's block is full, the block after it is one it
+    remembers held (as an earlier List showed it, while that List showed most blocks free), and
+    its first hashed position is a held block: the ADD costs one List and its create."""
+    conf = netconf(kubeconfig, "10.9.32.0/20", block_size=4)  # 1,024 blocks of 4
+    [rs] = parse_ipam_config(conf).range_sets
+    [r] = rs.ranges
+    node = next(n for n in (f"node-{k}" for k in range(100))
+                if store(kubeconfig, n, conf)._probe(rs, 0) % 1024 % 2 == 1)  # its first probe: a held block
+    s = store(kubeconfig, node, conf)
+    fill_blocks(server, s, rs, lambda j, first, k: j == 0)  # its block, full
+    fill_blocks(server, store(kubeconfig, "node-full", conf), rs, lambda j, first, k: j % 2 == 1 and k == 0)
+    assert call("DEL", conf, "nothing", node) == (0, None)  # the daemon starts its informer
+    inf = informer_of(node)
+    wait_until(lambda: inf.usable() and len(inf.blocks()) == 1, f"{node}'s informer to sync")
+    inf.notes[("held", rs.index)] = {lease_name(DHASH, s._record_ip(r, int(first_ip(conf, 1))))}
+    inf.notes[("crowded", rs.index)] = 0.1  # what that List showed
+    server.reset_counts()
+    got = add(conf, "a0", node)
+    assert got is not None
+    j = (int(ipaddress.ip_address(got)) - int(first_ip(conf, 0))) // 4
+    assert j % 2 == 0 and j > 0 and got == str(first_ip(conf, j)), got  # a free block's record
+    steps = [(e["verb"], e["status"]) for e in server.request_log() if e["verb"] != "watch"]
+    assert steps == [("list", 200), ("create", 201)], steps

@@ -398,10 +398,11 @@ class KubeStore(NodeBlocks, Store):
             if not cont:
                 return
 
-    def _list_all(self, selector: str, deadline: float, what: str) -> tuple[list[Claim], list[Block]]:
+    def _list_all(self, selector: str, deadline: float, what: str,
+                  limit: int = LIST_PAGE) -> tuple[list[Claim], list[Block]]:
         claims: dict[str, Claim] = {}
         blocks: dict[str, Block] = {}
-        for page in self._pages(selector, deadline, what):
+        for page in self._pages(selector, deadline, what, limit):
             if page is None:
                 claims.clear()
                 blocks.clear()

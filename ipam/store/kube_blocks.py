@@ -15,7 +15,7 @@ a node's held blocks (and released when empty), never made.
 
 :class:`NodeBlocks` is the part of :class:`ipam.store.kube.KubeStore` that finds a node's blocks
 in a range set, acquires one (the block after its newest, the free blocks a List showed, its
-hashed positions, then Lists of one group's records, at most ``BLOCK_GROUP`` Leases (four groups
+hashed positions, then Lists of one group's records, at most ``BLOCK_GROUP`` Leases (eight groups
 in a crowded pool), and when
 those show none free one paginated List of every record of the domain), borrows in other nodes'
 blocks when every block is held (one block's claims per List), and releases a node's empty blocks after
@@ -68,8 +68,8 @@ RECORD_SCAN_BLOCKS = 1 << 16  # a range set of at most this many blocks may have
 NO_BLOCK_AT_ALL_SECONDS = 30.0  # after a read of every record showed no block free: no acquisition attempt for this long
 CROWDED_SHARE = 0.5  # the share of blocks held seen lately is at least this: no hashed probes, the next List at once
 PROBE_WEIGHT = 0.5  # how much one hashed probe's outcome (409 or not) moves that share (a List sets it)
-WIDE_GROUPS = 4  # groups one List reads from CROWDED_SHARE on (a group of a crowded pool often shows none free; at most 4 × BLOCK_GROUP Leases, ~240 kB)
-GROUPS_READ = 12  # groups one acquisition reads at most (in at most GROUP_LISTS Lists) before the read of every record
+WIDE_GROUPS = 8  # groups one List reads from CROWDED_SHARE on (a group of a crowded pool often shows none free; at most 8 × BLOCK_GROUP Leases, ~500 kB, in one page)
+GROUPS_READ = 16  # groups one acquisition reads at most (in at most GROUP_LISTS Lists: two of WIDE_GROUPS) before the read of every record
 
 
 @dataclass(frozen=True)
@@ -240,7 +240,8 @@ class NodeBlocks:
         first, one 409 and the rest is forgotten); this node's hashed positions (skipping
         blocks this daemon knows held) until ``PROBE_MISSES`` 409s, unless the last List showed
         ``CROWDED_SHARE`` or more of its blocks held (or the creates since, a 409 on the block
-        after the newest included, moved that share there); one List of the records of the
+        after the newest included, moved that share there, as does that block being one it
+        knows held); one List of the records of the
         group of ``BLOCK_GROUP`` blocks at the next position (``WIDE_GROUPS`` adjacent groups
         from ``CROWDED_SHARE`` on), at most ``GROUP_LISTS`` Lists and ``GROUPS_READ``
         groups (a create at the best block each shows free); then, on a range set of more than
@@ -273,9 +274,10 @@ class NodeBlocks:
             claim, missed = self._try_after_newest(rs, blocks, mine, held, attachment, network, deadline)
             if claim is not None:
                 return claim
-            if missed:
-                # Its run met another node's: the pool is at least as crowded as a probe's 409
-                # says (a run leaves room ahead of it until the pool fills up).
+            if missed or self._after_newest_held(rs, blocks, held):
+                # Its run met another node's (a 409 now, or a List showed that block held): the
+                # pool is at least as crowded as a probe's 409 says (a run leaves room ahead of it
+                # until the pool fills up).
                 self._crowding(notes, rs, True)
             misses += missed
             if notes.get(("crowded", rs.index), 0.0) >= CROWDED_SHARE:
@@ -390,6 +392,13 @@ class NodeBlocks:
             return None, 0
         return self._try_record(rs, *after, mine, held, attachment, network, deadline)
 
+    def _after_newest_held(self, rs: RangeSet, blocks: Sequence[Block], held: set) -> bool:
+        """Whether this daemon knows the block after its newest one held by another node (a List
+        or a 409 showed it): its run met another node's as surely as a 409 there would say."""
+        after = self._after_newest(rs, blocks)
+        ip = self._record_ip(*after) if after is not None else None
+        return ip is not None and lease_name(self.dhash, ip) in held
+
     def _after_newest(self, rs: RangeSet, blocks: Sequence[Block]) -> Optional[tuple[Range, int]]:
         """(range, first address) of the block after this node's most recently acquired block of
         ``rs`` (None: it holds none there, or that one is the range's last)."""
@@ -456,7 +465,7 @@ class NodeBlocks:
         selector = f"{L_BLOCK_GROUP}={ids[0]}" if len(ids) == 1 else f"{L_BLOCK_GROUP} in ({','.join(ids)})"
         records, _ = self._list_all(f"{L_DOMAIN}={self.dhash},{selector}", deadline,
                                     f"list block records of group{'s' if len(ids) > 1 else ''} {', '.join(ids)} "
-                                    f"of domain {self.domain}")
+                                    f"of domain {self.domain}", BLOCK_GROUP * len(ids))  # one page: one record per block
         start, count = self._groups_start(r, first, width), BLOCK_GROUP * width
         listed = {c.name for c in records if c.block}
         for k in range(count):  # what the List showed replaces what the 409s told of these groups
@@ -503,15 +512,19 @@ class NodeBlocks:
         """(first address, room) of the free blocks ``frees`` (first addresses, one range),
         best first. Room: how many free blocks this node could grow into from there (it takes
         the block after its newest next) while leaving as many to whoever grows into the run from
-        its start: ``min(blocks from it to the run's end, blocks from the run's start to it + 1)``;
+        its start: ``min(blocks from it to the run's end, blocks from the run's start to it)``;
         the middle of the longest run of free blocks comes first, so that one acquisition after
-        a List is followed by acquisitions of the next blocks at no request of their own. Ties
+        a List is followed by acquisitions of the next blocks at no request of their own. A run's
+        first block has no room: it is the block after the newest of the node whose run ends
+        there (its next acquisition, at no request if it is free), so it is taken last (a free
+        block alone, or the first of two, is exactly where a crowded pool's Lists used to send
+        nodes, and the node whose run it continued then met a 409 and a List of its own). Ties
         in a node-specific order."""
         ranked: list[tuple[int, int]] = []
         run: list[int] = []
         for at in sorted(frees) + [None]:  # runs of adjacent free blocks, in one pass
             if run and (at is None or at != run[-1] + size):
-                ranked += [(b, min(len(run) - i, i + 1)) for i, b in enumerate(run)]
+                ranked += [(b, min(len(run) - i, i)) for i, b in enumerate(run)]
                 run = []
             if at is not None:
                 run.append(at)

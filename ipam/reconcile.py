@@ -266,6 +266,8 @@ class KubeTarget:
             if not cont:
                 return
 
+    pages = _pages  # the same, for other readers of the store (ipam.block_planner: nodes and block records)
+
     def list_claims(self) -> list[LeaseClaim]:
         """The claims (objects whose name is not a claim name of their own domain label are
         ignored), parsed page by page."""

@@ -1,4 +1,5 @@
-"""``rdmanet ipam``: list lease-ipam claims (``ls``) and free claims of pods that are gone (``reconcile``).
+"""``rdmanet ipam``: list lease-ipam claims (``ls``), free claims of pods that are gone (``reconcile``)
+and give nodes planned blocks (``plan``: :mod:`ipam.block_planner`).
 
 ``ls`` reads a store through its :class:`ipam.store.base.Store` interface. With
 ``--network-config`` (a network config as a NAD's ``spec.config`` holds it; a conflist or a whole
@@ -42,8 +43,8 @@ DEFAULT_DATA_DIR = "/var/lib/cni/lease-ipam"
 # -- arguments ------------------------------------------------------------------------------------
 
 def register(sub: "argparse._SubParsersAction") -> None:
-    """Add ``ipam ls`` and ``ipam reconcile`` to the ``rdmanet`` parser."""
-    ipam = sub.add_parser("ipam", help="lease-ipam: list claims, free claims of deleted pods")
+    """Add ``ipam ls``, ``ipam reconcile`` and ``ipam plan`` to the ``rdmanet`` parser."""
+    ipam = sub.add_parser("ipam", help="lease-ipam: list claims, free claims of deleted pods, plan node blocks")
     verbs = ipam.add_subparsers(dest="ipam_command", required=True)
 
     ls = verbs.add_parser("ls", help="list every claim (address, attachment, pod, node, age) and free/used counts per range")
@@ -75,6 +76,18 @@ def register(sub: "argparse._SubParsersAction") -> None:
                           "CronJob's activeDeadlineSeconds)")
     rec.add_argument("-o", "--output", choices=("table", "json"), default="table", help="output format (default: %(default)s)")
 
+    plan = verbs.add_parser("plan", help="give each node its share of free node blocks (planned records) before the ADDs; "
+                                          "take back the free planned blocks of gone nodes")
+    plan.add_argument("--network-config", metavar="FILE", required=True,
+                      help="network config JSON whose ipam block selects the Lease store (a NAD's spec.config, a conflist or a NAD object)")
+    plan.add_argument("--node-selector", metavar="SELECTOR", default="",
+                      help="label selector of the nodes to plan for (default: every node); planned blocks of nodes it "
+                           "does not select are taken back while free")
+    plan.add_argument("--blocks-per-node", metavar="N", type=int,
+                      help="blocks each node should hold per range set (default: the range set's blocks / the nodes, rounded down)")
+    plan.add_argument("--dry-run", action="store_true", help="report what would be done; change nothing")
+    plan.add_argument("-o", "--output", choices=("table", "json"), default="table", help="output format (default: %(default)s)")
+
 
 def run(args: argparse.Namespace, out=None) -> int:
     out = out or sys.stdout
@@ -83,6 +96,15 @@ def run(args: argparse.Namespace, out=None) -> int:
             views = list_claims(network_config=args.network_config, data_dir=args.data_dir, network=args.network)
             out.write(json.dumps(report_json(views), indent=2) + "\n" if args.output == "json" else render_table(views))
             return 0
+        if args.ipam_command == "plan":
+            from ipam import block_planner
+
+            if args.blocks_per_node is not None and args.blocks_per_node < 0:
+                raise CNIError(INVALID_CONFIG, "--blocks-per-node must not be negative", "e.g. --blocks-per-node 2")
+            done = block_planner.plan_network(load_network_config(args.network_config), node_selector=args.node_selector,
+                                              blocks_per_node=args.blocks_per_node, dry_run=args.dry_run)
+            out.write(json.dumps(done.to_json(), indent=2) + "\n" if args.output == "json" else block_planner.render_table(done))
+            return 1 if done.errors else 0
         from ipam import reconcile
 
         if args.misses < 1:

@@ -8,6 +8,8 @@ It speaks enough of the real apiserver's HTTP/JSON API that the official
   ``/apis/coordination.k8s.io/v1/leases``)
 * core ``v1`` pods (``/api/v1/namespaces/{ns}/pods[/{name}]`` and
   ``/api/v1/pods``)
+* core ``v1`` nodes, list and watch only (``/api/v1/nodes``; cluster-scoped, made by
+  ``add_node()``)
 * whereabouts' ``whereabouts.cni.cncf.io/v1alpha1`` ippools and overlappingrangeipreservations
   (namespaced), as if its CRDs were installed
 
@@ -35,7 +37,7 @@ Usage in tests::
 
 Test controls (all thread-safe): ``counts()``, ``reset_counts()``,
 ``request_log()``, ``inject_latency()``, ``fail_next()``, ``fail_rate()``,
-``clear_faults()``, ``add_pod()``, ``delete_pod()``, ``objects()``,
+``clear_faults()``, ``add_pod()``, ``delete_pod()``, ``add_node()``, ``delete_node()``, ``objects()``,
 ``get_object()``, ``compact()``, ``resource_version``, ``pause_watches()``,
 ``resume_watches()``, ``drop_watches()``, ``active_watches``.
 
@@ -58,7 +60,8 @@ The same controls are reachable over HTTP for other processes (not counted):
 ``POST /_control/latency`` ``{"seconds"}``, ``POST /_control/clear_faults``,
 ``GET /_control/objects/{resource}``, ``POST /_control/pods``
 ``{"namespace", "name", "uid", "node", "labels"}``,
-``DELETE /_control/pods/{namespace}/{name}``, ``POST /_control/watches`` ``{"paused"}``,
+``DELETE /_control/pods/{namespace}/{name}``, ``POST /_control/nodes`` ``{"name", "labels"}``,
+``DELETE /_control/nodes/{name}``, ``POST /_control/watches`` ``{"paused"}``,
 ``POST /_control/drop_watches``.
 
 In-process access (benchmarks simulating thousands of clients in one process, no HTTP):
@@ -165,6 +168,9 @@ RESOURCES: dict[str, ResourceType] = {
          "status.phase": _path_field("status", "phase"),
          "status.podIP": _path_field("status", "podIP"),
          "status.nominatedNodeName": _path_field("status", "nominatedNodeName")}),
+    "nodes": ResourceType(
+        "nodes", "Node", "", "v1",
+        {"metadata.name": _meta_field("name")}),
 }
 
 # whereabouts' CRDs (issue 10: lease-ipam reads them while a cluster migrates from whereabouts)
@@ -1050,6 +1056,27 @@ class KubeAPIServer:
             self._remove("pods", key)
             return True
 
+    def add_node(self, name: str, labels: dict | None = None) -> dict:
+        """Create (or replace) a node (cluster-scoped; listed and watched at ``/api/v1/nodes``,
+        ``labelSelector`` applies); emits a watch event.  Returns it."""
+        meta: dict[str, Any] = {"name": name, "uid": str(uuid.uuid4())}
+        if labels:
+            meta["labels"] = dict(labels)
+        obj = {"metadata": meta, "spec": {}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+        with self._cond:
+            prev = self._store["nodes"].get(("", name))
+            meta["creationTimestamp"] = _now_rfc3339()
+            self._put("nodes", obj, "MODIFIED" if prev else "ADDED", prev)
+            return self._with_kind(RESOURCES["nodes"], copy.deepcopy(obj))
+
+    def delete_node(self, name: str) -> bool:
+        """Delete a node; emits DELETED.  Returns whether it existed."""
+        with self._cond:
+            if ("", name) not in self._store["nodes"]:
+                return False
+            self._remove("nodes", ("", name))
+            return True
+
     def compact(self) -> None:
         """Drop all watch history: watches from any earlier resourceVersion get 410."""
         with self._cond:
@@ -1373,7 +1400,7 @@ class KubeAPIServer:
     def _put(self, resource: str, obj: dict, etype: str, prev: dict | None) -> None:
         meta = obj["metadata"]
         meta["resourceVersion"] = str(self._bump())
-        key = (meta["namespace"], meta["name"])
+        key = (meta.get("namespace", ""), meta["name"])  # a cluster-scoped object (a node) has no namespace
         self._unindex_labels(resource, key, self._store[resource].get(key))
         self._store[resource][key] = obj
         for k, v in (meta.get("labels") or {}).items():
@@ -1681,6 +1708,7 @@ _ROUTES = [
     (re.compile(r"^/apis/coordination\.k8s\.io/v1/leases/?$"), "leases", False),
     (re.compile(r"^/api/v1/namespaces/([^/]+)/pods(?:/([^/]+))?/?$"), "pods", True),
     (re.compile(r"^/api/v1/pods/?$"), "pods", False),
+    (re.compile(r"^/api/v1/nodes/?$"), "nodes", False),
     (re.compile(r"^/apis/whereabouts\.cni\.cncf\.io/v1alpha1/namespaces/([^/]+)/ippools(?:/([^/]+))?/?$"), "ippools", True),
     (re.compile(r"^/apis/whereabouts\.cni\.cncf\.io/v1alpha1/namespaces/([^/]+)/overlappingrangeipreservations(?:/([^/]+))?/?$"),
      "overlappingrangeipreservations", True),
@@ -2099,6 +2127,10 @@ class _Handler(BaseHTTPRequestHandler):
                                              body.get("node"), body.get("labels")))
         elif op == "pods" and method == "DELETE" and len(parts) == 3:
             self._send_json(200, {"deleted": srv.delete_pod(parts[1], parts[2])})
+        elif op == "nodes" and method == "POST":
+            self._send_json(201, srv.add_node(body["name"], body.get("labels")))
+        elif op == "nodes" and method == "DELETE" and len(parts) == 2:
+            self._send_json(200, {"deleted": srv.delete_node(parts[1])})
         else:
             raise ApiError(404, "unknown control endpoint")
 

@@ -150,6 +150,41 @@ def free_record_body(namespace: str, domain: str, ip: IPAddress, block: str, sub
             "spec": {}}
 
 
+def block_size_in(r: Range, block_size: Optional[int]) -> int:
+    """Addresses per block in range ``r`` for the config's ``block_size`` (None: the family's
+    default), never more than its subnet holds."""
+    size = block_size or DEFAULT_BLOCK_SIZE[r.family]
+    return max(1, min(size, r.subnet.num_addresses))
+
+
+def block_count(rs: RangeSet, block_size: Optional[int]) -> int:
+    """How many aligned blocks the ranges of ``rs`` touch (counted range by range)."""
+    total = 0
+    for r in rs.ranges:
+        size, net = block_size_in(r, block_size), int(r.subnet.network_address)
+        total += (r.end - net) // size - (r.start - net) // size + 1
+    return total
+
+
+def block_position(rs: RangeSet, j: int, block_size: Optional[int]) -> tuple[Range, int]:
+    """The ``j``-th block of ``rs`` (its range and first address), counting range by range."""
+    for r in rs.ranges:
+        size, net = block_size_in(r, block_size), int(r.subnet.network_address)
+        lo, hi = (r.start - net) // size, (r.end - net) // size
+        if j <= hi - lo:
+            return r, net + (lo + j) * size
+        j -= hi - lo + 1
+    raise IndexError(j)
+
+
+def record_address(r: Range, first: int, block_size: Optional[int]) -> Optional[IPAddress]:
+    """The address whose claim Lease records the block at ``first`` of ``r``: its first usable
+    one (None: the block has none)."""
+    lo, hi = max(first, r.start), min(first + block_size_in(r, block_size) - 1, r.end)
+    value = intervals.lowest_free(lo, hi, r.blocked, ()) if lo <= hi else None
+    return r.address(value) if value is not None else None
+
+
 def _address(subnet: Any, value: int) -> IPAddress:
     return ipaddress.ip_address(value) if subnet.version == 4 else ipaddress.IPv6Address(value)
 
@@ -165,8 +200,7 @@ class NodeBlocks:
 
     def _size(self, r: Range) -> int:
         """Addresses per block in range ``r`` (never more than its subnet holds)."""
-        size = self.block_size or DEFAULT_BLOCK_SIZE[r.family]
-        return max(1, min(size, r.subnet.num_addresses))
+        return block_size_in(r, self.block_size)
 
     def _span(self, r: Range, first: int) -> Optional[Range]:
         """The addresses of the block at ``first`` that ``r`` may hand out (None: none)."""
@@ -178,9 +212,7 @@ class NodeBlocks:
 
     def _record_ip(self, r: Range, first: int) -> Optional[IPAddress]:
         """The address whose claim Lease records the block at ``first``: its first usable one."""
-        lo, hi = max(first, r.start), min(first + self._size(r) - 1, r.end)
-        value = intervals.lowest_free(lo, hi, r.blocked, ()) if lo <= hi else None
-        return r.address(value) if value is not None else None
+        return record_address(r, first, self.block_size)
 
     def _block_range(self, rs: RangeSet, block: Block) -> Optional[Range]:
         """The range of ``rs`` a block belongs to (same subnet, same size, overlapping it)."""
@@ -208,21 +240,11 @@ class NodeBlocks:
         return RangeSet(rs.index, tuple(spans), rs.origin)
 
     def _block_count(self, rs: RangeSet) -> int:
-        total = 0
-        for r in rs.ranges:
-            size, net = self._size(r), int(r.subnet.network_address)
-            total += (r.end - net) // size - (r.start - net) // size + 1
-        return total
+        return block_count(rs, self.block_size)
 
     def _position(self, rs: RangeSet, j: int) -> tuple[Range, int]:
         """The ``j``-th block of ``rs`` (its range and first address), counting range by range."""
-        for r in rs.ranges:
-            size, net = self._size(r), int(r.subnet.network_address)
-            lo, hi = (r.start - net) // size, (r.end - net) // size
-            if j <= hi - lo:
-                return r, net + (lo + j) * size
-            j -= hi - lo + 1
-        raise IndexError(j)
+        return block_position(rs, j, self.block_size)
 
     def _probe(self, rs: RangeSet, i: int, salt: str = "") -> int:
         """The ``i``-th entry of this node's hashed sequence over block numbers (``salt``: another sequence)."""

@@ -82,7 +82,7 @@ def list_nodes(target: KubeTarget, node_selector: str = "") -> list[str]:
                            "e.g. --node-selector node-role.kubernetes.io/gpu=true") from None
         raise CNIError(NOT_AVAILABLE, f"cannot list nodes: {err}",
                        "the planner needs list on nodes (cluster-scoped): bind the ClusterRole "
-                       "rdmanet-ipam-planner (deploy/rbac.yaml)") from None
+                       "rdmanet-node-lister (deploy/rbac.yaml) to its identity") from None
     return sorted(set(names))
 
 

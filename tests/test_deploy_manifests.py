@@ -501,19 +501,24 @@ def test_probes_run_the_daemon_health_check(monkeypatch):
 LEASE_VERBS_USED = {"get", "list", "create", "update", "delete"}  # ipam/store/kube.py, ipam/reconcile.py
 
 
-def test_rbac_grants_leases_in_our_namespace_and_pod_reads_only():
+def test_rbac_grants_leases_in_our_namespace_pod_reads_and_node_lists_only():
     for path, role in objects("Role"):
         assert role["metadata"]["namespace"] == NAMESPACE, f"{rel(path)}: a Role outside {NAMESPACE}"
         for rule in role["rules"]:
             assert rule == {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": rule["verbs"]}
             assert set(rule["verbs"]) == LEASE_VERBS_USED | {"watch"}
             assert not rule.get("resourceNames")
+    granted = set()
     for path, role in objects("ClusterRole"):
         for rule in role["rules"]:
             assert set(rule) == {"apiGroups", "resources", "verbs"}
-            assert rule["apiGroups"] == [""] and rule["resources"] == ["pods"]
-            assert set(rule["verbs"]) <= {"get", "list"} and "get" in rule["verbs"]
-    assert objects("Role") and objects("ClusterRole")
+            assert rule["apiGroups"] == [""] and rule["resources"] in (["pods"], ["nodes"]), f"{rel(path)}: {rule}"
+            if rule["resources"] == ["pods"]:
+                assert set(rule["verbs"]) <= {"get", "list"} and "get" in rule["verbs"]
+            else:  # rdmanet ipam plan Lists the nodes (ipam/block_planner.py): nothing more
+                assert rule["verbs"] == ["list"]
+            granted.add((rule["resources"][0], *sorted(rule["verbs"])))
+    assert objects("Role") and granted == {("pods", "get", "list"), ("nodes", "list")}
 
 
 def test_bindings_bind_our_service_account_to_our_roles():

@@ -329,18 +329,20 @@ def test_nodes_and_records_are_listed_page_by_page(server, kubeconfig, monkeypat
 
 
 def test_the_runner_entry_point_takes_any_api_client(server, kubeconfig):
-    """What the scale simulation calls: run_plan on a KubeTarget over any transport."""
+    """What the scale simulation calls: run_plan on a KubeTarget over any transport (here the fake
+    server's in-process client, its requests counted under the client's name)."""
+    from kube_api_server import InProcessApiClient
+
     from ipam.reconcile import KubeAPI
-    from ipam.store.kube import ApiClientTransport
 
     server.add_node("node-a")
     conf = netconf(kubeconfig, block_size=4)
-    conn = connect(kube_settings(conf))
-    target = KubeTarget(KubeAPI(ApiClientTransport(conn.api_client, conn.host)), NS, CLUSTER_DOMAIN)
+    target = KubeTarget(KubeAPI(ApiClientTransport(InProcessApiClient(server, "planner"))), NS, CLUSTER_DOMAIN)
     done = block_planner.run_plan(target, parse_ipam_config(conf).range_sets, 4, dry_run=True)
     assert done.planned == {"node-a": 8} and len(done.created) == 8 and block_leases(server, NS) == []
     done = block_planner.run_plan(target, parse_ipam_config(conf).range_sets, 4)
     assert len(planned(server)["node-a"]) == 8
+    assert server.client_stats()["planner"]["req:create"] == 8
     assert free_record_body(NS, CLUSTER_DOMAIN, IP("10.9.40.1"), "10.9.40.0-4", "10.9.40.0/27", "node-a", True)[
         "metadata"]["name"] == done.created[0]
 
@@ -393,4 +395,13 @@ def test_cli_bad_input_is_a_clear_error_with_nothing_written(server, kubeconfig,
     assert code == 2 and out == "" and "--node-selector" in err
     code, out, err = cli(capsys, "--network-config", str(tmp_path / "missing.json"))
     assert code == 2 and out == "" and "cannot read" in err
+    assert block_leases(server, NS) == []
+
+
+def test_credentials_that_may_not_list_nodes_get_a_clear_error_naming_the_cluster_role(server, kubeconfig):
+    server.add_node("node-a")
+    server.fail_next(1, 403, verb="list", resource="nodes")
+    with pytest.raises(CNIError) as err:
+        run_plan(netconf(kubeconfig, block_size=4))
+    assert "cannot list nodes" in err.value.msg and "rdmanet-node-lister" in err.value.details
     assert block_leases(server, NS) == []

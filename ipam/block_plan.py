@@ -25,6 +25,7 @@ exactly the record the node itself would make for that block.
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterator, Optional, Sequence
 
@@ -159,8 +160,8 @@ def make_plan(sets: Sequence[BlockSet], records: Sequence[Record], nodes: Sequen
                           key=lambda r: (r.first.version, int(r.first), r.name))
     gone = {r.name for r in plan.deletes}
     kept = [r for r in records if r.name not in gone]
-    for node in listed:
-        plan.held[node] = sum(1 for r in kept if r.owner == node)
+    counts = Counter(r.owner for r in kept)
+    plan.held = {node: counts[node] for node in listed}
     held = _Held(kept)
     for bs in sets:
         if blocks_per_node is None and bs.count > PLAN_BLOCK_LIMIT:
@@ -171,7 +172,7 @@ def make_plan(sets: Sequence[BlockSet], records: Sequence[Record], nodes: Sequen
         else:
             share = sum(1 for _ in bs.blocks()) // len(listed) if listed else 0
         plan.shares[bs.index] = share
-        owned = {n: sum(1 for r in kept if r.owner == n and _in_set(r, bs)) for n in listed}
+        owned = Counter(r.owner for r in kept if r.owner in live and _in_set(r, bs))
         free = (b for b in bs.blocks() if not held.holds(b))
         for node in listed:
             for _ in range(max(0, share - owned[node])):

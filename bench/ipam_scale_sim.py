@@ -9,6 +9,9 @@ and answers are real JSON bytes but skip HTTP, and the fake server counts them p
 
 Per N (nodes) on a network of ``--size`` addresses (default 100,000: 10.0.0.1-10.1.134.160 of a /15):
   1. every node's daemon starts (one DEL of nothing each: informers start on a domain's first verb);
+     with ``--plan``, ``rdmanet ipam plan`` then gives each node its share of the blocks (planned
+     records; one row, "plan: ...", a one-time set-up cost that target 1's verdict leaves out and
+     the report amortises over the fill);
   2. the network is filled by ADDs, round-robin over the nodes, to each of ``--fills`` (50, 80, 95 %),
      and at each level a batch of random claims is DELed and ADDed again;
   3. at 50 %, a job of ``--job`` pods (2,000) is launched at once: its ADDs run concurrently
@@ -27,6 +30,7 @@ Usage::
     .venv/bin/python bench/ipam_scale_sim.py            # N = 10, 100, 1000, 5000
     .venv/bin/python bench/ipam_scale_sim.py --quick    # smoke: N = 10, 100, network of 10,000
     .venv/bin/python bench/ipam_scale_sim.py --nodes 10,50 --size 4000 --json
+    .venv/bin/python bench/ipam_scale_sim.py --plan --block-size 4   # planned blocks (large N)
 
 See bench/README.md (section "Scale simulation") for what each figure means and what the
 simulation does not capture about a real API server.
@@ -59,6 +63,7 @@ from kube_api_server import InProcessApiClient, KubeAPIServer  # noqa: E402
 NAMESPACE = "sim"
 NETWORK = "sim"
 INFORMER = "~informer"  # suffix of the client name an informer thread's requests count under
+PLANNER = "~planner"  # the client name the planner's requests (``--plan``) count under
 BACKGROUND = ("list", "watch")
 
 # Target checks (bench/README.md): slack for 409 retries under concurrency, and how far a
@@ -328,8 +333,9 @@ def read_bytes(c: Counter) -> int:
 
 # -- phases ----------------------------------------------------------------------------------------
 
-def measure(cl: Cluster, label: str, ops: int, run: Any) -> dict:
-    """Run ``run()`` with the server's counts reset; what it cost, per operation."""
+def measure(cl: Cluster, label: str, ops: int, run: Any, also: tuple[str, ...] = ()) -> dict:
+    """Run ``run()`` with the server's counts reset; what it cost, per operation (the requests of
+    the clients named in ``also``, e.g. the planner, count with the nodes' verbs)."""
     cl.server.reset_client_stats()
     cl.reasons.take()
     before = {inf: dict(inf.stats) for inf in cl.informers()}
@@ -339,6 +345,9 @@ def measure(cl: Cluster, label: str, ops: int, run: Any) -> dict:
     reasons = cl.reasons.take()
     tot = totals(cl.per_node())
     verb, inf = tot["verb"], tot["informer"]
+    stats = cl.server.client_stats()
+    for name in also:
+        verb.update(stats.get(name, Counter()))
     n = max(1, done)
     bg = {k: v for k, v in requests_by_verb(inf).items()}
     echo = sum(inf_.stats["echo_misses"] - before.get(inf_, {}).get("echo_misses", 0) for inf_ in cl.informers())
@@ -384,14 +393,48 @@ def network_bytes(cl: Cluster) -> int:
     return len(data)
 
 
+def plan_blocks(cl: Cluster, block_size: Optional[int], log: Any) -> dict:
+    """``rdmanet ipam plan`` before the ADDs: the nodes are registered at the fake server, the
+    planner (``ipam.block_planner.run_plan``, its requests counted under ``PLANNER``) gives each
+    its share of the free blocks as planned records, and the sim waits until every node's
+    informer has seen its own (a real plan runs well before a job). One row: its requests per
+    record written, and the watch events its records caused."""
+    from ipam.block_planner import run_plan
+    from ipam.reconcile import KubeAPI, KubeTarget
+    from ipam.store.kube import ApiClientTransport
+
+    for n in cl.nodes:
+        cl.server.add_node(n)
+    target = KubeTarget(KubeAPI(ApiClientTransport(InProcessApiClient(cl.server, PLANNER))), NAMESPACE, cl.domain)
+    done: dict[str, Any] = {}
+
+    def run() -> int:
+        done["plan"] = run_plan(target, cl.range_sets, block_size)
+        return len(done["plan"].created)
+
+    r = measure(cl, "plan: planned records written (once)", 0, run, also=(PLANNER,))
+    outcome = done["plan"]
+    r["wanted"] = r["ops"]
+    if outcome.errors or outcome.skipped:
+        raise SystemExit(f"the plan did not write every record: {outcome.errors[:3]} {len(outcome.skipped)} skipped")
+    end = time.monotonic() + 120.0
+    while sum(len(inf.blocks()) for inf in cl.informers()) < len(outcome.created) and time.monotonic() < end:
+        time.sleep(0.05)
+    shares = sorted(outcome.after(n) for n in cl.nodes)
+    r["blocks_per_node"] = [shares[0], shares[-1]]
+    log(f"  N={len(cl.nodes)}: plan: {len(outcome.created)} planned records ({shares[0]}-{shares[-1]} per node) in "
+        f"{r['seconds']} s, {r['requests_per_op']} req/record, {r['watch_events_per_op']} events/record")
+    return r
+
+
 def simulate(nodes: int, size: int, fills: list[int], batch: int, job: int, threads: int, shared: bool,
              cache_settings: dict, log: Any, fill_threads: int = 8, phase_seconds: float = float("inf"),
-             block_size: Optional[int] = None) -> dict:
+             block_size: Optional[int] = None, plan: bool = False) -> dict:
     t_start = time.perf_counter()
     cl = Cluster(nodes, size, shared, cache_settings, block_size)
     rows: list[dict] = []
     out: dict[str, Any] = {"nodes": nodes, "size": cl.allocatable, "informers": "shared" if shared else "per-node",
-                           "block_size": effective_block_size(block_size)}
+                           "block_size": effective_block_size(block_size), "plan": plan}
     try:
         # 1. daemons start: each node's first verb (a DEL of nothing) starts its informers
         t0 = time.perf_counter()
@@ -402,6 +445,8 @@ def simulate(nodes: int, size: int, fills: list[int], batch: int, job: int, thre
         if shared:
             cl.hold_watches()
         log(f"  N={nodes}: {len(cl.informers())} informer(s) started in {time.perf_counter() - t0:.1f} s")
+        if plan:
+            rows.append(plan_blocks(cl, block_size, log))
 
         rng = random.Random(nodes)
         counter = [0]
@@ -551,6 +596,19 @@ def report_block_size(r: dict) -> int:
     return r.get("block_size") or effective_block_size(None)
 
 
+def plan_amortised(r: dict) -> Optional[tuple[int, float, int]]:
+    """A planned run's (plan requests, requests per ADD of the fill rows with the plan's
+    requests added, ADDs of the fill rows); None for a run without a plan."""
+    plan = [row for row in r["rows"] if row["phase"].startswith("plan")]
+    if not plan:
+        return None
+    once = sum(plan[0]["verb_requests"].values()) + sum(plan[0]["informer_requests"].values())
+    fills = [row for row in r["rows"] if row["phase"].startswith("fill")]
+    adds = sum(row["ops"] for row in fills)
+    spent = sum(row["requests_per_op"] * row["ops"] for row in fills)
+    return once, (spent + once) / max(1, adds), adds
+
+
 def print_report(results: list[dict], checks: dict) -> None:
     for r in results:
         block_size = report_block_size(r)
@@ -571,6 +629,10 @@ def print_report(results: list[dict], checks: dict) -> None:
             top = sorted(((v / n, k) for k, v in (row.get("reasons") or {}).items()), reverse=True)
             shown = "; ".join(f"{v:.3f} {k}" for v, k in top if v >= 0.001)
             print(f"- S = {block_size}, {row['phase']}: {shown or '-'}")
+        amortised = plan_amortised(r)
+        if amortised is not None:
+            print(f"plan: {amortised[0]} requests once; with them the fill from 0 to {amortised[2]} claims cost "
+                  f"{amortised[1]:.3f} requests per ADD (the plan's records serve every later fill too)")
         if r.get("stopped"):
             print(f"stopped: {r['stopped']}")
         rs = r["restart"]
@@ -608,6 +670,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--informers", choices=("auto", "shared", "per-node"), default="auto")
     ap.add_argument("--block-size", type=int, default=None,
                     help="the NAD's kubernetes.block_size (a power of two; default: not set, the store's default, 16)")
+    ap.add_argument("--plan", action="store_true",
+                    help="run `rdmanet ipam plan` (the planner) once after the daemons start, before the ADDs")
     ap.add_argument("--quick", action="store_true", help="smoke run: N = 10,100, 10,000 addresses, job of 200")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     ap.add_argument("--report", metavar="FILE", help="print the tables of a saved --json run and exit")
@@ -623,7 +687,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     batch = args.batch if args.batch is not None else (100 if args.quick else 500)
     fills = [int(x) for x in args.fills.split(",")]
     log = (lambda msg: print(msg, file=sys.stderr, flush=True))
-    log(f"block size S = {effective_block_size(args.block_size)}")
+    log(f"block size S = {effective_block_size(args.block_size)}" + (", planned blocks (--plan)" if args.plan else ""))
     cache_settings = {"sync_budget": 10.0, "echo_budget": 10.0}
     logger = logging.getLogger("rdmanet")
     level, stack = logger.level, threading.stack_size(512 * 1024)
@@ -639,7 +703,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         for n in nodes:
             log(f"N = {n} ...")
             results.append(simulate(n, size, fills, batch, job, args.threads, shared, cache_settings, log, args.fill_threads,
-                                    args.phase_seconds, args.block_size))
+                                    args.phase_seconds, args.block_size, args.plan))
     finally:
         logger.setLevel(level)
         threading.stack_size(stack)

@@ -29,14 +29,15 @@ def run(*args: str) -> tuple[int, dict]:
 def check_consistent(result: dict) -> None:
     assert result["errors"] == {} and result["duplicates"] == 0
     assert result["size"] == SIZE
-    for row in result["rows"]:
+    verbs = [row for row in result["rows"] if not row["phase"].startswith("plan")]
+    for row in verbs:
         assert row["ops"] == row["wanted"] > 0, row["phase"]
         assert row["requests_per_op"] == pytest.approx(row["verb_per_op"] + row["informer_per_op"], abs=1e-3)
         assert sum(row["verb_requests"].values()) == pytest.approx(row["verb_per_op"] * row["ops"], abs=0.5)
         assert row["verb_per_op"] >= 1.0  # every ADD/DEL asks the API server at least once
         # every request a verb made is counted under the store step that made it, once
         assert sum(row["reasons"].values()) == sum(row["verb_requests"].values()), row["phase"]
-    phases = [row["phase"] for row in result["rows"]]
+    phases = [row["phase"] for row in verbs]
     assert phases[0] == "fill 0-50 %" and "job: 24 ADDs at once" in phases and "fill 50-95 %" in phases
     restart = result["restart"]
     assert restart["fill"] == SIZE * 95 // 100  # the fill reached its target and the batches were put back
@@ -79,6 +80,34 @@ def test_block_size_is_the_nads_and_stated_in_every_row():
         os.unlink(path)
     rows = [line for line in out.getvalue().splitlines() if line.startswith("| 4 | fill")]
     assert rows, out.getvalue()
+
+
+def test_a_plan_is_one_row_before_the_adds_and_its_nodes_fill_their_blocks_at_one_request_each():
+    """--plan runs the planner once after the daemons start: one record written per block (its
+    creates and its paginated Lists counted), one watch event per record (delivered to its node
+    only); then no ADD or DEL of any phase costs more than one request (no List, no 409), and the
+    report adds the plan's requests to the fill's."""
+    rc, doc = run("--nodes", "2", "--block-size", "4", "--plan")
+    assert rc == 0
+    [r] = doc["results"]
+    check_consistent(r)
+    assert r["plan"] is True
+    plan, rows = r["rows"][0], r["rows"][1:]
+    assert plan["phase"].startswith("plan")
+    blocks = SIZE // 4 + 1  # 10.0.0.1-10.0.1.0: 64 blocks and the one that holds 10.0.1.0
+    share = blocks // 2  # each node the same share; the block left over is any node's to acquire
+    assert plan["ops"] == 2 * share and plan["blocks_per_node"] == [share, share]
+    assert plan["verb_requests"]["create"] == 2 * share and plan["verb_requests"]["list"] >= 2  # nodes and records
+    assert plan["watch_events_per_op"] == 1
+    for row in rows:
+        assert row["requests_per_op"] == 1.0 and row["conflicts_per_op"] == 0, row["phase"]
+        assert not any(k.startswith("GET") for k in row["reasons"]), row["reasons"]
+    checks = ipam_scale_sim.verdicts(doc["results"])
+    assert checks["1"]["worst_requests_per_add"][2] == 1.0  # the plan's row is not an ADD
+    once, amortised, adds = ipam_scale_sim.plan_amortised(r)
+    fills = [row for row in rows if row["phase"].startswith("fill")]
+    assert once == sum(plan["verb_requests"].values()) and adds == sum(row["ops"] for row in fills)
+    assert amortised == pytest.approx((adds + once) / adds)
 
 
 def test_shared_informer_counts_what_per_node_informers_receive():

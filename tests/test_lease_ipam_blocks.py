@@ -44,6 +44,7 @@ from rdmanet import cli
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_api_server import RESOURCES, write_kubeconfig  # noqa: E402
 from lease_objects import block_leases, block_owner, claim_leases  # noqa: E402
+from lease_informers import informer_of, wait_until  # noqa: E402
 
 NS = "ipam"
 DHASH = domain_hash(CLUSTER_DOMAIN)
@@ -122,18 +123,6 @@ def assert_each_address_once(got, server):
 
 
 # -- target 4: never one address twice ----------------------------------------------------------------
-
-def informer_of(node):
-    [inf] = [i for i in lease_cache.informers() if i.name.endswith("/" + node)]
-    return inf
-
-
-def wait_until(predicate, what, timeout=10.0):
-    end = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
 
 def test_a_nodes_first_add_acquires_its_block_by_its_own_claim_and_the_first_address_comes_back(server, kubeconfig,
                                                                                                 daemon):

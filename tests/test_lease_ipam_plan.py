@@ -13,7 +13,6 @@ import json
 import os
 import random
 import sys
-import time
 
 import pytest
 
@@ -26,7 +25,6 @@ from ipam.kube_config import connect, kube_settings
 from ipam.location import CLUSTER_DOMAIN
 from ipam.plugin import LeaseIPAM
 from ipam.reconcile import KubeTarget
-from ipam.store import lease_cache
 from ipam.store.base import Attachment
 from ipam.store.kube import L_DOMAIN, L_NODE, ApiClientTransport, KubeStore, domain_hash, lease_name, use_watch_cache
 from ipam.store.kube_blocks import free_record_body
@@ -36,6 +34,7 @@ from rdmanet.cli import main
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_api_server import RESOURCES, write_kubeconfig  # noqa: E402
 from lease_objects import block_leases, block_owner, claim_leases  # noqa: E402
+from lease_informers import informer_of, wait_until  # noqa: E402
 
 NS = "ipam"
 DHASH = domain_hash(CLUSTER_DOMAIN)
@@ -191,18 +190,6 @@ def node_store(kubeconfig, node, conf):
     conn = connect(settings)
     return KubeStore(ApiClientTransport(conn.api_client, conn.host), NS, CLUSTER_DOMAIN, node=node,
                      block_size=settings.block_size, block_release=settings.block_release)
-
-
-def informer_of(node):
-    [inf] = [i for i in lease_cache.informers() if i.name.endswith("/" + node)]
-    return inf
-
-
-def wait_until(predicate, what, timeout=10.0):
-    end = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 @pytest.fixture

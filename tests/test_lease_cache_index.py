@@ -97,6 +97,19 @@ def assert_index_is_the_fold(cache, rng):
     for b in blocks.values():
         assert cache.count_used(b.ip.version, int(b.ip), b.last) == fill[b.name]
     for version, net in ((4, NET4), (6, NET6)):
+        # the window: open blocks in address order from the one holding (or following) a value,
+        # wrapping; flagged when it holds them all
+        in_order = sorted((int(b.ip), n) for n, b in blocks.items() if b.ip.version == version and fill[n] < b.size)
+        window, every = cache.open_window(version, None, 10**6)
+        assert [(int(b.ip), b.name) for b in window] == in_order and every
+        value = int(random_ip(rng, version))
+        count = rng.randrange(1, 6)
+        start = next((i for i, (first, n) in enumerate(in_order) if first + blocks[n].size > value), len(in_order))
+        want = [in_order[(start + k) % len(in_order)][1] for k in range(min(count, len(in_order)))]
+        window, every = cache.open_window(version, value, count)
+        assert [b.name for b in window] == want
+        assert every == (len(want) == len(in_order))
+    for version, net in ((4, NET4), (6, NET6)):
         lo, hi = int(net.network_address), int(net.broadcast_address)
         for _ in range(5):
             value = rng.randint(lo, hi)
@@ -217,10 +230,15 @@ def test_the_block_index_is_the_fold_of_the_cache_after_random_events(seed):
         assert_index_is_the_fold(cache, rng)
 
 
-def test_the_candidate_is_the_one_a_search_of_every_block_gives():
-    """The ADD's search over the open blocks (plus the cursor's block) returns the address a
-    search over every block of the node (the store before the index) returns, for random fills,
-    cursors and creates in flight."""
+@pytest.mark.parametrize("window", [1, 8])
+def test_the_candidate_is_the_one_a_search_of_every_block_gives(window, monkeypatch):
+    """The ADD's search over the open blocks (plus the cursor's block), and the search of a
+    window of them first (``KubeStore._search``, SEARCH_WINDOW open blocks beyond the creates in
+    flight), return the address a search over every block of the node (the store before the
+    index) returns, for random fills, cursors and creates in flight."""
+    from ipam.store import kube
+
+    monkeypatch.setattr(kube, "SEARCH_WINDOW", window)
     conf = {"cniVersion": "1.0.0", "name": "n", "type": "x",
             "ipam": {"type": "lease-ipam", "range": "10.0.0.0/22", "range_start": "10.0.0.5", "range_end": "10.0.3.200",
                      "gateway": "10.0.0.1", "exclude": ["10.0.1.16/30"]}}
@@ -252,6 +270,12 @@ def test_the_candidate_is_the_one_a_search_of_every_block_gives():
         assert got == want, (trial, cursor, got, want)
         if got is not None:
             cache.done(4, got)
+        pending = cache.pending(4)
+        got, _ = store._search(rs, [], cursor, [], cache)
+        assert got == want, (trial, cursor, got, want)
+        if got is not None:
+            cache.done(4, got)
+        assert cache.pending(4) == pending  # a window's candidate it did not take is no longer pending
         # STATUS counts free addresses of the open blocks only: the same count as over every block
         assert (everything.count_free(used) if everything else 0) == \
             (own_open.count_free(cache.used_within(4, [(r.start, r.end) for r in own_open.ranges], pending=False))

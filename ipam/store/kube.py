@@ -114,6 +114,7 @@ from .lease_names import (  # noqa: F401  (GROUP, L_POD_UID ... re-exported: tes
 log = logging.getLogger("rdmanet.ipam")
 
 NODE_WINDOW = 64  # a borrowing node's first candidate passes over fewer free addresses than this
+SEARCH_WINDOW = 8  # open blocks an ADD first searches beyond its creates in flight (see KubeStore._search)
 EXHAUSTED_SECONDS = 30.0  # after an ADD found a range exhausted, STATUS checks the domain for this long
 NODE_ENV = "RDMANET_NODE_NAME"
 LEASES_PATH = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
@@ -752,8 +753,7 @@ class KubeStore(NodeBlocks, Store):
         a second owner of the block: marked used, next candidate); a candidate that is this
         node's free block record is claimed by updating it (resourceVersion precondition)."""
         while True:
-            own = self._own(rs, self._searched_blocks(cache, cursor) if cache is not None else blocks)
-            candidate = self._next(own, used, cursor, 0) if own is not None else None
+            candidate, own = self._search(rs, used, cursor, blocks, cache)
             if candidate is None:
                 with cache.acquire_lock if cache is not None else nullcontext():
                     if cache is not None:  # another ADD of this daemon may have acquired one meanwhile
@@ -787,13 +787,38 @@ class KubeStore(NodeBlocks, Store):
                 return claim
             cursor = ip  # taken: go on from there
 
-    def _searched_blocks(self, cache: LeaseCache, cursor: Optional[IPAddress]) -> list[Block]:
+    def _search(self, rs: RangeSet, used: list[int], cursor: Optional[IPAddress], blocks: list[Block],
+                cache: Optional[LeaseCache]) -> tuple[Optional[int], Optional[RangeSet]]:
+        """The next free address of this node's blocks in ``rs`` after the cursor (round-robin),
+        and the node's blocks it was found in (None, None: they are full). With the cache: first
+        in a window of the open blocks from the cursor on (:meth:`LeaseCache.open_window`, as many
+        as the creates in flight plus a margin), then, only when the window cannot tell (no free
+        address in it, or one at or before the cursor: the search wrapped, and the lowest free
+        address may be in a block the window left out), in all of them: the same address either
+        way."""
+        if cache is None:
+            own = self._own(rs, blocks)
+            return (self._next(own, used, cursor, 0) if own is not None else None), own
+        start = int(cursor) if cursor is not None and cursor.version == rs.family else None
+        window, every = cache.open_window(rs.family, start, len(cache.pending(rs.family)) + SEARCH_WINDOW)
+        for wide in (False, True):
+            own = self._own(rs, self._searched_blocks(cache, cursor, None if wide else window))
+            candidate = self._next(own, used, cursor, 0) if own is not None else None
+            if wide or every or (candidate is not None and (start is None or candidate > start)):
+                return candidate, own
+            if candidate is not None:
+                cache.done(rs.family, candidate)  # a wrap past open blocks the window left out: not the next
+        return None, None
+
+    def _searched_blocks(self, cache: LeaseCache, cursor: Optional[IPAddress],
+                         window: Optional[list[Block]] = None) -> list[Block]:
         """The node's blocks a search for a free address looks at: the open ones (the cache's
-        index: some address not held) and those holding the cursor (where the round-robin
-        resumes, full or not). Every other block is full in the cache's view, which the search
-        reads anyway, so the candidate is the one a search of all the node's blocks would give,
-        at O(open blocks) instead of O(the node's blocks and claims) per ADD."""
-        found = cache.open_blocks()
+        index: some address not held; ``window``: some of them) and those holding the cursor
+        (where the round-robin resumes, full or not). Every other block is full in the cache's
+        view, which the search reads anyway, so the candidate is the one a search of all the
+        node's blocks would give, at O(open blocks) instead of O(the node's blocks and claims)
+        per ADD."""
+        found = cache.open_blocks() if window is None else list(window)
         if cursor is not None:
             found += [b for b in cache.blocks_at(cursor.version, int(cursor)) if b not in found]
         return found

@@ -19,7 +19,6 @@ import random
 import sys
 import time
 from bisect import bisect_left, bisect_right
-from functools import partial
 
 import pytest
 

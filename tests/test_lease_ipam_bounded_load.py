@@ -33,7 +33,6 @@ from ipam.store.kube import (
     L_NODE,
     L_POD_UID,
     LIST_PAGE,
-    ApiClientTransport,
     Transport,
     attachment_hash,
     domain_hash,
@@ -43,7 +42,7 @@ from ipam.store.kube import (
 from ipam.store.base import Attachment
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kube_api_server import RESOURCES, KubeAPIServer, write_kubeconfig  # noqa: E402
+from kube_api_server import RESOURCES, write_kubeconfig  # noqa: E402
 from lease_objects import claim_leases  # noqa: E402
 
 NS = "ipam"

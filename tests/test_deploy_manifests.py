@@ -546,7 +546,8 @@ RECONCILER = DEPLOY
 
 
 def cronjob() -> dict:
-    return the("CronJob", RECONCILER)
+    [found] = [d for p, d in objects("CronJob", RECONCILER) if p == RECONCILER / "reconciler.yaml"]
+    return found
 
 
 def test_cronjob_schedule_and_identity():
@@ -605,6 +606,67 @@ def test_cronjob_reconciles_every_network_of_its_namespace(tmp_path, monkeypatch
                          "--misses", "1", "-o", "json"])
         assert code == 0
         assert claim_leases(server, NAMESPACE) == []  # no pod exists: every network's claim went
+
+
+# --------------------------------------------------------------------------- the block plan example
+
+PLAN_EXAMPLE = DEPLOY / "examples" / "block-plan.yaml"
+
+
+def plan_example() -> tuple[dict, dict]:
+    docs = docs_of(PLAN_EXAMPLE)
+    [cm] = [d for d in docs if d["kind"] == "ConfigMap"]
+    [cj] = [d for d in docs if d["kind"] == "CronJob"]
+    return cm, cj
+
+
+def test_the_block_plan_example_plans_the_network_its_nad_defines(monkeypatch):
+    """The plan's config is the NAD's (same ranges, block size, domain, namespace) without the
+    node's kubeconfig file; the CronJob reads it where its ConfigMap is mounted, as the rdmanet
+    ServiceAccount in the namespace the nodes' Leases are in."""
+    cm, cj = plan_example()
+    [nad] = [n for p, n in example_nads() if p.name == "shared-rdma-macvlan.yaml"]
+    want = copy.deepcopy(nad_config(nad))
+    del want["ipam"]["kubernetes"]["kubeconfig"]
+    planned = json.loads(cm["data"]["nad.json"])
+    assert planned == want
+    settings = kube_settings(planned)
+    assert settings is not None and settings.kubeconfig is None and settings.namespace == NAMESPACE  # in-cluster
+    assert cm["metadata"]["namespace"] == cj["metadata"]["namespace"] == NAMESPACE
+    assert cj["spec"]["concurrencyPolicy"] == "Forbid"
+    pod = cj["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == SERVICE_ACCOUNT
+    (c,) = pod["containers"]
+    assert c["image"] == IMAGE and not c["securityContext"].get("privileged")
+    seen = []
+    monkeypatch.setattr(ipam_cli, "run", lambda args: seen.append(args) or 0)
+    assert c["command"][0] == "rdmanet" and cli.main(c["command"][1:]) == 0
+    (args,) = seen
+    assert (args.ipam_command, args.dry_run) == ("plan", False)
+    path = Path(args.network_config)
+    [mount] = [m for m in c["volumeMounts"] if path.parent == Path(m["mountPath"])]
+    [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["configMap"]["name"] == cm["metadata"]["name"] and path.name in cm["data"]
+
+
+def test_the_block_plan_examples_config_plans_every_node(tmp_path):
+    """Its config, run by `rdmanet ipam plan` against the fake API server (a kubeconfig standing
+    in for the pod's ServiceAccount): every node gets its share of the /24's blocks."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from kube_api_server import KubeAPIServer, write_kubeconfig
+
+    cm, _ = plan_example()
+    config = json.loads(cm["data"]["nad.json"])
+    with KubeAPIServer() as server:
+        for n in ("gpu-1", "gpu-2", "gpu-3"):
+            server.add_node(n)
+        config["ipam"]["kubernetes"]["kubeconfig"] = str(write_kubeconfig(tmp_path / "kc", server.url, namespace=NAMESPACE))
+        (tmp_path / "nad.json").write_text(json.dumps(config))
+        assert cli.main(["ipam", "plan", "--network-config", str(tmp_path / "nad.json")]) == 0
+        owners = sorted((o["metadata"]["labels"] or {}).get("rdmanet.io/block-owner")
+                        for o in server.objects("leases", NAMESPACE))
+    # 192.168.100.16-255: 15 blocks of 16 (the default block size), 5 per node
+    assert owners == ["gpu-1"] * 5 + ["gpu-2"] * 5 + ["gpu-3"] * 5
 
 
 # --------------------------------------------------------------------------- the image

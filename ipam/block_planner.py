@@ -24,9 +24,7 @@ from cni.core.errors import INVALID_CONFIG, NOT_AVAILABLE, CNIError
 from .block_plan import PlanBlock, PlanError, Record, block_sets, make_plan
 from .reconcile import ApiError, KubeTarget
 from .ranges import RangeSet
-from .store.kube import KIND_BLOCK, L_BLOCK_OWNER, L_KIND, parse_block, parse_claim
 from .store.kube_blocks import free_record_body
-from .store.lease_names import domain_hash
 
 NODES_PATH = "/api/v1/nodes"
 
@@ -87,35 +85,10 @@ def list_nodes(target: KubeTarget, node_selector: str = "") -> list[str]:
 
 
 def list_records(target: KubeTarget) -> list[Record]:
-    """The domain's block records (and first-design block Leases), parsed page by page."""
-    dhash = domain_hash(target.domain)
-    out: list[Record] = []
-
-    def each(raw: dict) -> None:
-        claim = parse_claim(raw, dhash)
-        if claim is not None:
-            block = claim.as_block()
-            if block is not None:
-                out.append(Record(claim.name, block.ip, block.size, claim.owner, claim.planned, claim.free,
-                                  claim.uid, claim.resource_version))
-            return
-        old = parse_block(raw, dhash)
-        if old is not None:  # never planned: never deleted, counted as its node's
-            out.append(Record(old.name, old.ip, old.size, old.node, False, False, old.uid, old.resource_version))
-
-    base = f"rdmanet.io/ipam-domain={dhash}"
-    try:
-        for selector in (f"{base},{L_BLOCK_OWNER}", f"{base},{L_KIND}={KIND_BLOCK}"):
-            part = len(out)
-
-            def restart(part=part) -> None:
-                del out[part:]
-
-            target.pages(target.leases, [("labelSelector", selector)], each, restart)
-    except ApiError as err:
-        raise CNIError(NOT_AVAILABLE, f"cannot list Leases in namespace {target.namespace}: {err}",
-                       "check that the credentials may list leases in that namespace (RBAC)") from None
-    return out
+    """The domain's block records (and first-design block Leases, never planned, never deleted,
+    counted as their node's), parsed page by page (:meth:`KubeTarget.list_block_records`)."""
+    return [Record(block.name, block.ip, block.size, block.node, block.planned, claim is not None and claim.free,
+                   block.uid, block.resource_version) for block, claim in target.list_block_records()]
 
 
 def run_plan(target: KubeTarget, range_sets: Sequence[RangeSet], block_size: Optional[int], *,

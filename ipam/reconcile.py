@@ -292,6 +292,11 @@ class KubeTarget:
         """The node blocks of the target's domain (:class:`ipam.store.kube.Block`; issue 17): the
         block records (claims labelled ``block-owner``) and the first design's block Leases, read
         page by page. Blocks are never judged by the reconciler: only claims keep addresses."""
+        return [block for block, _ in self.list_block_records()]
+
+    def list_block_records(self) -> list:
+        """:meth:`list_blocks`, each block with the claim that records it (None: a block Lease of
+        the first design), in address order."""
         from .store.kube import KIND_BLOCK, L_KIND, parse_block, parse_claim
 
         out: list = []
@@ -303,7 +308,7 @@ class KubeTarget:
             claim = parse_claim(raw, dhash)
             block = claim.as_block() if claim is not None else parse_block(raw, dhash)
             if block is not None:
-                part.append(block)
+                part.append((block, claim))
 
         base = self.selector or domain_selector(self.domain)
         try:
@@ -314,7 +319,7 @@ class KubeTarget:
         except ApiError as err:
             raise CNIError(NOT_AVAILABLE, f"cannot list Leases in namespace {self.namespace}: {err}",
                            "check that the credentials may list leases in that namespace (RBAC)") from None
-        return sorted(out, key=lambda b: (b.ip.version, int(b.ip)))
+        return sorted(out, key=lambda pair: (pair[0].ip.version, int(pair[0].ip)))
 
     def begin_run(self) -> None:
         """Forget the pods read by an earlier run (each run reads them afresh, once)."""

@@ -293,10 +293,11 @@ class NodeBlocks:
             # blocks, so it meets another node only where its run reaches theirs (then it jumps
             # to its next hashed position), instead of a 409 with the probability of the held
             # fraction at every acquisition.
-            claim, missed = self._try_after_newest(rs, blocks, mine, held, attachment, network, deadline)
+            after = self._after_newest(rs, blocks)
+            claim, missed = self._try_after_newest(rs, after, mine, held, attachment, network, deadline)
             if claim is not None:
                 return claim
-            if missed or self._after_newest_held(rs, blocks, held):
+            if missed or self._known_held(after, held):
                 # Its run met another node's (a 409 now, or a List showed that block held): the
                 # pool is at least as crowded as a probe's 409 says (a run leaves room ahead of it
                 # until the pool fills up).
@@ -405,19 +406,19 @@ class NodeBlocks:
         claim, _ = self._try_free_seen(rs, mine, held, attachment, network, deadline, notes, len(seen))
         return claim, len(seen)
 
-    def _try_after_newest(self, rs: RangeSet, blocks: Sequence[Block], mine: set, held: set, attachment: Attachment,
-                          network: str, deadline: float) -> tuple[Optional[Claim], int]:
-        """The ADD's claim made as the record of the block after this node's newest one (when
-        it has one there and does not know it held). (claim or None, 409s met)."""
-        after = self._after_newest(rs, blocks)
+    def _try_after_newest(self, rs: RangeSet, after: Optional[tuple[Range, int]], mine: set, held: set,
+                          attachment: Attachment, network: str, deadline: float) -> tuple[Optional[Claim], int]:
+        """The ADD's claim made as the record of the block after this node's newest one
+        (``after``: :meth:`_after_newest`; when it has one there and does not know it held).
+        (claim or None, 409s met)."""
         if after is None:
             return None, 0
         return self._try_record(rs, *after, mine, held, attachment, network, deadline)
 
-    def _after_newest_held(self, rs: RangeSet, blocks: Sequence[Block], held: set) -> bool:
-        """Whether this daemon knows the block after its newest one held by another node (a List
-        or a 409 showed it): its run met another node's as surely as a 409 there would say."""
-        after = self._after_newest(rs, blocks)
+    def _known_held(self, after: Optional[tuple[Range, int]], held: set) -> bool:
+        """Whether this daemon knows the block after its newest one (``after``) held by another
+        node (a List or a 409 showed it): its run met another node's as surely as a 409 there
+        would say."""
         ip = self._record_ip(*after) if after is not None else None
         return ip is not None and lease_name(self.dhash, ip) in held
 

@@ -113,12 +113,12 @@ def parse_block(item: Any, dhash: str) -> Optional[Block]:
                  str(md.get("resourceVersion") or ""), when)
 
 
-def record_body(body: dict, owner: str, subnet: Any, first: int, size: int, planned: bool = False) -> dict:
-    """``body`` (a claim Lease) made the record of the ``size`` block at ``first`` of ``subnet``
+def record_body(body: dict, owner: str, r: Range, first: int, size: int, planned: bool = False) -> dict:
+    """``body`` (a claim Lease) made the record of the ``size`` block at ``first`` of range ``r``
     held by ``owner``; ``planned``: labelled as a plan's (its node keeps it while empty)."""
     md = body["metadata"]
-    md["labels"].update({L_NODE: label_value(owner), L_BLOCK: block_id(_address(subnet, first), size),
-                         L_BLOCK_OWNER: label_value(owner), L_BLOCK_GROUP: block_group_id(subnet, first, size)})
+    md["labels"].update({L_NODE: label_value(owner), L_BLOCK: block_id(r.address(first), size),
+                         L_BLOCK_OWNER: label_value(owner), L_BLOCK_GROUP: block_group_id(r.subnet, first, size)})
     md["annotations"].update({f"{GROUP}/block-owner": owner, f"{GROUP}/block-size": str(size)})
     if planned:
         md["labels"][L_PLANNED] = "true"
@@ -183,10 +183,6 @@ def record_address(r: Range, first: int, block_size: Optional[int]) -> Optional[
     lo, hi = max(first, r.start), min(first + block_size_in(r, block_size) - 1, r.end)
     value = intervals.lowest_free(lo, hi, r.blocked, ()) if lo <= hi else None
     return r.address(value) if value is not None else None
-
-
-def _address(subnet: Any, value: int) -> IPAddress:
-    return ipaddress.ip_address(value) if subnet.version == 4 else ipaddress.IPv6Address(value)
 
 
 def _any_within(values: Sequence[int], lo: int, hi: int) -> bool:
@@ -581,7 +577,7 @@ class NodeBlocks:
     def _record_body(self, body: dict, owner: str, r: Range, first: int, planned: bool = False) -> dict:
         """``body`` (a claim Lease) made the record of the block at ``first`` held by ``owner``
         (``planned``: a record a plan made, which stays one)."""
-        return record_body(body, owner, r.subnet, first, self._size(r), planned)
+        return record_body(body, owner, r, first, self._size(r), planned)
 
     def _free_body(self, record: Claim) -> dict:
         """The record ``record`` naming no attachment: its address free, its block still held."""

@@ -18,12 +18,10 @@ import time
 
 import pytest
 
-from cni.core import skel
 from cni.core.errors import POOL_EXHAUSTED, CNIError
 from ipam.config import parse_ipam_config
 from ipam.kube_config import connect, kube_settings
 from ipam.location import CLUSTER_DOMAIN
-from ipam.plugin import LeaseIPAM
 from ipam.store import kube_blocks, lease_cache
 from ipam.store.base import Attachment
 from ipam.store.kube import (
@@ -32,7 +30,6 @@ from ipam.store.kube import (
     L_NODE,
     LEASES_PATH,
     ApiClientTransport,
-    KubeStore,
     domain_hash,
     lease_name,
     use_watch_cache,
@@ -45,8 +42,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_api_server import RESOURCES, write_kubeconfig  # noqa: E402
 from lease_objects import block_leases, block_owner, claim_leases  # noqa: E402
 from lease_informers import informer_of, wait_until  # noqa: E402
+from lease_nodes import NS, add, call, store  # noqa: E402
 
-NS = "ipam"
 DHASH = domain_hash(CLUSTER_DOMAIN)
 
 
@@ -66,31 +63,6 @@ def daemon():
 def netconf(kubeconfig, rng="10.0.0.0/24", **kube):
     return {"cniVersion": "1.1.0", "name": "net-a", "type": "macvlan",
             "ipam": {"type": "lease-ipam", "range": rng, "kubernetes": {"kubeconfig": str(kubeconfig), **kube}}}
-
-
-def call(command, conf, cid, node):
-    env = {"CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": "/var/run/netns/x", "CNI_IFNAME": "net1",
-           "CNI_PATH": "/opt/cni/bin", "RDMANET_NODE_NAME": node,
-           "CNI_ARGS": f"K8S_POD_NAMESPACE=default;K8S_POD_NAME={cid};K8S_POD_UID=uid-{cid}"}
-    return skel.handle(LeaseIPAM(), env, json.dumps(conf).encode())
-
-
-def add(conf, cid, node):
-    """The address an ADD returned, or None when the pool is exhausted (any other error fails)."""
-    code, out = call("ADD", conf, cid, node)
-    if code:
-        assert out["code"] == POOL_EXHAUSTED, out
-        return None
-    return out["ips"][0]["address"].split("/")[0]
-
-
-def store(kubeconfig, node, conf, **kw):
-    """A node's in-process store (no watch cache), as the plugin builds it without a daemon."""
-    settings = kube_settings(conf)
-    conn = connect(settings)
-    kw.setdefault("block_size", settings.block_size)
-    kw.setdefault("block_release", settings.block_release)
-    return KubeStore(ApiClientTransport(conn.api_client, conn.host), NS, CLUSTER_DOMAIN, node=node, **kw)
 
 
 def store_add(s, conf, cid):

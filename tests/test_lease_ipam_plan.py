@@ -16,17 +16,14 @@ import sys
 
 import pytest
 
-from cni.core import skel
 from cni.core.errors import INVALID_CONFIG, CNIError
 from ipam import block_planner
 from ipam.block_plan import PlanError, Record, block_sets, make_plan
 from ipam.config import parse_ipam_config
-from ipam.kube_config import connect, kube_settings
 from ipam.location import CLUSTER_DOMAIN
-from ipam.plugin import LeaseIPAM
 from ipam.reconcile import KubeTarget
 from ipam.store.base import Attachment
-from ipam.store.kube import L_DOMAIN, L_NODE, ApiClientTransport, KubeStore, domain_hash, lease_name, use_watch_cache
+from ipam.store.kube import L_DOMAIN, L_NODE, ApiClientTransport, domain_hash, lease_name, use_watch_cache
 from ipam.store.kube_blocks import free_record_body
 from ipam.store.lease_names import L_PLANNED
 from rdmanet.cli import main
@@ -35,8 +32,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_api_server import RESOURCES, write_kubeconfig  # noqa: E402
 from lease_objects import block_leases, block_owner, claim_leases  # noqa: E402
 from lease_informers import informer_of, wait_until  # noqa: E402
+from lease_nodes import NS, call, store  # noqa: E402
 
-NS = "ipam"
 DHASH = domain_hash(CLUSTER_DOMAIN)
 IP = ipaddress.ip_address
 
@@ -175,21 +172,11 @@ def writes(server):
 
 
 def call_add(conf, cid, node):
-    """The address a node's ADD returned (through the plugin, as its daemon serves it)."""
-    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": cid, "CNI_NETNS": "/var/run/netns/x", "CNI_IFNAME": "net1",
-           "CNI_PATH": "/opt/cni/bin", "RDMANET_NODE_NAME": node,
-           "CNI_ARGS": f"K8S_POD_NAMESPACE=default;K8S_POD_NAME={cid};K8S_POD_UID=uid-{cid}"}
-    code, out = skel.handle(LeaseIPAM(), env, json.dumps(conf).encode())
+    """The address a node's ADD returned (through the plugin, as its daemon serves it; any error
+    fails the test)."""
+    code, out = call("ADD", conf, cid, node)
     assert code == 0, out
     return out["ips"][0]["address"].split("/")[0]
-
-
-def node_store(kubeconfig, node, conf):
-    """A node's in-process store (no watch cache), as the plugin builds it without a daemon."""
-    settings = kube_settings(conf)
-    conn = connect(settings)
-    return KubeStore(ApiClientTransport(conn.api_client, conn.host), NS, CLUSTER_DOMAIN, node=node,
-                     block_size=settings.block_size, block_release=settings.block_release)
 
 
 @pytest.fixture
@@ -249,7 +236,7 @@ def test_a_second_run_writes_nothing_and_a_removed_node_loses_only_its_free_plan
     assert writes(server) == {}
     assert server.counts() == {("list", "nodes"): 1, ("list", "leases"): 2}
     # node-c takes its first planned address (an ADD), then leaves the cluster
-    [ip] = node_store(kubeconfig, "node-c", conf).allocate(Attachment("c0", "net1"), "net-a",
+    [ip] = store(kubeconfig, "node-c", conf).allocate(Attachment("c0", "net1"), "net-a",
                                                            parse_ipam_config(conf).range_sets, {})
     assert str(ip) == "10.9.40.16"
     server.delete_node("node-c")

@@ -1,6 +1,6 @@
 """Session set-up shared by the unit tests.
 
-The node policy (cni.linux.roots): the tests put stores, state, log and device-info files in
+The node policy (rdmanet.cni.linux.roots): the tests put stores, state, log and device-info files in
 temporary directories, so the session runs under a policy whose roots are the temporary
 directory besides the built-in ones (``RDMANET_NODE_POLICY``, as a runtime would set it for the
 plugins it runs; child processes inherit it). Tests of the policy itself write their own (``policy_file.write_policy``).
@@ -13,7 +13,7 @@ import tempfile
 
 import pytest
 
-from cni.linux import roots
+from rdmanet.cni.linux import roots
 from kube_api_server import KubeAPIServer
 from policy_file import write_policy
 

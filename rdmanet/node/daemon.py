@@ -15,9 +15,9 @@ own, printing exactly what the in-process run would print (``skel.render``) with
 - lease-ipam as ``ipam.type`` runs in-process (``ipam_exec.IN_PROCESS_PLUGINS``), not by exec.
 - Requests carrying a test crash hook (ipam_exec.CRASH_HOOKS, which os._exit()) are declined
   ("exec") so the shim runs them in a process of their own.
-- Two framings (:mod:`rdmanet.node.launcher`): the shims' binary one and one JSON line for tools
-  (health) and the first shims. A request of another protocol version is declined ("exec"): a
-  shim with a fallback runs it itself, a daemon-only shim answers 11 until both sides match.
+- Two framings (:mod:`rdmanet.node.launcher`): CNI calls in the shims' binary one, and one JSON
+  line for tools (health). A call of another protocol version is declined ("exec"): a shim with
+  a fallback runs it itself, a daemon-only shim answers 11 until both sides match.
 - The call's environment is the runtime's (forwarded by the shim); :data:`DAEMON_DEFAULTS` come
   from the daemon's own environment when the call lacks them (in a DaemonSet, the node name the
   downward API gives the pod).
@@ -41,9 +41,8 @@ down with it):
   1024; a host-device ADD holds about 12 fds). A call that still runs out of fds or memory
   answers CNI error 11 (try again later), not 999.
 - A request must arrive whole within :data:`READ_SECONDS` of its worker picking it up, and within
-  :data:`MAX_ENV` / :data:`MAX_STDIN` bytes (binary framing; a larger one is answered with a CNI
-  error naming the limit) or :data:`MAX_JSON_LINE` (JSON framing); otherwise the connection is
-  closed.
+  :data:`MAX_ENV` / :data:`MAX_STDIN` bytes (a larger one is answered with a CNI error naming
+  the limit), its first line within :data:`MAX_LINE`; otherwise the connection is closed.
 - Every call has a deadline (``--call-timeout``, default ``rdmanet.cni.core.deadline.DEFAULT_SECONDS``,
   counted from the accept, well below a runtime's) and knows when its caller hung up (the shim
   was killed: the connection closed): lock waits and IPAM execs end there, and an ADD stops at
@@ -78,7 +77,7 @@ from rdmanet.ipam import node_gc
 from . import del_journal, memory, socket_activation
 from .workers import WorkerPool
 
-from .launcher import DEFAULT_SOCKET, JSON_PROTOCOL, LATEST, PLUGINS, PROTOCOL, DaemonLost, NoDaemon, b64, exchange, unb64
+from .launcher import DEFAULT_SOCKET, LATEST, PLUGINS, PROTOCOL, DaemonLost, NoDaemon, exchange
 
 # Variables a call gets from the daemon's environment when its own lacks them.
 DAEMON_DEFAULTS = ("RDMANET_NODE_NAME",)
@@ -95,7 +94,7 @@ QUEUED = 64  # accepted connections waiting for a worker (more wait in the liste
 READ_SECONDS = 10.0  # a whole request, from the moment a worker reads it
 MAX_ENV = 1 << 20  # a process environment is far smaller (ARG_MAX counts arguments and environment)
 MAX_STDIN = 4 << 20  # network configurations are kilobytes; a prevResult adds little
-MAX_JSON_LINE = 8 << 20  # base64 of the above
+MAX_LINE = 64 << 10  # a request's first line: the binary framing's head, or a tool's JSON request
 NOFILE_CAP = 1 << 20
 
 _LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"  # = skel.configure_logging
@@ -410,14 +409,14 @@ class _Handler(socketserver.BaseRequestHandler):
         started = srv.accepted_at()
         reader = Reader(self.request, READ_SECONDS)
         try:
-            line = reader.readline(MAX_JSON_LINE)
+            line = reader.readline(MAX_LINE)
             if not line.endswith(b"\n"):
                 return  # EOF: nothing to answer
             self.deadline = call_deadline.Deadline(started + srv.call_timeout, lambda: caller_gone(self.request))
             if line.startswith(b"RDMANET "):
                 answer = self._binary(*parse_binary(line, reader), started)
             else:
-                answer = json.dumps(self._json(json.loads(line), started)).encode() + b"\n"
+                answer = json.dumps(self._health(json.loads(line))).encode() + b"\n"
         except TooLarge as refused:
             log_event("request_too_large", "warning", error=refused.error.msg)
             out = (json.dumps(refused.error.to_dict(LATEST)) + "\n").encode()
@@ -445,23 +444,18 @@ class _Handler(socketserver.BaseRequestHandler):
         code, out, err = served
         return b"%d %d %d\n" % (code, len(out), len(err)) + out + err
 
-    def _json(self, req: dict, started: float) -> dict:
+    def _health(self, req: Any) -> dict:
+        """The answer to a tool's ``{"health": true}``, the one JSON request."""
+        if not isinstance(req, dict) or not req.get("health"):
+            raise BadRequest('the one JSON request is {"health": true}; CNI calls use the binary framing')
         srv = self.server
-        if req.get("health"):
-            return {"ok": True, "pid": os.getpid(), "uptime": round(time.monotonic() - srv.started, 3),
-                    "requests": srv.requests, "in_flight": srv.in_flight, "workers": srv.workers,
-                    "socket_activated": srv.activated}
-        if req.get("v") != JSON_PROTOCOL:
-            return {"exec": True, "why": self._mismatch(req.get("v"))}
-        served = self._call(req["plugin"], req["env"], unb64(req.get("stdin_b64", "")), started)
-        if served is None:
-            return {"exec": True, "why": "a test crash hook runs in a process of its own"}
-        code, out, err = served
-        return {"code": code, "stdout_b64": b64(out), "stderr_b64": b64(err)}
+        return {"ok": True, "pid": os.getpid(), "uptime": round(time.monotonic() - srv.started, 3),
+                "requests": srv.requests, "in_flight": srv.in_flight, "workers": srv.workers,
+                "socket_activated": srv.activated}
 
     def _mismatch(self, version: Any) -> str:
-        log_event("protocol_mismatch", "warning", v=version, served=[PROTOCOL, JSON_PROTOCOL])
-        return f"protocol version {version!r} is not served (this daemon speaks {PROTOCOL}, and {JSON_PROTOCOL} in JSON)"
+        log_event("protocol_mismatch", "warning", v=version, served=[PROTOCOL])
+        return f"protocol version {version!r} is not served (this daemon speaks {PROTOCOL})"
 
     def _call(self, plugin: str, env: Any, stdin: bytes, started: float) -> Optional[tuple[int, bytes, bytes]]:
         """Serve one CNI call; None when it must run in a process of its own."""

@@ -31,9 +31,10 @@ from typing import Any, Callable, Mapping, Optional
 
 from rdmanet.cni.core.ipam_exec import CRASH_HOOKS
 
-from .launcher import JOURNAL_DIR, MAX_LINE
+from .launcher import JOURNAL_DIR
 
 INTERVAL = 60.0
+MAX_ENTRY = 64 << 20  # bytes: an entry is one request, which the daemon takes up to a few MiB of
 MAX_AGE = 24 * 3600.0
 # CNI errors a retry cannot mend (incompatible version, unsupported field, unknown container,
 # invalid config, decoding failure): dropped at once, logged
@@ -66,7 +67,7 @@ def _read(path: str, log: Log) -> Optional[bytes]:
         return None  # gone meanwhile (an ADD removed it), or a symlink
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size > MAX_LINE:
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size > MAX_ENTRY:
             log("del_journal_entry_refused", "warning", entry=path, why="not a regular file of the daemon's user, or too big")
             os.unlink(path)
             return None

@@ -17,12 +17,10 @@ imports on every exec, as much as a Go plugin's whole ADD):
     answer    b"<exit code> <stdout bytes> <stderr bytes>\\n" <stdout> <stderr>
            or b"exec <why>\\n"      the daemon declines: run the call in-process
 
-Tools (``rdmanet daemon --check``, doctor, tests) speak one JSON line each way:
+Tools (``rdmanet daemon --check``, doctor, tests) ask for the daemon's health in one JSON line
+each way (:func:`exchange`):
 
-    health    {"health": true}  ->  {"ok": true, "pid": ..., "uptime": ..., "requests": ...}
-    call      {"v": 1, "plugin": "<name>", "env": {...}, "stdin_b64": "..."}
-              -> {"code": ..., "stdout_b64": "...", "stderr_b64": "..."} or {"exec": true, "why": ...}
-              (the framing of the first shims; still served)
+    {"health": true}  ->  {"ok": true, "pid": ..., "uptime": ..., "requests": ...}
 
 A DEL that does not succeed (the daemon is down or restarting, the API server is out) is written
 to ``<socket dir>/del-journal/`` in the same binary framing, one file per (plugin, containerID,
@@ -64,8 +62,6 @@ import time
 DEFAULT_SOCKET = "/run/rdmanet/daemon.sock"
 SOCKET_ENV = "RDMANET_DAEMON_SOCKET"
 PROTOCOL = 2  # the binary call framing
-JSON_PROTOCOL = 1  # the JSON call framing
-MAX_LINE = 64 << 20
 # plugin name -> (module, class); the daemon uses the same table.
 PLUGINS = {
     "macvlan-rdma": ("rdmanet.plugins.macvlan_rdma.plugin", "MacvlanRdma"),
@@ -88,32 +84,6 @@ class NoDaemon(Exception):
 
 class DaemonLost(Exception):
     """The daemon took the request and went away before answering."""
-
-
-def b64(data):
-    return binascii.b2a_base64(data, newline=False).decode("ascii")
-
-
-def unb64(text):
-    return binascii.a2b_base64(text)
-
-
-def read_line(sock, limit=MAX_LINE):
-    """One ``\\n``-terminated line from ``sock``; None on EOF before the newline."""
-    chunks = []
-    size = 0
-    while True:
-        chunk = sock.recv(65536)
-        if not chunk:
-            return None
-        end = chunk.find(b"\n")
-        if end >= 0:
-            chunks.append(chunk[:end])
-            return b"".join(chunks)
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > limit:
-            raise ValueError("line too long")
 
 
 def _connect(sock, socket_path, busy_seconds=BUSY_SECONDS):

@@ -13,8 +13,6 @@ own, printing exactly what the in-process run would print (``skel.render``) with
   or print on stderr goes into that request's answer, never into another's (a contextvar-routed
   ``sys.stderr``). Network namespaces are entered per thread and always left (rdmanet.cni.linux.netns).
 - lease-ipam as ``ipam.type`` runs in-process (``ipam_exec.IN_PROCESS_PLUGINS``), not by exec.
-- Requests carrying a test crash hook (ipam_exec.CRASH_HOOKS, which os._exit()) are declined
-  ("exec") so the shim runs them in a process of their own.
 - Two framings (:mod:`rdmanet.node.launcher`): CNI calls in the shims' binary one, and one JSON
   line for tools (health). A call of another protocol version is declined ("exec"): a shim with
   a fallback runs it itself, a daemon-only shim answers 11 until both sides match.
@@ -71,7 +69,6 @@ from typing import Any, Iterable, Mapping, Optional
 from rdmanet.cni.core import deadline as call_deadline
 from rdmanet.cni.core import skel
 from rdmanet.cni.core.errors import INVALID_CONFIG, INVALID_ENVIRONMENT, CNIError
-from rdmanet.cni.core.ipam_exec import CRASH_HOOKS
 from rdmanet.ipam import node_gc
 
 from . import del_journal, memory, socket_activation
@@ -438,10 +435,7 @@ class _Handler(socketserver.BaseRequestHandler):
     def _binary(self, version: int, plugin: str, env: dict[str, str], stdin: bytes, started: float) -> bytes:
         if version != PROTOCOL:
             return f"exec {self._mismatch(version)}\n".encode()
-        served = self._call(plugin, env, stdin, started)
-        if served is None:
-            return b"exec a test crash hook runs in a process of its own\n"
-        code, out, err = served
+        code, out, err = self._call(plugin, env, stdin, started)
         return b"%d %d %d\n" % (code, len(out), len(err)) + out + err
 
     def _health(self, req: Any) -> dict:
@@ -457,14 +451,12 @@ class _Handler(socketserver.BaseRequestHandler):
         log_event("protocol_mismatch", "warning", v=version, served=[PROTOCOL])
         return f"protocol version {version!r} is not served (this daemon speaks {PROTOCOL})"
 
-    def _call(self, plugin: str, env: Any, stdin: bytes, started: float) -> Optional[tuple[int, bytes, bytes]]:
-        """Serve one CNI call; None when it must run in a process of its own."""
+    def _call(self, plugin: str, env: Any, stdin: bytes, started: float) -> tuple[int, bytes, bytes]:
+        """Serve one CNI call."""
         srv = self.server
         if plugin not in srv.plugins or not isinstance(env, dict):
             raise BadRequest(f"unknown plugin {plugin!r}")
         env = call_env(env, os.environ)
-        if any(hook in env for hook in CRASH_HOOKS):
-            return None
         with srv.count():
             served = serve_call(srv.plugins, plugin, env, stdin, self.deadline)
         log_event("call", plugin=plugin, command=env.get("CNI_COMMAND"), container=env.get("CNI_CONTAINERID"),

@@ -29,8 +29,6 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Optional
 
-from rdmanet.cni.core.ipam_exec import CRASH_HOOKS
-
 from .launcher import JOURNAL_DIR
 
 INTERVAL = 60.0
@@ -102,7 +100,7 @@ def replay_once(directory: str, plugins: Mapping[str, Any], serve: Serve, parse:
             log("del_journal_entry_refused", "warning", entry=path, why=f"unreadable: {exc}")
             os.unlink(path)
             continue
-        if plugin not in plugins or env.get("CNI_COMMAND") != "DEL" or any(h in env for h in CRASH_HOOKS):
+        if plugin not in plugins or env.get("CNI_COMMAND") != "DEL":
             log("del_journal_entry_refused", "warning", entry=path, why="not a DEL of a plugin this daemon serves")
             os.unlink(path)
             continue

@@ -103,10 +103,10 @@ from . import lease_cache
 from .base import Attachment, Reservation, Store, place_held, refuse_other_request
 from .lease_cache import LeaseCache
 from .whereabouts import WhereaboutsView
-from .kube_blocks import Block, NodeBlocks, _any_within, parse_block  # noqa: F401  (parse_block re-exported)
+from .kube_blocks import Block, NodeBlocks, _any_within
 from .kube_transport import ApiClientTransport, Response, Transport, Unreachable  # noqa: F401  (re-exported)
 from .lease_names import (  # noqa: F401  (GROUP, L_POD_UID ... re-exported: tests and tools use them from here)
-    GROUP, KIND_BLOCK, L_ATTACHMENT, L_BLOCK, L_BLOCK_OWNER, L_DOMAIN, L_KIND, L_NETWORK, L_NODE, L_PLANNED,
+    GROUP, L_ATTACHMENT, L_BLOCK, L_BLOCK_OWNER, L_DOMAIN, L_NETWORK, L_NODE, L_PLANNED,
     L_POD_UID, _now_micro, parse_time, attachment_hash, block_first, block_id, domain_hash, holder_of,
     ip_of_name, label_value, lease_name, parse_block_id, parse_holder,
 )
@@ -194,8 +194,8 @@ def parse_claim(item: Any, dhash: str) -> Optional[Claim]:
 
 
 def parse_lease(item: Any, dhash: str) -> Any:
-    """A :class:`Claim`, a :class:`Block`, or None (another domain's or another program's Lease)."""
-    return parse_claim(item, dhash) or parse_block(item, dhash)
+    """A :class:`Claim` (a block's record is one), or None (another domain's or another program's Lease)."""
+    return parse_claim(item, dhash)
 
 
 def latest_by_range(claims: Iterable[Claim]) -> dict[str, Claim]:
@@ -369,8 +369,8 @@ class KubeStore(NodeBlocks, Store):
                         hint.get(resp.status, "see the API server's message"))
 
     def _claims_selector(self) -> str:
-        """Every claim of the domain (old-version claims carry no kind label: != keeps them)."""
-        return f"{L_DOMAIN}={self.dhash},{L_KIND}!={KIND_BLOCK}"
+        """Every claim of the domain."""
+        return f"{L_DOMAIN}={self.dhash}"
 
     def _selector(self, **extra: str) -> str:
         labels = {L_DOMAIN: self.dhash, **extra}
@@ -410,11 +410,11 @@ class KubeStore(NodeBlocks, Store):
                 continue
             for item in page:
                 got = parse_lease(item, self.dhash)
-                if isinstance(got, Claim):
+                if got is not None:
                     claims[got.name] = got
-                    got = got.as_block()  # a block record: the block too
-                if isinstance(got, Block):
-                    blocks[got.name] = got
+                    block = got.as_block()  # a block record: the block too
+                    if block is not None:
+                        blocks[block.name] = block
         return list(claims.values()), list(blocks.values())
 
     def _list(self, selector: str, deadline: float, what: str) -> list[Claim]:
@@ -600,20 +600,18 @@ class KubeStore(NodeBlocks, Store):
                                       hint.blocks(), hint, hint.latest(), settle=False)
         # Without a watch cache: this node's own claims and blocks, never the domain's; the List
         # is paginated and folded page by page (used ints, the attachment's claims, the cursor).
-        scan, blocks = DomainScan(attachment, set()), []
+        scan = DomainScan(attachment, set())
         for page in self._pages(node_selector(self.dhash, self.node), deadline,
                                 f"list leases of domain {self.domain} on node {self.node}"):
             if page is None:
-                scan, blocks = DomainScan(attachment, set()), []
+                scan = DomainScan(attachment, set())
                 continue
             for item in page:
                 got = parse_lease(item, self.dhash)
-                if isinstance(got, Claim):
+                if got is not None:
                     scan.add(got)
-                elif isinstance(got, Block):
-                    blocks.append(got)
         return self._allocate(attachment, network, range_sets, requested, deadline, scan.mine, scan.sorted_used(),
-                              blocks + scan.blocks, None, scan.latest)
+                              scan.blocks, None, scan.latest)
 
     def _allocate_cached(self, cache: LeaseCache, attachment: Attachment, network: str,
                          range_sets: Sequence[RangeSet], requested: Mapping[int, IPAddress],

@@ -10,9 +10,6 @@ both carry the resourceVersion as precondition. Only an empty block's release de
 Every other address is claimed by its own Lease, whose create is the only arbiter, so two nodes
 that both believe they hold a block never share an address.
 
-Block Leases of the first block design (``lipb-<domain hash>-<first>-<size>``) are still read as
-a node's held blocks (and released when empty), never made.
-
 :class:`NodeBlocks` is the part of :class:`rdmanet.ipam.store.kube.KubeStore` that finds a node's blocks
 in a range set, acquires one (the block after its newest, the free blocks a List showed, its
 hashed positions, then Lists of one group's records, at most ``BLOCK_GROUP`` Leases (eight groups
@@ -40,7 +37,7 @@ from .. import intervals
 from ..ranges import IPAddress, Range, RangeSet
 from .base import Attachment
 from .lease_names import (BLOCK_GROUP, GROUP, L_BLOCK, L_BLOCK_GROUP, L_BLOCK_OWNER, L_DOMAIN, L_NODE, L_PLANNED,
-                          parse_time, block_group_id, block_id, block_of_name, domain_hash, label_value, lease_name,
+                          block_group_id, block_id, domain_hash, label_value, lease_name,
                           parse_block_id)
 
 if TYPE_CHECKING:
@@ -77,16 +74,15 @@ class Block:
     """A node's affinity to ``size`` aligned addresses: where it looks for candidates first.
     Never a claim of its other addresses: each one's own Lease is the only proof it is taken."""
 
-    name: str  # the record's name (``lip-…``), or a first-design block Lease's (``lipb-…``)
+    name: str  # the record's name (``lip-…``)
     ip: IPAddress  # the block's first address (aligned; it may lie outside the usable range)
     size: int
     node: str  # the node holding it
     uid: str
     resource_version: str
     time: Optional[datetime]
-    record_ip: Optional[IPAddress] = None  # the address whose claim Lease is the record (None: a ``lipb-`` Lease)
+    record_ip: Optional[IPAddress] = None  # the address whose claim Lease is the record
     planned: bool = False  # given to its node by a plan (``rdmanet ipam plan``): never released for being empty
-    is_block = True
 
     @property
     def id(self) -> str:
@@ -95,22 +91,6 @@ class Block:
     @property
     def last(self) -> int:
         return int(self.ip) + self.size - 1
-
-
-def parse_block(item: Any, dhash: str) -> Optional[Block]:
-    """The block a first-design block Lease (``lipb-``) of domain ``dhash`` records; None for
-    anything else (a block record is a claim: :meth:`rdmanet.ipam.store.kube.Claim.as_block`)."""
-    if not isinstance(item, dict):
-        return None
-    md = item.get("metadata") or {}
-    found = block_of_name(str(md.get("name") or ""), dhash)
-    if found is None:
-        return None
-    spec = item.get("spec") or {}
-    holder = spec.get("holderIdentity")
-    when = parse_time(spec.get("acquireTime")) or parse_time(md.get("creationTimestamp"))
-    return Block(md["name"], found[0], found[1], holder if isinstance(holder, str) else "", str(md.get("uid") or ""),
-                 str(md.get("resourceVersion") or ""), when)
 
 
 def record_body(body: dict, owner: str, r: Range, first: int, size: int, planned: bool = False) -> dict:
@@ -906,7 +886,7 @@ class NodeBlocks:
                 cache.notes.pop(key, None)
 
     def _drop_block(self, block: Block, deadline: float) -> bool:
-        """Delete an empty block's record (or first-design Lease) with uid/resourceVersion
+        """Delete an empty block's record with uid/resourceVersion
         preconditions: a record that changed since (its address claimed again) is left alone."""
         body = {"apiVersion": "v1", "kind": "DeleteOptions",
                 "preconditions": {"uid": block.uid, "resourceVersion": block.resource_version}}

@@ -98,7 +98,7 @@ _LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"  # = skel.configu
 # Libraries whose DEBUG chatter a request's RDMANET_LOG_LEVEL=DEBUG does not get from the daemon
 # (in-process it does): pyroute2 logs several DEBUG lines per netlink message, and the root
 # logger has to stay at DEBUG here for the requests that ask for it, so each line would be built.
-QUIET_LIBRARIES = ("pyroute2", "asyncio", "filelock")
+QUIET_LIBRARIES = ("pyroute2", "asyncio")
 
 _real_stderr = sys.__stderr__
 

@@ -46,6 +46,7 @@ from rdmanet.cni.core.errors import (
     TRY_AGAIN_LATER,
     CNIError,
 )
+from rdmanet.cni.linux.flock import LockTimeout, exclusive
 
 from ..ranges import IPAddress, RangeSet
 from .base import Attachment, Reservation, Store, place_held, refuse_other_request
@@ -63,7 +64,6 @@ from .files import (
     read_json,
     remove,
 )
-from .flock import LockTimeout, exclusive
 from .layout import (
     CURSOR_PREFIX,
     INDEX_DIR,

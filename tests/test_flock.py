@@ -7,6 +7,8 @@ import pytest
 
 from rdmanet.cni.linux.flock import LockTimeout, exclusive
 
+from flock_holder import held_elsewhere
+
 
 def test_flock_threads_exclude_each_other_and_time_out(tmp_path):
     import signal
@@ -31,20 +33,7 @@ def test_flock_threads_exclude_each_other_and_time_out(tmp_path):
         t.join()
     assert len(overlap) == 80 and max(overlap) == 1
 
-    import multiprocessing
-
-    ctx = multiprocessing.get_context("fork")
-    ready, done = ctx.Event(), ctx.Event()
-
-    def hold():
-        with exclusive(path, 10):
-            ready.set()
-            done.wait(10)
-
-    p = ctx.Process(target=hold)
-    p.start()
-    try:
-        assert ready.wait(10)
+    with held_elsewhere(path):
         errors = []
 
         def in_thread():  # not the main thread: polls
@@ -65,8 +54,5 @@ def test_flock_threads_exclude_each_other_and_time_out(tmp_path):
         assert time.monotonic() - start < 2
         assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
         assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
-    finally:
-        done.set()
-        p.join(10)
     with exclusive(path, 1):  # free again once the holder is gone
         pass

@@ -161,32 +161,15 @@ def test_status_counts_and_unusable_dir(store, tmp_path):
 
 
 def test_lock_timeout_is_try_again_later(tmp_path):
-    import fcntl
+    from flock_holder import held_elsewhere
 
     store = LocalStore(str(tmp_path), "dom", lock_timeout=0.2)
     sets = range_sets(range="10.0.0.0/24")
     store.allocate(A, "n", sets, {})
-    import multiprocessing
-
-    ctx = multiprocessing.get_context("fork")
-    ready, done = ctx.Event(), ctx.Event()
-
-    def hold():  # another process holds the store's lock
-        with open(os.path.join(store.root, "lock"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            ready.set()
-            done.wait(10)
-
-    p = ctx.Process(target=hold)
-    p.start()
-    try:
-        assert ready.wait(10)
+    with held_elsewhere(os.path.join(store.root, "lock")):
         with pytest.raises(CNIError) as info:
             store.allocate(B, "n", sets, {})
         assert info.value.code == TRY_AGAIN_LATER
-    finally:
-        done.set()
-        p.join(10)
 
 
 def test_garbage_claim_blocks_the_address_and_repeat_add_recovers(store):

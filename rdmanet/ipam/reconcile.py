@@ -65,9 +65,10 @@ from .store.kube import (
     label_value,
     parse_holder,
 )
-from .store.lease_names import parse_time
+from .store.lease_names import parse_time, server_date
 
 MISSES_ANNOTATION = f"{GROUP}/reconcile-misses"
+MISSED_AT_ANNOTATION = f"{GROUP}/reconcile-missed-at"  # the server time of the last miss counted
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 PODS = "/api/v1/namespaces/{namespace}/pods/{name}"
 PODS_OF = "/api/v1/namespaces/{namespace}/pods"
@@ -110,8 +111,9 @@ class LeaseClaim:
     pod_uid: Optional[str]
     created: Optional[datetime]
     misses: int
-    acquired: Optional[datetime] = None  # spec.acquireTime (microseconds): orders a pod's claims
-    record: bool = False  # the claim is also a node block's record (issue 17): freed by an update, not deleted
+    acquired: Optional[datetime] = None  # spec.acquireTime: the claiming node's clock, shown, never judged by
+    record: bool = False  # the claim is also a node block's record: freed by an update, not deleted
+    missed_at: Optional[datetime] = None  # the server time of the last miss counted
 
     @classmethod
     def from_lease(cls, raw: dict) -> "LeaseClaim":
@@ -140,10 +142,11 @@ class LeaseClaim:
             pod_name=_text(ann, A_POD_NAME) or None,
             # the annotation is exact; the label only when it is not a hash of a too-long value
             pod_uid=_text(ann, A_POD_UID) or (uid_label if uid_label and not uid_label.startswith("h-") else None),
-            created=parse_time(meta.get("creationTimestamp")) or parse_time(spec.get("acquireTime")),
+            created=parse_time(meta.get("creationTimestamp")),  # the server's clock
             misses=misses,
             acquired=parse_time(spec.get("acquireTime")) or parse_time(meta.get("creationTimestamp")),
             record=bool(labels.get(L_BLOCK_OWNER)),
+            missed_at=parse_time(ann.get(MISSED_AT_ANNOTATION)) if misses else None,
         )
 
     @property
@@ -168,11 +171,13 @@ class ApiError(Exception):
 
 
 class KubeAPI:
-    """JSON requests over the Lease store's transport (the ``kubernetes`` client's ApiClient)."""
+    """JSON requests over the Lease store's transport (the ``kubernetes`` client's ApiClient).
+    ``server_time``: the ``Date`` of the latest answer (the API server's clock, never this node's)."""
 
     def __init__(self, transport: Transport, request_timeout: float = 5.0) -> None:
         self.transport = transport
         self.request_timeout = request_timeout
+        self.server_time: Optional[datetime] = None
 
     def request(self, method: str, path: str, query: Optional[list] = None, body: Any = None) -> dict:
         """The answer's JSON object; ApiError for an HTTP error, CNIError 50 when there is no answer."""
@@ -181,6 +186,9 @@ class KubeAPI:
         except Unreachable as exc:
             raise CNIError(NOT_AVAILABLE, f"Kubernetes API {self.transport.host} unreachable: {exc}",
                            "check the kubeconfig's server and credentials, and that the API server is up") from None
+        when = server_date(resp.headers)
+        if when is not None:
+            self.server_time = when
         doc = resp.doc if isinstance(resp.doc, dict) else {}
         if resp.status >= 400:
             raise ApiError(resp.status, str(doc.get("message") or ""))
@@ -348,14 +356,20 @@ class KubeTarget:
         return index
 
     def get_pod(self, namespace: str, name: str) -> Optional[dict]:
-        """The pod (its UID and mirror annotation) as this run read it; None when it is not there."""
+        """The pod (its UID and mirror annotation) as this run read it; None when it is not there.
+        A pod missing from the List of a node's pods is looked up by name: the claim's label
+        names the node its ADD ran on, which is no proof of where its pod is (a pod is gone only
+        when the API says so by its namespace and name)."""
         if not self._no_pod_list:
             try:
-                return self._index_pods(namespace).get((namespace, name))
+                found = self._index_pods(namespace).get((namespace, name))
             except ApiError as err:
                 if err.status != 403:
                     raise
                 self._no_pod_list = True  # may get but not list pods: one GET per claim, as before
+            else:
+                if found is not None or self.node is None:
+                    return found
         try:
             return self.api.request("GET", PODS.format(namespace=quote(namespace, safe=""), name=quote(name, safe="")))
         except ApiError as err:
@@ -375,15 +389,19 @@ class KubeTarget:
         body.setdefault("kind", "Lease")
         return path, body, meta
 
-    def write_misses(self, claim: LeaseClaim, misses: int) -> dict:
-        """PUT the Lease, re-read just now, with the miss count set (0 removes it); 409 when it
-        changed since the List (re-read with another UID or resourceVersion) or since the read."""
+    def write_misses(self, claim: LeaseClaim, misses: int, when: Optional[datetime] = None) -> dict:
+        """PUT the Lease, re-read just now, with the miss count set (0 removes it) and ``when``
+        (the server time of this miss); 409 when it changed since the List (re-read with another
+        UID or resourceVersion) or since the read."""
         path, body, meta = self._reread(claim)
         ann = dict(meta.get("annotations") or {})
         if misses:
             ann[MISSES_ANNOTATION] = str(misses)
+            if when is not None:
+                ann[MISSED_AT_ANNOTATION] = when.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         else:
             ann.pop(MISSES_ANNOTATION, None)
+            ann.pop(MISSED_AT_ANNOTATION, None)
         meta["annotations"] = ann
         meta["resourceVersion"] = claim.resource_version
         return self.api.request("PUT", path, body=body)
@@ -403,6 +421,8 @@ class KubeTarget:
         path, body, meta = self._reread(claim)
         labels = {k: v for k, v in (meta.get("labels") or {}).items()
                   if k not in (L_POD_UID, f"{GROUP}/attachment", f"{GROUP}/network")}
+        if labels.get(L_BLOCK_OWNER):  # free, the record is its block owner's object again (a borrower's claim was not)
+            labels[L_NODE] = labels[L_BLOCK_OWNER]
         keep = ("ipam-domain", "range", "ip", "block-owner", "block-size")
         meta["labels"] = labels
         meta["annotations"] = {k: v for k, v in (meta.get("annotations") or {}).items()
@@ -424,6 +444,7 @@ CONFLICT = "conflict"      # the Lease changed (or was re-made) since the list: 
 GONE = "gone"              # the Lease vanished since the list (a DEL): nothing to do
 ERROR = "error"            # an API failure for this claim
 LATE = "skipped-deadline"  # the run's deadline passed before this claim was judged
+SPACED = "skipped-spacing"  # pod gone, but the last miss was counted less than the spacing ago (server time)
 
 
 @dataclass
@@ -474,7 +495,13 @@ def mirror_of(pod: Optional[dict]) -> Optional[str]:
     return value if isinstance(value, str) and value else None
 
 
-def _judge(target: KubeTarget, claim: LeaseClaim, now: datetime, grace: float, limit: int, dry_run: bool) -> Action:
+def _judge(target: KubeTarget, claim: LeaseClaim, now: datetime, grace: float, limit: int, dry_run: bool,
+           spacing: float, newer: Optional[LeaseClaim] = None) -> Action:
+    """The liveness rule for one claim (every cleaner's): freed only after ``limit`` misses, each
+    at least ``spacing`` seconds after the one before, all by the API server's clock (``now``:
+    the Date of its answer; ``created``: its creationTimestamp). A miss is the API saying the
+    claim's pod (namespace/name) is gone or has another UID, or (``newer``) that the pod's
+    claim of the same interface and network made later by the server's clock replaced it."""
     if not claim.has_pod_identity:
         missing = [what for what, v in (("pod UID", claim.pod_uid), ("pod namespace", claim.pod_namespace),
                                         ("pod name", claim.pod_name)) if not v]
@@ -486,34 +513,48 @@ def _judge(target: KubeTarget, claim: LeaseClaim, now: datetime, grace: float, l
     pod = target.get_pod(claim.pod_namespace, claim.pod_name)
     live_uid = ((pod or {}).get("metadata") or {}).get("uid")
     if live_uid == claim.pod_uid or mirror_of(pod) == claim.pod_uid:
-        if claim.misses == 0:
-            return Action(claim, KEPT, 0, "pod present")
-        if not dry_run:
-            target.write_misses(claim, 0)
-        return Action(claim, RESET, 0, f"pod present again after {claim.misses} miss(es)")
-    why = "pod not found" if pod is None else f"pod {claim.pod} now has UID {live_uid}"
+        if newer is None:
+            if claim.misses == 0:
+                return Action(claim, KEPT, 0, "pod present")
+            if not dry_run:
+                target.write_misses(claim, 0)
+            return Action(claim, RESET, 0, f"pod present again after {claim.misses} miss(es)")
+        why = f"superseded by {newer.container_id[:12]}/{newer.ifname}, a newer sandbox of the same pod"
+    else:
+        why = "pod not found" if pod is None else f"pod {claim.pod} now has UID {live_uid}"
+    if claim.misses and claim.missed_at is not None and (now - claim.missed_at).total_seconds() < spacing:
+        return Action(claim, SPACED, claim.misses, f"{why}; the last miss was {int((now - claim.missed_at).total_seconds())} s "
+                                                   f"ago, misses are counted {spacing:g} s apart")
     count = claim.misses + 1
     if count >= limit:
         if not dry_run:
             target.delete(claim)
         return Action(claim, FREED, count, f"{why}; miss {count}/{limit}")
     if not dry_run:
-        target.write_misses(claim, count)
+        target.write_misses(claim, count, now)
     return Action(claim, MISS, count, f"{why}; miss {count}/{limit}")
 
 
 def superseded(claims: list[LeaseClaim]) -> dict[str, LeaseClaim]:
     """Claim name -> the newer claim that replaces it: a pod has one sandbox at a time, so of the
-    claims of one pod UID, interface and network the latest (by ``acquireTime``) is the live one;
-    an older one of another container ID is a sandbox the kubelet replaced (a sandbox restart,
-    a reboot) whose DEL never arrived (Multus' thick plugin swallows a failed DEL)."""
+    claims of one pod UID, interface and network the one the API server made last (its
+    ``creationTimestamp``: never the claiming node's ``acquireTime``, which a node whose clock was
+    not yet stepped after a reboot writes wrong) is the live one; an older one of another
+    container ID is a sandbox the kubelet replaced whose DEL never arrived (Multus' thick plugin
+    swallows a failed DEL). A group the server's clock cannot order (two claims made in the same
+    second, or a block record, whose creation time is the record's, not its claim's) is left to
+    the pod's own liveness."""
     groups: dict[tuple, list[LeaseClaim]] = {}
     for c in claims:
         if c.has_pod_identity and c.container_id:
             groups.setdefault((c.pod_uid, c.ifname, c.network), []).append(c)
     out = {}
     for group in groups.values():
-        newest = max(group, key=lambda c: (c.acquired or datetime.min.replace(tzinfo=timezone.utc), c.name))
+        if len({c.container_id for c in group}) < 2 or any(c.record or c.created is None for c in group):
+            continue
+        newest = max(group, key=lambda c: c.created)
+        if sum(1 for c in group if c.created == newest.created) > 1:
+            continue
         for c in group:
             if c.container_id != newest.container_id:
                 out[c.name] = newest
@@ -521,30 +562,36 @@ def superseded(claims: list[LeaseClaim]) -> dict[str, LeaseClaim]:
 
 
 def reconcile_target(target: KubeTarget, *, grace_seconds: float = 300.0, misses: int = 3, dry_run: bool = False,
-                     now: Optional[datetime] = None, deadline_seconds: Optional[float] = None) -> Outcome:
+                     now: Optional[datetime] = None, deadline_seconds: Optional[float] = None,
+                     spacing_seconds: Optional[float] = None,
+                     only: Optional[Callable[[LeaseClaim], bool]] = None) -> Outcome:
     """One pass. Requests: the claims' List (pages of 500), the pods' List once per namespace
-    (or once for a node), and one write per claim whose count changes (a GET and a PUT) or that
-    is freed (a DELETE); nothing for a claim whose pod is present. ``deadline_seconds``: claims
-    not judged by then are left for the next run (reported as ``skipped-deadline``)."""
+    (or once for a node, and a GET per claim whose pod it does not show), and one write per
+    claim whose count changes (a GET and a PUT) or that is freed (a DELETE); nothing for a claim
+    whose pod is present. ``now``: the API server's time (default: the Date of its List answer;
+    none, and nothing is judged); ``spacing_seconds``: the least server time between two
+    counted misses (default ``grace_seconds / misses``); ``only``: the claims to judge (the
+    CNI GC's: those its runtime no longer knows); ``deadline_seconds``: claims not judged by
+    then are left for the next run (reported as ``skipped-deadline``)."""
     outcome = Outcome(target.domain, target.namespace, dry_run, grace_seconds, misses)
     end = None if deadline_seconds is None else time.monotonic() + deadline_seconds
+    spacing = grace_seconds / max(1, misses) if spacing_seconds is None else spacing_seconds
     target.begin_run()
     claims = sorted(target.list_claims(), key=lambda c: c.name)
+    when = now or target.api.server_time
     replaced = superseded(claims)
     for claim in claims:
-        when = now or datetime.now(timezone.utc)
+        if only is not None and not only(claim):
+            continue
         if end is not None and time.monotonic() >= end:
             outcome.actions.append(Action(claim, LATE, claim.misses, f"the run's {deadline_seconds:g} s deadline passed"))
             continue
+        if when is None:
+            outcome.actions.append(Action(claim, YOUNG, claim.misses, "the API server's answer carried no Date: "
+                                                                      "nothing is judged by this node's clock"))
+            continue
         try:
-            if claim.name in replaced and (claim.age(when) or 0) >= grace_seconds:
-                newer = replaced[claim.name]
-                if not dry_run:
-                    target.delete(claim)
-                action = Action(claim, FREED, claim.misses,
-                                f"superseded by {newer.container_id[:12]}/{newer.ifname}, a newer sandbox of the same pod")
-            else:
-                action = _judge(target, claim, when, grace_seconds, misses, dry_run)
+            action = _judge(target, claim, when, grace_seconds, misses, dry_run, spacing, replaced.get(claim.name))
         except ApiError as err:
             if err.status == 409:
                 action = Action(claim, CONFLICT, claim.misses, f"changed since listed, left for the next run ({err.message})")

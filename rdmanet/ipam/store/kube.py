@@ -77,6 +77,7 @@ A failed ADD deletes the claims it made before reporting the error.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import logging
 import random
 import socket
@@ -281,7 +282,7 @@ class KubeStore(NodeBlocks, Store):
                  gc_grace: float = 60.0, sleep: Callable[[float], None] = time.sleep,
                  cache: Optional[CacheSource] = None, whereabouts: Optional[str] = None,
                  whereabouts_namespace: Optional[str] = None, block_size: Optional[int] = None,
-                 block_release: float = 300.0) -> None:
+                 block_release: float = 300.0, gc_misses: int = 3) -> None:
         self.transport = transport
         self.namespace = namespace
         self.domain = domain
@@ -291,6 +292,7 @@ class KubeStore(NodeBlocks, Store):
         self.timeout = timeout
         self.request_timeout = request_timeout
         self.gc_grace = gc_grace
+        self.gc_misses = gc_misses  # checks (spaced by gc_grace / gc_misses, server time) before a gone pod's claim goes
         self.sleep = sleep
         self.path = LEASES_PATH.format(namespace=namespace)
         self.calls: dict[str, int] = {}  # per method, for logs and tests
@@ -1026,39 +1028,50 @@ class KubeStore(NodeBlocks, Store):
     # -- gc / status ----------------------------------------------------------------------------
 
     def gc(self, network: str, valid: set[Attachment]) -> list[Reservation]:
-        """Free this node's claims of ``network`` whose attachment is not in ``valid`` and older
-        than the grace; then release this node's blocks that hold none of its claims and are
-        older than ``block_release`` (one paginated List of the node's objects of the domain)."""
+        """Judge this node's claims of ``network`` whose attachment is not in ``valid`` by the
+        liveness rule every cleaner shares (:func:`rdmanet.ipam.reconcile.reconcile_target`: a
+        claim of a pod is freed only after the API said its pod is gone on several checks spaced
+        in server time; the runtime's list only picks which claims are judged). A claim with no
+        pod (podman, cnitool) has only the runtime to speak for it: freed once older than the
+        grace by the API server's clock. Then this node's blocks that hold none of its claims
+        and are older than ``block_release`` are released."""
+        from ..reconcile import FREED, NO_POD, ApiError, KubeAPI, KubeTarget, reconcile_target
+
         deadline = self._deadline()
+        target = KubeTarget(KubeAPI(self.transport, self.request_timeout), self.namespace, self.domain,
+                            node_selector(self.dhash, self.node), self.node)
+
+        def judged(c) -> bool:
+            return c.network == network and bool(c.container_id) and Attachment(c.container_id, c.ifname) not in valid
+
+        outcome = reconcile_target(target, grace_seconds=self.gc_grace, misses=self.gc_misses, only=judged)
+        now = target.api.server_time
+        freed = [a.claim for a in outcome.actions if a.action == FREED]
+        for a in outcome.actions:
+            c = a.claim
+            if a.action != NO_POD or now is None or c.created is None:
+                continue
+            if (now - c.created).total_seconds() < self.gc_grace:
+                log.info("GC spares %s of %s/%s: younger than %g s", c.address, c.container_id, c.ifname, self.gc_grace)
+                continue
+            try:
+                target.delete(c)
+            except ApiError as err:
+                if err.status not in (404, 409):
+                    raise CNIError(IO_FAILURE, f"could not free lease {c.name}: {err}", "the next GC retries") from None
+                continue
+            freed.append(c)
+        gone = {c.name for c in freed}
         claims, blocks = self._list_all(node_selector(self.dhash, self.node), deadline,
                                         f"list leases of {network} on node {self.node}")
-        now = datetime.now(timezone.utc)
-        freed = []
-        kept = []
-        records: dict[str, Optional[Block]] = {}
-        for c in claims:
-            if c.attachment is None or c.attachment in valid or c.network != network:
-                kept.append(c)
-                continue
-            if c.time is None or (now - c.time).total_seconds() < self.gc_grace:
-                log.info("GC spares %s of %s: younger than %g s", c.ip, c.attachment, self.gc_grace)
-                kept.append(c)
-                continue
-            gone = self._remove(c, deadline)
-            if gone is not None:
-                freed.append(c)
-                if gone.block:
-                    records[gone.name] = gone.as_block()  # freed just now: its new version
-            else:
-                kept.append(c)
-        values = sorted(int(c.ip) for c in kept if not c.free)
+        values = sorted(int(c.ip) for c in claims if not c.free and c.name not in gone)
+        wall = datetime.now(timezone.utc)
         for b in blocks:
             if b.node != self.node or b.planned or _any_within(values, int(b.ip), b.last):
                 continue
-            b = records.get(b.name) or b
-            if b.time is not None and (now - b.time).total_seconds() >= self.block_release:
+            if b.time is not None and (wall - b.time).total_seconds() >= self.block_release:
                 self._drop_block(b, deadline)
-        return _group(freed)
+        return _group_freed(freed)
 
     def status(self, range_sets: Sequence[RangeSet]) -> list[int]:
         cache = self._cache_source(False) if self._cache_source is not None else None
@@ -1085,6 +1098,19 @@ class KubeStore(NodeBlocks, Store):
         except CNIError as err:
             raise CNIError(NOT_AVAILABLE, f"lease-ipam cannot reach its Lease store: {err.msg}", err.details) from None
         return [rs.count_free(used[rs.family]) for rs in range_sets]
+
+
+def _group_freed(claims: Sequence[Any]) -> list[Reservation]:
+    """The reservations a GC freed (the reconciler's view of each claim)."""
+    groups: dict[Attachment, list[Any]] = {}
+    for c in claims:
+        groups.setdefault(Attachment(c.container_id, c.ifname), []).append(c)
+    out = []
+    for who, cs in sorted(groups.items()):
+        ips = sorted((ipaddress.ip_address(c.address) for c in cs if c.address), key=lambda ip: (ip.version, ip))
+        when = min((c.created for c in cs if c.created), default=None)
+        out.append(Reservation(who, cs[0].network, tuple(ips), when.isoformat(timespec="seconds") if when else ""))
+    return out
 
 
 def _group(claims: Sequence[Claim]) -> list[Reservation]:

@@ -115,9 +115,11 @@ def parse_block(item: Any, dhash: str) -> Optional[Block]:
 
 def record_body(body: dict, owner: str, r: Range, first: int, size: int, planned: bool = False) -> dict:
     """``body`` (a claim Lease) made the record of the ``size`` block at ``first`` of range ``r``
-    held by ``owner``; ``planned``: labelled as a plan's (its node keeps it while empty)."""
+    held by ``owner``; ``planned``: labelled as a plan's (its node keeps it while empty). The
+    claim's node label stays the claiming node's: a borrower's claim on another node's record is
+    the borrower's (block ownership is not claim ownership)."""
     md = body["metadata"]
-    md["labels"].update({L_NODE: label_value(owner), L_BLOCK: block_id(r.address(first), size),
+    md["labels"].update({L_BLOCK: block_id(r.address(first), size),
                          L_BLOCK_OWNER: label_value(owner), L_BLOCK_GROUP: block_group_id(r.subnet, first, size)})
     md["annotations"].update({f"{GROUP}/block-owner": owner, f"{GROUP}/block-size": str(size)})
     if planned:

@@ -70,6 +70,9 @@ def register(sub: "argparse._SubParsersAction") -> None:
                      help="skip claims younger than this (default: %(default)s)")
     rec.add_argument("--misses", type=int, default=3,
                      help="consecutive runs a claim's pod must be missing before it is freed (default: %(default)s)")
+    rec.add_argument("--miss-spacing-seconds", type=float, default=None,
+                     help="least API-server time between two counted misses of a claim, whichever cleaner counts "
+                          "them (default: grace-seconds / misses)")
     rec.add_argument("--dry-run", action="store_true", help="report what would be done; change nothing")
     rec.add_argument("--deadline-seconds", type=float, default=480.0,
                      help="leave claims not judged by then for the next run (default: %(default)s, under the "
@@ -113,17 +116,20 @@ def run(args: argparse.Namespace, out=None) -> int:
             raise CNIError(INVALID_CONFIG, "--deadline-seconds must be positive", "e.g. --deadline-seconds 480")
         if args.grace_seconds < 0:
             raise CNIError(INVALID_CONFIG, "--grace-seconds must not be negative", "e.g. --grace-seconds 300")
+        if args.miss_spacing_seconds is not None and args.miss_spacing_seconds < 0:
+            raise CNIError(INVALID_CONFIG, "--miss-spacing-seconds must not be negative", "e.g. --miss-spacing-seconds 100")
         if args.all:
             kube: dict = {"kubeconfig": args.kubeconfig} if args.kubeconfig else {}
             if args.namespace:
                 kube["namespace"] = args.namespace
             outcome = reconcile.reconcile_all({"ipam": {"type": "lease-ipam", "kubernetes": kube}},
                                               grace_seconds=args.grace_seconds, misses=args.misses, dry_run=args.dry_run,
-                                              deadline_seconds=args.deadline_seconds)
+                                              deadline_seconds=args.deadline_seconds,
+                                              spacing_seconds=args.miss_spacing_seconds)
         else:
             config = load_network_config(args.network_config)
             outcome = reconcile.reconcile(config, grace_seconds=args.grace_seconds, misses=args.misses, dry_run=args.dry_run,
-                                          deadline_seconds=args.deadline_seconds)
+                                          deadline_seconds=args.deadline_seconds, spacing_seconds=args.miss_spacing_seconds)
         out.write(json.dumps(outcome.to_json(), indent=2) + "\n" if args.output == "json" else render_reconcile(outcome))
         return 1 if outcome.errors else 0
     except CNIError as err:

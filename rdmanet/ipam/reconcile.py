@@ -65,6 +65,7 @@ from .store.kube import (
     label_value,
     parse_holder,
 )
+from .store.kube_blocks import A_TAKEN
 from .store.lease_names import parse_time, server_date
 
 MISSES_ANNOTATION = f"{GROUP}/reconcile-misses"
@@ -113,6 +114,7 @@ class LeaseClaim:
     misses: int
     acquired: Optional[datetime] = None  # spec.acquireTime: the claiming node's clock, shown, never judged by
     record: bool = False  # the claim is also a node block's record: freed by an update, not deleted
+    taken: bool = False  # made by taking a free record (an update): ``created`` is the record's, not the claim's
     missed_at: Optional[datetime] = None  # the server time of the last miss counted
 
     @classmethod
@@ -146,6 +148,7 @@ class LeaseClaim:
             misses=misses,
             acquired=parse_time(spec.get("acquireTime")) or parse_time(meta.get("creationTimestamp")),
             record=bool(labels.get(L_BLOCK_OWNER)),
+            taken=bool(labels.get(L_BLOCK_OWNER)) and ann.get(A_TAKEN) == "true",
             missed_at=parse_time(ann.get(MISSED_AT_ANNOTATION)) if misses else None,
         )
 
@@ -423,7 +426,7 @@ class KubeTarget:
                   if k not in (L_POD_UID, f"{GROUP}/attachment", f"{GROUP}/network")}
         if labels.get(L_BLOCK_OWNER):  # free, the record is its block owner's object again (a borrower's claim was not)
             labels[L_NODE] = labels[L_BLOCK_OWNER]
-        keep = ("ipam-domain", "range", "ip", "block-owner", "block-size")
+        keep = ("ipam-domain", "range", "ip", "block-owner", "block-size")  # not taken-by-update: free now
         meta["labels"] = labels
         meta["annotations"] = {k: v for k, v in (meta.get("annotations") or {}).items()
                                if k.startswith(f"{GROUP}/") and k[len(GROUP) + 1:] in keep}
@@ -542,15 +545,15 @@ def superseded(claims: list[LeaseClaim]) -> dict[str, LeaseClaim]:
     not yet stepped after a reboot writes wrong) is the live one; an older one of another
     container ID is a sandbox the kubelet replaced whose DEL never arrived (Multus' thick plugin
     swallows a failed DEL). A group the server's clock cannot order (two claims made in the same
-    second, or a block record, whose creation time is the record's, not its claim's) is left to
-    the pod's own liveness."""
+    second, or a claim made by taking a free block record, whose creation time is the record's)
+    is left to the pod's own liveness."""
     groups: dict[tuple, list[LeaseClaim]] = {}
     for c in claims:
         if c.has_pod_identity and c.container_id:
             groups.setdefault((c.pod_uid, c.ifname, c.network), []).append(c)
     out = {}
     for group in groups.values():
-        if len({c.container_id for c in group}) < 2 or any(c.record or c.created is None for c in group):
+        if len({c.container_id for c in group}) < 2 or any(c.taken or c.created is None for c in group):
             continue
         newest = max(group, key=lambda c: c.created)
         if sum(1 for c in group if c.created == newest.created) > 1:
@@ -606,17 +609,17 @@ def reconcile_target(target: KubeTarget, *, grace_seconds: float = 300.0, misses
 
 
 def reconcile(config: dict, *, grace_seconds: float = 300.0, misses: int = 3, dry_run: bool = False,
-              deadline_seconds: Optional[float] = None) -> Outcome:
+              deadline_seconds: Optional[float] = None, spacing_seconds: Optional[float] = None) -> Outcome:
     """One reconciler pass over the network config's Lease-store domain."""
     return reconcile_target(KubeTarget.from_config(config), grace_seconds=grace_seconds, misses=misses, dry_run=dry_run,
-                            deadline_seconds=deadline_seconds)
+                            deadline_seconds=deadline_seconds, spacing_seconds=spacing_seconds)
 
 
 def reconcile_all(config: dict, *, grace_seconds: float = 300.0, misses: int = 3, dry_run: bool = False,
-                  deadline_seconds: Optional[float] = None) -> Outcome:
+                  deadline_seconds: Optional[float] = None, spacing_seconds: Optional[float] = None) -> Outcome:
     """One reconciler pass over every lease-ipam claim, of every domain, in the namespace the
     config's ``kubernetes`` settings reach (the default install's CronJob)."""
     from .kube_config import kube_settings
 
     return reconcile_target(KubeTarget.for_settings(kube_settings(config)), grace_seconds=grace_seconds, misses=misses,
-                            dry_run=dry_run, deadline_seconds=deadline_seconds)
+                            dry_run=dry_run, deadline_seconds=deadline_seconds, spacing_seconds=spacing_seconds)

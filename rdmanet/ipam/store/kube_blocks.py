@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("rdmanet.ipam")
 _EPOCH = datetime.fromtimestamp(0, timezone.utc)
 
+A_TAKEN = f"{GROUP}/taken-by-update"  # a claim made by taking a free record: its creation time is not the claim's
 DEFAULT_BLOCK_SIZE = {4: 16, 6: 64}  # addresses per block (docs/lease-ipam.md: how to size blocks)
 BLOCK_PROBES = 8  # hashed block positions tried before a group of records is listed
 PROBE_MISSES = 2  # 409s on records before one group's records are listed (a 409 is ~200 B; a group List, <= 64 Leases, tells which are free)
@@ -601,6 +602,8 @@ class NodeBlocks:
             return None
         for _ in range(3):
             body = self._record_body(self._body(ip, attachment, network, rs), record.node, r, int(record.ip), record.planned)
+            # its creationTimestamp is the record's, not this claim's: no cleaner may order it by that
+            body["metadata"]["annotations"][A_TAKEN] = "true"
             body["metadata"].update({"uid": record.uid, "resourceVersion": record.resource_version})
             resp, retried = self._put(record.name, body, deadline)
             if resp.status == 200:

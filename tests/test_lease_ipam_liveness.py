@@ -1,0 +1,208 @@
+"""lease-ipam never frees an address while its pod lives: the liveness rule every cleaner shares
+(the node GC, CNI GC, the reconciler, the superseded-sandbox rule), tried the way operators run
+them. Everything a test does to the cluster goes through its API (tests/kube_cluster.py), so the
+``api_server`` fixture can be any API server; the fake one's clock is moved ahead instead of
+waited for."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from rdmanet.cni.core import skel
+from rdmanet.cni.core.errors import POOL_EXHAUSTED
+from rdmanet.ipam import reconcile
+from rdmanet.ipam.kube_config import kube_settings
+from rdmanet.ipam.plugin import LeaseIPAM
+from rdmanet.ipam.store import kube as kube_store
+from rdmanet.ipam.store.lease_names import L_BLOCK_OWNER, L_NODE
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kube_api_server import write_kubeconfig  # noqa: E402
+from kube_cluster import Cluster  # noqa: E402
+
+NS = "ipam-live"
+PODS = "apps"
+
+
+@pytest.fixture
+def api_server(server):
+    """The API server the findings are tried against (parametrize here to add another)."""
+    return server
+
+
+@pytest.fixture
+def cluster(api_server, tmp_path):
+    return Cluster(api_server, write_kubeconfig(tmp_path / "kubeconfig", api_server.url, namespace=NS), NS)
+
+
+def netconf(cluster, rng="10.7.0.0/24", **ipam):
+    return {"cniVersion": "1.1.0", "name": "net-a", "type": "macvlan",
+            "ipam": {"type": "lease-ipam", "range": rng, "gc_grace_seconds": 0,
+                     "kubernetes": {"kubeconfig": cluster.kubeconfig, **ipam.pop("kube", {})}, **ipam}}
+
+
+def cni(command, conf, cid, node, pod=None, **extra):
+    env = {"CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": "/var/run/netns/x", "CNI_IFNAME": "net1",
+           "CNI_PATH": "/opt/cni/bin", "RDMANET_NODE_NAME": node}
+    if pod is not None:
+        env["CNI_ARGS"] = f"IgnoreUnknown=1;K8S_POD_NAMESPACE={pod[0]};K8S_POD_NAME={pod[1]};K8S_POD_UID={pod[2]}"
+    if extra:
+        conf = dict(conf, **extra)
+    return skel.handle(LeaseIPAM(), env, json.dumps(conf).encode())
+
+
+def add(conf, cid, node, pod=None):
+    code, out = cni("ADD", conf, cid, node, pod)
+    if code:
+        assert out["code"] == POOL_EXHAUSTED, out
+        return None
+    return out["ips"][0]["address"].split("/")[0]
+
+
+def start_pod(cluster, name, node):
+    return (PODS, name, cluster.pod(PODS, name, node))
+
+
+def cni_gc(conf, node, valid):
+    return cni("GC", conf, "gc", node, **{"cni.dev/valid-attachments": [{"containerID": c, "ifname": "net1"} for c in valid]})
+
+
+def node_gc(cluster, node, **kw):
+    """One run of ``node``'s daemon GC over its claims (what rdmanet.ipam.node_gc runs)."""
+    target = reconcile.KubeTarget.for_settings(kube_settings(netconf(cluster)), node=node)
+    return reconcile.reconcile_target(target, **{"grace_seconds": 0, "misses": 3, **kw})
+
+
+def reconciler(cluster, **kw):
+    """One run of the reconciler CronJob (``rdmanet ipam reconcile --all``)."""
+    return reconcile.reconcile_all(netconf(cluster), **{"grace_seconds": 0, "misses": 3, **kw})
+
+
+# -- 1: a borrowed claim is the borrower's ----------------------------------------------------------
+
+def test_a_borrowed_block_record_is_never_freed_by_the_lenders_cleaners_while_its_pod_lives(cluster):
+    """Node B borrows node A's free block record: the claim is B's (its node label), the block
+    stays A's. A's node GC, A's CNI GC and the reconciler run many times while B's pod lives: the
+    address stays B's, A's next ADD never gets it, and B's repeat ADD returns that one address."""
+    conf = netconf(cluster, "10.7.1.0/29", kube={"block_size": 8})  # one block, six addresses
+    cluster.node("node-a"), cluster.node("node-b")
+    pods_a = [start_pod(cluster, f"a{i}", "node-a") for i in range(6)]
+    got_a = [add(conf, f"a{i}", "node-a", pods_a[i]) for i in range(6)]
+    assert got_a[0] == "10.7.1.1" and None not in got_a  # a0's address is node-a's block record
+    assert cni("DEL", conf, "a0", "node-a", pods_a[0]) == (0, None)
+    cluster.delete_pod(PODS, "a0")
+    pod_b = start_pod(cluster, "b0", "node-b")
+    assert add(conf, "b0", "node-b", pod_b) == "10.7.1.1"  # borrowed: the free record taken by an update
+    [record] = [o for o in cluster.leases() if o["metadata"]["labels"].get(L_BLOCK_OWNER)]
+    assert record["metadata"]["labels"][L_NODE] == "node-b" and record["metadata"]["labels"][L_BLOCK_OWNER] == "node-a"
+    for _ in range(4):
+        node_gc(cluster, "node-a")
+        assert cni_gc(conf, "node-a", [f"a{i}" for i in range(1, 6)]) == (0, None)
+        reconciler(cluster)
+        cluster.wait(5)
+    assert cluster.holders()["10.7.1.1"] == "b0/net1"
+    assert add(conf, "a6", "node-a", start_pod(cluster, "a6", "node-a")) is None  # the pool is full: not b0's address
+    assert add(conf, "b0", "node-b", pod_b) == "10.7.1.1"
+    assert sorted(h for h in cluster.holders().values() if h.startswith("b0/")) == ["b0/net1"]
+
+
+def test_a_claim_labelled_with_another_node_is_kept_while_its_pod_lives_elsewhere(cluster):
+    """A claim whose node label is wrong (an older version labelled a borrowed claim with the
+    lender's node) is judged by its pod, looked up by name: node A's GC never frees it while the
+    pod runs on node B, and frees it once the pod is gone."""
+    conf = netconf(cluster, "10.7.2.0/24")
+    cluster.node("node-a"), cluster.node("node-b")
+    pod = start_pod(cluster, "web", "node-b")
+    ip = add(conf, "web", "node-b", pod)
+    [lease] = [o for o in cluster.leases() if o["spec"].get("holderIdentity") == "web/net1"]
+    lease["metadata"]["labels"][L_NODE] = "node-a"
+    cluster.api.request("PUT", f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/{lease['metadata']['name']}",
+                        body=lease)
+    for _ in range(4):
+        outcome = node_gc(cluster, "node-a")
+        assert [a.action for a in outcome.actions] == [reconcile.KEPT]
+    assert cluster.holders()[ip] == "web/net1"
+    cluster.delete_pod(PODS, "web")
+    for _ in range(3):
+        node_gc(cluster, "node-a")
+    assert ip not in cluster.holders()
+
+
+# -- 3: the superseded rule and the spacing of checks go by the server's clock ---------------------
+
+def test_a_new_sandbox_whose_node_clock_lags_keeps_its_claim_and_the_replaced_one_goes_after_spaced_misses(
+        cluster, monkeypatch):
+    """A pod's sandbox is replaced after a reboot whose clock is not yet stepped (10 minutes
+    behind): the new sandbox's claim carries the older acquireTime. The server made it later, so
+    it is the live one: the reconciler keeps it, and frees the replaced sandbox's claim only
+    after three misses, each counted at least the spacing apart."""
+    conf = netconf(cluster, "10.7.3.0/24")
+    cluster.node("node-a")
+    pod = start_pod(cluster, "db", "node-a")
+    old = add(conf, "old", "node-a", pod)
+    cluster.wait(5)
+    real = kube_store._now_micro
+    monkeypatch.setattr(kube_store, "_now_micro", lambda: _shifted(real(), -600))
+    new = add(conf, "new", "node-a", pod)
+    monkeypatch.setattr(kube_store, "_now_micro", real)
+    assert old != new
+    outcome = reconciler(cluster)
+    assert cluster.holders() == {old: "old/net1", new: "new/net1"}  # one check frees nothing
+    assert {a.claim.container_id: a.action for a in outcome.actions} == {"new": reconcile.KEPT, "old": reconcile.MISS}
+    reconciler(cluster, spacing_seconds=30)
+    node_gc(cluster, "node-a", spacing_seconds=30)  # a second cleaner right after: not another miss
+    assert cluster.holders() == {old: "old/net1", new: "new/net1"}
+    for _ in range(2):
+        cluster.wait(30)
+        reconciler(cluster, spacing_seconds=30)
+    assert cluster.holders() == {new: "new/net1"}
+
+
+def test_misses_of_back_to_back_cleaners_count_once_per_spacing(cluster):
+    """The CronJob, the node GC and CNI GC run back to back over a gone pod's claim: one miss per
+    spacing of server time, however many cleaners run within it."""
+    conf = netconf(cluster, "10.7.4.0/24")
+    cluster.node("node-a")
+    pod = start_pod(cluster, "job", "node-a")
+    ip = add(conf, "job", "node-a", pod)
+    cluster.delete_pod(PODS, "job")
+    for _ in range(3):
+        reconciler(cluster, spacing_seconds=60)
+        node_gc(cluster, "node-a", spacing_seconds=60)
+    assert cluster.holders() == {ip: "job/net1"}
+    [lease] = [o for o in cluster.leases() if o["spec"].get("holderIdentity") == "job/net1"]
+    assert lease["metadata"]["annotations"][reconcile.MISSES_ANNOTATION] == "1"
+    cluster.wait(60)
+    node_gc(cluster, "node-a", spacing_seconds=60)
+    cluster.wait(60)
+    reconciler(cluster, spacing_seconds=60)
+    assert cluster.holders() == {}
+
+
+def test_cni_gc_frees_a_claim_without_a_pod_once_its_runtime_drops_it(cluster):
+    """podman or cnitool: no pod, the runtime's list is the only word: a claim it no longer lists
+    goes on the first GC past the grace (by the server's clock); a claim of a pod is judged by
+    the pod."""
+    conf = netconf(cluster, "10.7.5.0/24", gc_grace_seconds=30)
+    cluster.node("node-a")
+    pod = start_pod(cluster, "kept", "node-a")
+    kept = add(conf, "kept", "node-a", pod)
+    bare = add(conf, "bare", "node-a")
+    assert cni_gc(conf, "node-a", []) == (0, None)
+    assert cluster.holders() == {kept: "kept/net1", bare: "bare/net1"}  # younger than 30 s
+    cluster.wait(31)
+    for _ in range(4):
+        assert cni_gc(conf, "node-a", []) == (0, None)
+        cluster.wait(11)
+    assert cluster.holders() == {kept: "kept/net1"}
+
+
+def _shifted(stamp: str, seconds: float) -> str:
+    from datetime import datetime, timedelta
+
+    when = datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ") + timedelta(seconds=seconds)
+    return when.strftime("%Y-%m-%dT%H:%M:%S.%fZ")

@@ -515,10 +515,11 @@ def test_rbac_grants_leases_in_our_namespace_pod_reads_and_node_lists_only():
             assert rule["apiGroups"] == [""] and rule["resources"] in (["pods"], ["nodes"]), f"{rel(path)}: {rule}"
             if rule["resources"] == ["pods"]:
                 assert set(rule["verbs"]) <= {"get", "list"} and "get" in rule["verbs"]
-            else:  # rdmanet ipam plan Lists the nodes (rdmanet/ipam/block_planner.py): nothing more
-                assert rule["verbs"] == ["list"]
+            else:  # a daemon GETs its own Node (rdmanet/ipam/node_identity.py); the plan and the release of gone
+                # Nodes' blocks List them: nothing more
+                assert rule["verbs"] == ["get", "list"]
             granted.add((rule["resources"][0], *sorted(rule["verbs"])))
-    assert objects("Role") and granted == {("pods", "get", "list"), ("nodes", "list")}
+    assert objects("Role") and granted == {("pods", "get", "list"), ("nodes", "get", "list")}
 
 
 def test_bindings_bind_our_service_account_to_our_roles():

@@ -98,6 +98,7 @@ from rdmanet.cni.core.errors import (
     CNIError,
 )
 
+from .. import node_identity
 from ..location import whereabouts_check
 from ..ranges import IPAddress, RangeSet
 from . import lease_cache
@@ -117,7 +118,7 @@ log = logging.getLogger("rdmanet.ipam")
 NODE_WINDOW = 64  # a borrowing node's first candidate passes over fewer free addresses than this
 SEARCH_WINDOW = 8  # open blocks an ADD first searches beyond its creates in flight (see KubeStore._search)
 EXHAUSTED_SECONDS = 30.0  # after an ADD found a range exhausted, STATUS checks the domain for this long
-NODE_ENV = "RDMANET_NODE_NAME"
+NODE_ENV = node_identity.NODE_ENV
 LEASES_PATH = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 
 _BACKOFF_BASE = 0.05
@@ -311,7 +312,8 @@ class KubeStore(NodeBlocks, Store):
 
         # in-process (no watch cache): http.client, not the kubernetes client's ~0.5 s import
         conn = connect(settings) if lease_cache.enabled() else connect(settings, stdlib=True)
-        node = inv.env.get(NODE_ENV) or socket.gethostname()
+        # the claim's node label: which node's ADD made it (no cleaner judges liveness by it)
+        node = node_identity.configured(inv.env).name or socket.gethostname()
         pod = PodInfo(inv.args.get("K8S_POD_NAMESPACE", ""), inv.args.get("K8S_POD_NAME", ""),
                       inv.args.get("K8S_POD_UID", ""))
         source = cache_source(settings, conn, domain, node) if lease_cache.enabled() else None

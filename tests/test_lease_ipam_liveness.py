@@ -206,3 +206,55 @@ def _shifted(stamp: str, seconds: float) -> str:
 
     when = datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ") + timedelta(seconds=seconds)
     return when.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+# -- 4: the blocks of Nodes that no longer exist ---------------------------------------------------
+
+def test_the_free_blocks_of_a_deleted_node_are_released_after_the_grace(cluster):
+    """Node A is scaled away: its free block goes back after the grace (noted by the server's
+    clock, then deleted with uid and resourceVersion preconditions); its block whose record a
+    live pod's claim holds stays; a record changed between the note and the release is left;
+    node B's blocks are never touched."""
+    from rdmanet.ipam import gone_nodes
+
+    conf = netconf(cluster, "10.7.6.0/24", kube={"block_size": 16})
+    cluster.node("node-a"), cluster.node("node-b")
+    a_first = add(conf, "a0", "node-a", start_pod(cluster, "a0", "node-a"))
+    pods = {}
+    for i in range(1, 16):  # the first block (15 addresses) fills up: a15 acquires a second block
+        pods[i] = start_pod(cluster, f"a{i}", "node-a")
+        add(conf, f"a{i}", "node-a", pods[i])
+    b_first = add(conf, "b0", "node-b", start_pod(cluster, "b0", "node-b"))
+    assert cni("DEL", conf, "a15", "node-a", pods[15]) == (0, None)  # node-a's second block: its record free
+    records = {o["metadata"]["name"]: o for o in cluster.leases() if o["metadata"]["labels"].get(L_BLOCK_OWNER)}
+    assert len(records) == 3
+    cluster.delete_node("node-a")
+
+    def run():
+        outcome = reconciler(cluster, grace_seconds=300)
+        return {b.owner + ":" + b.action for b in outcome.blocks}
+
+    assert run() == {"node-a:" + gone_nodes.NOTED, "node-a:" + gone_nodes.HELD}
+    cluster.wait(200)
+    assert run() == {"node-a:" + gone_nodes.WAITING, "node-a:" + gone_nodes.HELD}
+    cluster.wait(101)
+    assert run() == {"node-a:" + gone_nodes.RELEASED, "node-a:" + gone_nodes.HELD}
+    left = {o["metadata"]["name"] for o in cluster.leases() if o["metadata"]["labels"].get(L_BLOCK_OWNER)}
+    assert len(left) == 2 and cluster.holders()[a_first] == "a0/net1" and cluster.holders()[b_first] == "b0/net1"
+    # a0's pod goes: its claim is freed by the liveness rule (third miss), and that run notes its block
+    cluster.delete_pod(PODS, "a0")
+    for _ in range(3):
+        reconciler(cluster, grace_seconds=300)
+        cluster.wait(101)
+    assert a_first not in cluster.holders()
+    assert run() == {"node-a:" + gone_nodes.WAITING}
+    cluster.node("node-a")  # the Node comes back (same name): the note goes, nothing is released
+    assert run() == {"node-a:" + gone_nodes.CLEARED}
+    cluster.wait(301)
+    assert run() == set()
+    cluster.delete_node("node-a")
+    assert run() == {"node-a:" + gone_nodes.NOTED}
+    cluster.wait(301)
+    assert run() == {"node-a:" + gone_nodes.RELEASED}
+    assert [o["metadata"]["labels"][L_BLOCK_OWNER] for o in cluster.leases()
+            if o["metadata"]["labels"].get(L_BLOCK_OWNER)] == ["node-b"]

@@ -394,12 +394,16 @@ def render_reconcile(outcome) -> str:
             f"grace {int(outcome.grace_seconds)} s, freed after {outcome.misses} miss(es)")
     if outcome.dry_run:
         head += "  [dry run: nothing changed]"
-    if not outcome.actions:
-        return head + "\n"
-    rows = [(a.action, a.claim.address or "-", a.claim.pod or "-", (a.claim.pod_uid or "-")[:8],
-             f"{a.claim.container_id[:12]}/{a.claim.ifname}", a.claim.name, a.reason)
-            for a in outcome.actions]
-    return head + "\n" + table(("ACTION", "ADDRESS", "POD", "UID", "CONTAINER/IFNAME", "LEASE", "REASON"), rows)
+    text = head + "\n"
+    if outcome.actions:
+        rows = [(a.action, a.claim.address or "-", a.claim.pod or "-", (a.claim.pod_uid or "-")[:8],
+                 f"{a.claim.container_id[:12]}/{a.claim.ifname}", a.claim.name, a.reason)
+                for a in outcome.actions]
+        text += table(("ACTION", "ADDRESS", "POD", "UID", "CONTAINER/IFNAME", "LEASE", "REASON"), rows)
+    if outcome.blocks:  # blocks of Nodes that are gone (--all)
+        text += table(("ACTION", "BLOCK", "OWNER", "LEASE", "REASON"),
+                      [(b.action, b.block, b.owner, b.name, b.reason) for b in outcome.blocks])
+    return text
 
 
 def render_table(views: Sequence[NetworkView]) -> str:

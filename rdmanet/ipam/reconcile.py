@@ -297,9 +297,10 @@ class KubeTarget:
         page by page. Blocks are never judged by the reconciler: only claims keep addresses."""
         return [block for block, _ in self.list_block_records()]
 
-    def list_block_records(self) -> list:
+    def list_block_records(self, annotations: bool = False) -> list:
         """:meth:`list_blocks`, each block with the claim that records it (None: a block Lease of
-        the first design), in address order."""
+        the first design), in address order; ``annotations``: and the Lease's annotations, as a
+        third element."""
         from .store.kube import KIND_BLOCK, L_KIND, parse_block, parse_claim
 
         out: list = []
@@ -311,7 +312,7 @@ class KubeTarget:
             claim = parse_claim(raw, dhash)
             block = claim.as_block() if claim is not None else parse_block(raw, dhash)
             if block is not None:
-                part.append((block, claim))
+                part.append((block, claim, dict(md.get("annotations") or {})) if annotations else (block, claim))
 
         base = self.selector or domain_selector(self.domain)
         try:
@@ -472,6 +473,7 @@ class Outcome:
     grace_seconds: float
     misses: int
     actions: list[Action] = field(default_factory=list)
+    blocks: list = field(default_factory=list)  # rdmanet.ipam.gone_nodes.BlockAction: blocks of Nodes that are gone
 
     @property
     def errors(self) -> list[Action]:
@@ -486,7 +488,7 @@ class Outcome:
             summary[a.action] = summary.get(a.action, 0) + 1
         return {"domain": self.domain, "namespace": self.namespace, "dryRun": self.dry_run,
                 "graceSeconds": self.grace_seconds, "misses": self.misses, "summary": summary,
-                "claims": [a.to_json() for a in self.actions]}
+                "claims": [a.to_json() for a in self.actions], "blocks": [b.to_json() for b in self.blocks]}
 
 
 def mirror_of(pod: Optional[dict]) -> Optional[str]:
@@ -618,8 +620,13 @@ def reconcile(config: dict, *, grace_seconds: float = 300.0, misses: int = 3, dr
 def reconcile_all(config: dict, *, grace_seconds: float = 300.0, misses: int = 3, dry_run: bool = False,
                   deadline_seconds: Optional[float] = None, spacing_seconds: Optional[float] = None) -> Outcome:
     """One reconciler pass over every lease-ipam claim, of every domain, in the namespace the
-    config's ``kubernetes`` settings reach (the default install's CronJob)."""
+    config's ``kubernetes`` settings reach (the default install's CronJob); then the blocks of
+    Nodes that no longer exist are released (:mod:`rdmanet.ipam.gone_nodes`)."""
+    from .gone_nodes import release_blocks_of_gone_nodes
     from .kube_config import kube_settings
 
-    return reconcile_target(KubeTarget.for_settings(kube_settings(config)), grace_seconds=grace_seconds, misses=misses,
-                            dry_run=dry_run, deadline_seconds=deadline_seconds, spacing_seconds=spacing_seconds)
+    target = KubeTarget.for_settings(kube_settings(config))
+    outcome = reconcile_target(target, grace_seconds=grace_seconds, misses=misses, dry_run=dry_run,
+                               deadline_seconds=deadline_seconds, spacing_seconds=spacing_seconds)
+    outcome.blocks = release_blocks_of_gone_nodes(target, grace_seconds, dry_run=dry_run)
+    return outcome

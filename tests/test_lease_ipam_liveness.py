@@ -258,3 +258,27 @@ def test_the_free_blocks_of_a_deleted_node_are_released_after_the_grace(cluster)
     assert run() == {"node-a:" + gone_nodes.RELEASED}
     assert [o["metadata"]["labels"][L_BLOCK_OWNER] for o in cluster.leases()
             if o["metadata"]["labels"].get(L_BLOCK_OWNER)] == ["node-b"]
+
+
+# -- 5: STATUS never lists the domain --------------------------------------------------------------
+
+def test_status_without_a_running_informer_reads_only_the_nodes_own_objects(cluster, api_server):
+    """No daemon, or a daemon whose informer is not running: STATUS reads this node's own
+    claims and blocks, never the domain's (runtimes ask it every few seconds on every node)."""
+    log = getattr(api_server, "request_log", None)
+    if log is None:
+        pytest.skip("this API server keeps no request log")
+    conf = netconf(cluster, "10.7.7.0/29", kube={"block_size": 8})  # one block, six addresses
+    cluster.node("node-a"), cluster.node("node-b")
+    for i in range(6):
+        assert add(conf, f"b{i}", "node-b", start_pod(cluster, f"b{i}", "node-b")) is not None
+    api_server.reset_counts()
+    answer = cni("STATUS", conf, "s", "node-a")
+    lists = [e for e in log() if e["resource"] == "leases"]
+    assert lists and all(e["verb"] == "list" and "rdmanet.io/node=node-a" in e["query"]["labelSelector"]
+                         for e in lists), lists
+    # node-a holds nothing: by its own objects it can still acquire or borrow (its ADD reads the
+    # domain and says 102 if the pool is full)
+    assert answer == (0, None)
+    code, err = cni("STATUS", conf, "s", "node-b")  # node-b holds them all: its own objects say so
+    assert code == 1 and err["code"] == 50 and "no free address" in err["msg"], err

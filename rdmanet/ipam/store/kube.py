@@ -32,8 +32,9 @@ only when the empty block is released (:mod:`.kube_blocks`).
 
 Per verb, when nothing is contended: ADD = 1 List (domain selector; serves both the repeat-ADD
 lookup and the used set) + 1 create per range set; DEL = 1 List (domain+attachment selector) +
-1 delete per claim; CHECK = 1 List; GC = 1 List (domain+node+network) + 1 delete per freed claim;
-STATUS = 1 List. Nothing is written locally.
+1 delete per claim; CHECK = 1 List; GC = 2 Lists (the node's claims, its blocks) + the pods of the
+claims its runtime dropped + 1 write per miss or freed claim; STATUS = 1 List of the node's own
+objects (never the domain's). Nothing is written locally.
 
 With the watch cache (the node daemon calls :func:`use_watch_cache`; :mod:`.lease_cache` keeps
 one informer per domain, List + Watch, started on the domain's first ADD/DEL), once it is in
@@ -42,7 +43,8 @@ DEL = 1 delete per claim (the attachment's List when the cache shows none); STAT
 cache is a hint, never the answer, so nothing depends on its freshness:
 - candidates come from its used set, but the create is still the claim (409: the address is
   marked taken in the cache, next candidate); our creates/deletes/GETs are written through;
-  "no free address" (ADD 102, STATUS 50) is only said after a List of the domain;
+  "no free address" (ADD 102) is only said after a List of the domain (and STATUS 50 in the daemon
+  for ``EXHAUSTED_SECONDS`` after that);
 - a claim of the attachment that it shows is confirmed by a GET before a repeat ADD returns it
   (another process may have freed it);
 - a claim of the attachment that it does not show yet (made by another process, e.g. the
@@ -117,7 +119,7 @@ log = logging.getLogger("rdmanet.ipam")
 
 NODE_WINDOW = 64  # a borrowing node's first candidate passes over fewer free addresses than this
 SEARCH_WINDOW = 8  # open blocks an ADD first searches beyond its creates in flight (see KubeStore._search)
-EXHAUSTED_SECONDS = 30.0  # after an ADD found a range exhausted, STATUS checks the domain for this long
+EXHAUSTED_SECONDS = 30.0  # after an ADD here found a range exhausted (it read the domain), STATUS says so for this long
 NODE_ENV = node_identity.NODE_ENV
 LEASES_PATH = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 
@@ -456,10 +458,6 @@ class KubeStore(NodeBlocks, Store):
         """The domain's claims, folded page by page from one paginated List (kept as ints)."""
         return self._fold(self._claims_selector(), deadline, f"list leases of domain {self.domain}",
                           lambda: DomainScan(None, set()), DomainScan.add)
-
-    def _used(self, deadline: float) -> dict[int, list[int]]:
-        """The domain's used addresses per IP version, sorted."""
-        return self._scan_domain(deadline).sorted_used()
 
     def _parse(self, item: Any) -> Optional[Claim]:
         return parse_claim(item, self.dhash)
@@ -1076,12 +1074,15 @@ class KubeStore(NodeBlocks, Store):
         return _group_freed(freed)
 
     def status(self, range_sets: Sequence[RangeSet]) -> list[int]:
+        """Free addresses per range set as this node sees them, never from a List of the domain
+        (runtimes ask every few seconds, on every node). A running informer answers with no
+        request: the free addresses of this node's blocks, else (the node can still acquire a
+        block or borrow) those its view of the range shows; 0 when an ADD here found the range
+        exhausted within ``EXHAUSTED_SECONDS`` (that ADD read the domain). Without an informer,
+        or when its view shows none free otherwise (it may lag): one paginated List of this
+        node's own objects, which also tells that the API answers."""
         cache = self._cache_source(False) if self._cache_source is not None else None
         if cache is not None and cache.has_state():  # a running informer answers; STATUS never starts one
-            # Free addresses of this node's blocks; a node whose blocks are full can still acquire
-            # or borrow, so its view of the range answers. STATUS (runtimes ask it every few
-            # seconds, on every node) Lists the domain only after an ADD here found the range
-            # exhausted a moment ago.
             blocks = cache.open_blocks()  # a full block adds nothing to a count of free addresses
             now = time.monotonic()
             free = []
@@ -1089,16 +1090,23 @@ class KubeStore(NodeBlocks, Store):
                 own = self._own(rs, blocks)
                 count = own.count_free(cache.used_within(rs.family, [(r.start, r.end) for r in own.ranges],
                                                          pending=False)) if own is not None else 0
-                if not count and cache.notes.get(("exhausted", rs.index), -1e9) + EXHAUSTED_SECONDS < now:
+                exhausted = cache.notes.get(("exhausted", rs.index), -1e9) + EXHAUSTED_SECONDS >= now
+                if not count and not exhausted:
                     count = rs.count_free(cache.used(rs.family))
-                free.append(count)
-            if all(free):
+                free.append(count if count or exhausted else None)
+            if None not in free:
                 return free
         try:
-            # Paginated, parsed page by page; only when this node's blocks are full (or no daemon).
-            used = self._used(self._deadline())
+            claims, _ = self._list_all(node_selector(self.dhash, self.node), self._deadline(),
+                                       f"list leases of domain {self.domain} on node {self.node}")
         except CNIError as err:
             raise CNIError(NOT_AVAILABLE, f"lease-ipam cannot reach its Lease store: {err.msg}", err.details) from None
+        used: dict[int, list[int]] = {4: [], 6: []}
+        for c in claims:
+            if not c.free:
+                used[c.ip.version].append(int(c.ip))
+        for values in used.values():
+            values.sort()
         return [rs.count_free(used[rs.family]) for rs in range_sets]
 
 

@@ -282,3 +282,24 @@ def test_status_without_a_running_informer_reads_only_the_nodes_own_objects(clus
     assert answer == (0, None)
     code, err = cni("STATUS", conf, "s", "node-b")  # node-b holds them all: its own objects say so
     assert code == 1 and err["code"] == 50 and "no free address" in err["msg"], err
+
+
+# -- 7: a requested address that is a free block record's ---------------------------------------
+
+def test_a_requested_address_that_is_a_free_block_records_is_granted_by_taking_the_record(cluster):
+    """node-a's block record is free (its pod's DEL): a pod on node-b that asks for that address
+    gets it (the record taken by an update, the block still node-a's); asked again by another
+    pod, it is refused (103) while held."""
+    conf = netconf(cluster, "10.7.11.0/24")
+    cluster.node("node-a"), cluster.node("node-b")
+    pod = start_pod(cluster, "a0", "node-a")
+    first = add(conf, "a0", "node-a", pod)
+    assert cni("DEL", conf, "a0", "node-a", pod) == (0, None)
+    asked = dict(conf, runtimeConfig={"ips": [f"{first}/24"]})
+    code, out = cni("ADD", asked, "b0", "node-b", start_pod(cluster, "b0", "node-b"))
+    assert code == 0 and out["ips"][0]["address"] == f"{first}/24", out
+    [record] = [o for o in cluster.leases() if o["metadata"]["labels"].get(L_BLOCK_OWNER)]
+    assert record["spec"]["holderIdentity"] == "b0/net1" and record["metadata"]["labels"][L_BLOCK_OWNER] == "node-a"
+    assert record["metadata"]["labels"][L_NODE] == "node-b"
+    code, out = cni("ADD", asked, "b1", "node-b", start_pod(cluster, "b1", "node-b"))
+    assert code == 1 and out["code"] == 103 and "b0/net1" in out["msg"], out

@@ -679,6 +679,7 @@ class KubeStore(NodeBlocks, Store):
     def _claim_requested(self, want: IPAddress, attachment: Attachment, network: str, rs: RangeSet,
                          by_ip: Mapping[IPAddress, Claim], cached: bool, deadline: float) -> tuple[Claim, bool]:
         """(claim, made by this call) for a requested address; 103 when another attachment holds it.
+        The address of a free block record is held by nobody: the record is taken by an update.
 
         From a List (``by_ip``), a holder it shows is final. From the cache the create decides
         (the cache may be stale either way), and a holder that turns out to be this very
@@ -696,6 +697,12 @@ class KubeStore(NodeBlocks, Store):
             holder = self._get(lease_name(self.dhash, want), deadline)
             if cached and holder is not None and holder.attachment == attachment:
                 return holder, False
+        record = holder.as_block() if holder is not None and holder.free else None
+        if record is not None:  # a free block record: nothing holds the address, taken by an update
+            claim = self._take_record(record, attachment, network, rs, deadline)
+            if claim is not None:
+                return claim, True
+            holder = self._get(lease_name(self.dhash, want), deadline)
         who = holder.attachment if holder is not None else None
         raise CNIError(ADDRESS_UNAVAILABLE, f"requested address {want} is already reserved by {who or 'another attachment'}",
                        "request a free address, or DEL the attachment that holds it")

@@ -12,17 +12,24 @@ Rules (research/ipam-anchors.md §1.5, §2, §8.6; the anchors' bugs each rule a
 - Only the store's namespace is listed, with the domain's label selector (never every Lease of
   the cluster: kube-node-lease alone is one per node, renewed every 10 s).
 - A claim is judged by its pod's **UID**: the pod by namespace/name, from one paginated List of
-  the namespace's pods per run (of the node's pods, for the node daemon's GC), and compare UIDs. A pod
-  that is missing (404) or has another UID is a miss; never a decision by name alone
+  the namespace's pods per run (of the node's pods, for the node daemon's GC: a pod that List does
+  not show is then looked up by name, since a claim's node label is no proof of where its pod
+  runs), and compare UIDs. A pod that is missing (404) or has another UID is a miss; never a decision by name alone
   [whereabouts #176/#182: StatefulSet name reuse freed the new pod's IP] and never from the
   network-status annotation [whereabouts #162/#207]. A static pod's claim carries the kubelet's
   UID, which the API shows in its mirror pod's ``kubernetes.io/config.mirror`` annotation (the
   mirror pod's own UID differs): such a pod is present (Multus documents the same).
 - Claims without a pod identity (no UID, namespace or name) are left alone and reported: only a
   claim that can be attributed to a real pod is ever freed [dranet #103].
-- Claims younger than the grace period are skipped entirely (neither counted nor reset).
-- A miss is recorded on the Lease itself, in the annotation ``rdmanet.io/reconcile-misses``,
-  written with a resourceVersion-guarded PUT: a concurrent change (a repeat ADD, another
+- Every time is the API server's: a claim's age is its ``creationTimestamp`` against the ``Date``
+  of the server's answer to the List, never this node's clock nor the claiming node's
+  ``acquireTime``. Claims younger than the grace period are skipped entirely (neither counted
+  nor reset).
+- A miss is recorded on the Lease itself, in the annotations ``rdmanet.io/reconcile-misses`` and
+  ``rdmanet.io/reconcile-missed-at`` (the server time of the miss), and counts only when it is at
+  least ``spacing_seconds`` (default grace / misses) after the one before: the CronJob, the node
+  GC and CNI GC share the count, and back-to-back runs count once. Written with a
+  resourceVersion-guarded PUT: a concurrent change (a repeat ADD, another
   reconciler) wins with 409 and this run leaves the claim alone. The count lives on the object,
   so it survives restarts and is shared by reconcilers on any node.
 - When a claim's consecutive misses reach ``misses`` (this run's miss included) it is deleted
@@ -30,9 +37,10 @@ Rules (research/ipam-anchors.md §1.5, §2, §8.6; the anchors' bugs each rule a
   changed in any way since the list, is never removed (409 -> left, reported as a conflict).
   With ``misses=3`` and a 60 s CronJob a claim goes about 2-3 min after its pod [nv-ipam: >3 x 1 min].
 - A claim whose pod is present with its UID has its miss count removed (guarded the same way).
-- Of the claims of one pod UID, interface and network, only the newest (``acquireTime``) is live:
-  a pod has one sandbox at a time, so an older one of another container ID belongs to a sandbox
-  the kubelet replaced, whose DEL never came. It is freed once older than the grace period.
+- Of the claims of one pod UID, interface and network, only the one the server made last
+  (``creationTimestamp``) is live: a pod has one sandbox at a time, so an older one of another
+  container ID belongs to a sandbox the kubelet replaced, whose DEL never came. It counts misses
+  as above (never freed in one run); a group the server's clock cannot order is left alone.
 - 404 on a write or delete means someone else already freed it: reported, not an error.
 - Any other API failure of one claim is reported as an error for that claim; the rest go on.
 

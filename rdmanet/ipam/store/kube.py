@@ -18,7 +18,7 @@ Objects (namespace from :mod:`rdmanet.ipam.kube_config`)::
 
     name        lip-<16 hex of sha256(domain)>-<ip>   IPv4 dotted, IPv6 as 32 hex nibbles
     labels      rdmanet.io/ipam-domain=<16 hex>  rdmanet.io/network=<name or h-<hash>>
-                rdmanet.io/node=<node or h-<hash>>  rdmanet.io/attachment=<sha224(cid/ifname)>
+                rdmanet.io/node=<the node whose ADD made it, or h-<hash>>  rdmanet.io/attachment=<sha224(cid/ifname)>
                 rdmanet.io/pod-uid=<uid> (when CNI_ARGS has K8S_POD_UID)
     annotations rdmanet.io/{ipam-domain,network,range,ip,container-id,ifname,node,
                 pod-namespace,pod-name,pod-uid,created}

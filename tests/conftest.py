@@ -14,7 +14,7 @@ import tempfile
 import pytest
 
 from rdmanet.cni.linux import roots
-from kube_api_server import KubeAPIServer
+from kube_api_server import KubeAPIServer, write_kubeconfig
 from policy_file import write_policy
 
 
@@ -43,3 +43,18 @@ def server():
     """A fake Kubernetes API server for one test (tests/kube_api_server.py)."""
     with KubeAPIServer() as srv:
         yield srv
+
+
+@pytest.fixture
+def api_server(server):
+    """The API server the tests written through its API only (tests/kube_cluster.py) run against;
+    parametrize it here to run them against another."""
+    return server
+
+
+@pytest.fixture
+def cluster(api_server, tmp_path):
+    """That server as a test drives it: Nodes, pods, Leases in ``kube_cluster.NAMESPACE``."""
+    from kube_cluster import NAMESPACE, Cluster
+
+    return Cluster(api_server, write_kubeconfig(tmp_path / "kubeconfig", api_server.url, namespace=NAMESPACE), NAMESPACE)

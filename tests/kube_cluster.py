@@ -13,6 +13,8 @@ from rdmanet.ipam.kube_config import connect, kube_settings
 from rdmanet.ipam.reconcile import ApiError, KubeAPI
 from rdmanet.ipam.store.kube import LEASES_PATH, ApiClientTransport
 
+NAMESPACE = "ipam-live"  # where the ``cluster`` fixture's Leases live (tests/conftest.py)
+
 
 class Cluster:
     def __init__(self, server, kubeconfig: str, namespace: str) -> None:

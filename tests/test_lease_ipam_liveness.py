@@ -21,22 +21,10 @@ from rdmanet.ipam.store import kube as kube_store
 from rdmanet.ipam.store.lease_names import L_BLOCK_OWNER, L_NODE
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kube_api_server import write_kubeconfig  # noqa: E402
-from kube_cluster import Cluster  # noqa: E402
+from kube_cluster import NAMESPACE  # noqa: E402
 
-NS = "ipam-live"
+NS = NAMESPACE
 PODS = "apps"
-
-
-@pytest.fixture
-def api_server(server):
-    """The API server the findings are tried against (parametrize here to add another)."""
-    return server
-
-
-@pytest.fixture
-def cluster(api_server, tmp_path):
-    return Cluster(api_server, write_kubeconfig(tmp_path / "kubeconfig", api_server.url, namespace=NS), NS)
 
 
 def netconf(cluster, rng="10.7.0.0/24", **ipam):

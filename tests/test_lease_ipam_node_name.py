@@ -18,22 +18,7 @@ from rdmanet.ipam import node_gc, node_identity
 from rdmanet.ipam.kube_config import kube_settings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kube_api_server import write_kubeconfig  # noqa: E402
-from kube_cluster import Cluster  # noqa: E402
 from test_lease_ipam_liveness import PODS, add, netconf, start_pod  # noqa: E402
-
-NS = "ipam-live"
-
-
-@pytest.fixture
-def api_server(server):
-    return server
-
-
-@pytest.fixture
-def cluster(api_server, tmp_path):
-    return Cluster(api_server, write_kubeconfig(tmp_path / "kubeconfig", api_server.url, namespace=NS), NS)
-
 
 @pytest.fixture
 def no_node_name(monkeypatch, tmp_path):

@@ -46,15 +46,9 @@ def server():
 
 
 @pytest.fixture
-def api_server(server):
-    """The API server the tests written through its API only (tests/kube_cluster.py) run against;
-    parametrize it here to run them against another."""
-    return server
-
-
-@pytest.fixture
-def cluster(api_server, tmp_path):
-    """That server as a test drives it: Nodes, pods, Leases in ``kube_cluster.NAMESPACE``."""
+def cluster(server, tmp_path):
+    """``server`` as a test drives it through its API only (tests/kube_cluster.py): Nodes, pods,
+    Leases in ``kube_cluster.NAMESPACE``; whatever server ``server`` is."""
     from kube_cluster import NAMESPACE, Cluster
 
-    return Cluster(api_server, write_kubeconfig(tmp_path / "kubeconfig", api_server.url, namespace=NAMESPACE), NAMESPACE)
+    return Cluster(server, write_kubeconfig(tmp_path / "kubeconfig", server.url, namespace=NAMESPACE), NAMESPACE)

@@ -23,6 +23,20 @@ class Cluster:
         self.namespace = namespace
         conn = connect(kube_settings({"ipam": {"type": "lease-ipam", "kubernetes": {"kubeconfig": self.kubeconfig}}}))
         self.api = KubeAPI(ApiClientTransport(conn.api_client, conn.host))
+        self.namespaces: set[str] = set()
+        self.ensure_namespace(namespace)
+
+    def ensure_namespace(self, name: str) -> None:
+        """A real server needs the namespace to exist (the fake serves any, and has no namespaces)."""
+        if name in self.namespaces:
+            return
+        try:
+            self.api.request("POST", "/api/v1/namespaces",
+                             body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        except ApiError as err:
+            if err.status not in (404, 405, 409):
+                raise
+        self.namespaces.add(name)
 
     def node(self, name: str) -> str:
         """Create the Node ``name``; its UID."""
@@ -34,6 +48,7 @@ class Cluster:
 
     def pod(self, namespace: str, name: str, node: Optional[str] = None) -> str:
         """Create a pod bound to ``node`` (as the scheduler leaves it); its UID."""
+        self.ensure_namespace(namespace)
         spec: dict = {"containers": [{"name": "main", "image": "pause"}]}
         if node:
             spec["nodeName"] = node

@@ -1,0 +1,292 @@
+"""A multi-rail pod on the real kernel: eth0 plus four macvlan-rdma interfaces, one per veth "rail",
+each rail's far end in a peer namespace of its own (the rail's switch), proven with real packets.
+
+Two address layouts: the four rails in one shared subnet (one lease-ipam pool for the four NADs),
+and one subnet per rail with a gateway each (the peer) and the same IPAM route on every rail. For
+each: from every rail's peer, an ARP request for each pod address is answered (with the MAC of
+that rail's interface) only for the address of that rail; traffic sourced from each pod address
+(``ping -I <address>``) reaches only that rail's peer, counted there by an nftables counter per
+source; DEL of one rail removes exactly its rules and table and leaves the other three working;
+DEL of the rest leaves the pod as it was (eth0's default route, no rule, no table). Also
+host-device-rdma (a veth moved into the pod) next to macvlan rails.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+
+import pytest
+
+try:
+    from netns_tests import nstools as nt
+except ImportError:  # pragma: no cover
+    import nstools as nt  # type: ignore[no-redef]
+
+pytestmark = pytest.mark.skipif(nt.lease_ipam_missing() is not None, reason=str(nt.lease_ipam_missing()))
+
+RAILS = 4
+CID = "rdt-multi-rail"
+REMOTE = "198.19.250.1"  # an address behind every rail's gateway (on each peer's loopback)
+TABLE_BASE = 10_000  # rdmanet.cni.linux.rail_routing: net<k> -> table 10000 + k, rules at priority 10000 + k
+HD = "host-device-rdma"
+
+
+def _pod_with_eth0(netns, master):
+    """The pod netns with an eth0 (a veth to a "cluster" netns) holding its default route."""
+    pod, cluster = netns(), netns()
+    m = master(ns=pod, peer_ns=cluster)
+    pod.ip("link", "set", m.name, "down")
+    pod.ip("link", "set", m.name, "name", "eth0")
+    pod.ip("addr", "add", "198.19.200.2/24", "dev", "eth0")
+    pod.ip("link", "set", "eth0", "up")
+    pod.ip("route", "add", "default", "via", "198.19.200.1")
+    cluster.ip("addr", "add", "198.19.200.1/24", "dev", m.peer)
+    return pod, cluster
+
+
+def _rail(netns, master, address: str):
+    """A rail: the macvlan master in the host, its far end (``address``) in a peer netns."""
+    peer = netns()
+    m = master(peer_ns=peer)
+    peer.ip("addr", "add", address, "dev", m.peer)
+    peer.ip("addr", "add", f"{REMOTE}/32", "dev", "lo")
+    return m, peer
+
+
+def _layout(cni, prefix: int, k: int, shared: bool) -> tuple[dict, str]:
+    """(IPAM block, the peer's address) of rail ``k`` (1-based)."""
+    if shared:
+        return (nt.lease_ipam(cni.data_dir, f"198.18.{prefix}.0/24", range_start=f"198.18.{prefix}.10",
+                              range_end=f"198.18.{prefix}.99", network_name=f"rails-{prefix}"),
+                f"198.18.{prefix}.{200 + k}/24")
+    subnet = f"198.18.{prefix + k}"
+    return (nt.lease_ipam(cni.data_dir, f"{subnet}.0/24", gateway=f"{subnet}.1", routes=[{"dst": "198.19.250.0/24"}]),
+            f"{subnet}.1/24")
+
+
+def _count_icmp(peer, sources: list[str]) -> None:
+    """An nftables counter of ICMP echo requests per source address, in ``peer``'s ingress."""
+    rules = "\n".join(f'ip saddr {src} icmp type echo-request counter comment "{src}"' for src in sources)
+    ruleset = f"table ip rdtcount {{\n chain pre {{\n type filter hook prerouting priority -300; policy accept;\n{rules}\n }}\n}}\n"
+    proc = subprocess.run([nt.IP, "netns", "exec", peer.name, "nft", "-f", "-"], input=ruleset, text=True,
+                          capture_output=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+
+
+def _counted(peer) -> dict[str, int]:
+    proc = peer.run("nft", "-j", "list", "table", "ip", "rdtcount")
+    assert proc.returncode == 0, proc.stderr
+    out = {}
+    for item in json.loads(proc.stdout)["nftables"]:
+        rule = item.get("rule")
+        if rule:
+            packets = next(e["counter"]["packets"] for e in rule["expr"] if "counter" in e)
+            out[rule["comment"]] = packets
+    return out
+
+
+def _arping_all(peers: list, peer_ifs: list[str], addresses: list[str]) -> dict[tuple[int, int], str]:
+    """{(peer k, address j): the MAC that answered, "" for none}: one ARP request each, all at once."""
+    procs = {}
+    for k, peer in enumerate(peers):
+        for j, address in enumerate(addresses):
+            procs[(k, j)] = subprocess.Popen([nt.IP, "netns", "exec", peer.name, "arping", "-c", "1", "-w", "2",
+                                              "-I", peer_ifs[k], address], stdout=subprocess.PIPE,
+                                             stderr=subprocess.STDOUT, text=True)
+    answers = {}
+    for key, proc in procs.items():
+        out, _ = proc.communicate(timeout=20)
+        mac = ""
+        for line in out.splitlines():
+            if "reply from" in line and "[" in line:
+                mac = line.split("[", 1)[1].split("]", 1)[0].lower()
+        answers[key] = mac
+    return answers
+
+
+def _ping_from(pod, address: str, target: str, count: int = 3) -> bool:
+    proc = pod.run("ping", "-c", str(count), "-i", "0.2", "-W", "1", "-I", address, target)
+    return proc.returncode == 0
+
+
+def _rules(pod) -> list[str]:
+    out = []
+    for family in ("-4", "-6"):
+        for rule in nt.ip_json(family, "rule", "show", ns=pod.name):
+            out.append(f"{family} {rule.get('priority')} {rule.get('src', 'all')} {rule.get('oifname', '')} {rule.get('table')}")
+    return sorted(out)
+
+
+def _table_routes(pod, table: int) -> list[dict]:
+    """IPv4 routes of ``table`` ([] also when the kernel never had that table)."""
+    proc = pod.ip("-j", "-4", "route", "show", "table", str(table), check=False)
+    return json.loads(proc.stdout or "[]") if proc.returncode == 0 else []
+
+
+class MultiRailPod:
+    """The pod, its rails and the NADs, ADDed through the CNI environment ``cni``."""
+
+    def __init__(self, cni, netns, master, shared: bool) -> None:
+        self.cni = cni
+        self.pod, self.cluster = _pod_with_eth0(netns, master)
+        prefix = 10 + secrets.randbelow(200)  # 198.18.<prefix>.0/24 shared, or <prefix + k> per rail
+        self.masters, self.peers, self.peer_addresses, self.confs = [], [], [], []
+        for k in range(1, RAILS + 1):
+            ipam, peer_address = _layout(cni, prefix, k, shared)
+            m, peer = _rail(netns, master, peer_address)
+            self.masters.append(m)
+            self.peers.append(peer)
+            self.peer_addresses.append(peer_address.split("/")[0])
+            self.confs.append(nt.single(f"{self.pod.name}-rail{k}", "1.0.0", nt.macvlan(m.name, ipam)))
+        self.rules_before = _rules(self.pod)
+        self.addresses: dict[int, str] = {}
+        self.macs: dict[int, str] = {}
+
+    def ifname(self, k: int) -> str:
+        return f"net{k}"
+
+    def add(self, k: int) -> dict:
+        result = json.loads(nt.ok(self.cni.exec("ADD", self.confs[k - 1], ns=self.pod, ifname=self.ifname(k),
+                                                container_id=CID)).stdout)
+        self.addresses[k] = nt.bare_ip(result["ips"][0]["address"])
+        self.macs[k] = result["interfaces"][0]["mac"].lower()
+        return result
+
+    def delete(self, k: int) -> None:
+        nt.ok(self.cni.exec("DEL", self.confs[k - 1], ns=self.pod, ifname=self.ifname(k), container_id=CID))
+        self.addresses.pop(k, None)
+
+    def check(self, k: int, result: dict) -> None:
+        conf = {**self.confs[k - 1], "prevResult": result}
+        nt.ok(self.cni.exec("CHECK", conf, ns=self.pod, ifname=self.ifname(k), container_id=CID))
+
+    def assert_rails_work(self, rails: list[int], shared: bool) -> None:
+        """ARP answered only on the own rail; pings sourced from each address reach only its peer."""
+        peers = [self.peers[k - 1] for k in rails]
+        answers = _arping_all(peers, [self.masters[k - 1].peer for k in rails], [self.addresses[k] for k in rails])
+        for a, k in enumerate(rails):
+            for b, j in enumerate(rails):
+                expected = self.macs[j] if a == b else ""
+                assert answers[(a, b)] == expected, (
+                    f"rail {k}'s peer asked for net{j}'s address {self.addresses[j]}: answered by "
+                    f"{answers[(a, b)] or 'nobody'}, expected {expected or 'nobody'} (net{j} is {self.macs[j]})")
+        sources = [self.addresses[k] for k in rails]
+        for peer in peers + [self.cluster]:
+            _count_icmp(peer, sources)
+        for k in rails:
+            target = self.peer_addresses[k - 1] if shared else REMOTE
+            assert _ping_from(self.pod, self.addresses[k], target), f"ping -I {self.addresses[k]} {target} (net{k}) failed"
+        for a, k in enumerate(rails):
+            counted = _counted(peers[a])
+            for j in rails:
+                want = 3 if j == k else 0
+                assert counted[self.addresses[j]] == want, (
+                    f"rail {k}'s peer counted {counted[self.addresses[j]]} echo requests from net{j}'s "
+                    f"{self.addresses[j]}, expected {want}: {counted}")
+        assert set(_counted(self.cluster).values()) == {0}, f"a rail's traffic left by eth0: {_counted(self.cluster)}"
+        for peer in peers + [self.cluster]:
+            peer.run("nft", "delete", "table", "ip", "rdtcount")
+
+    def assert_default_route_on_eth0(self) -> None:
+        assert nt.has_route(self.pod.name, "0.0.0.0/0", gateway="198.19.200.1", dev="eth0"), nt.routes(self.pod.name)
+        assert [r for r in nt.routes(self.pod.name) if r.get("dst") == "default"] == [
+            {"dst": "default", "gateway": "198.19.200.1", "dev": "eth0"}], nt.routes(self.pod.name)
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["one-subnet", "subnet-per-rail"])
+def test_four_rails_answer_and_send_on_their_own_rail(cni, netns, master, shared):
+    pod = MultiRailPod(cni, netns, master, shared)
+    results = {k: pod.add(k) for k in range(1, RAILS + 1)}
+    for k in range(1, RAILS + 1):
+        pod.check(k, results[k])
+        assert _table_routes(pod.pod, TABLE_BASE + k), f"table {TABLE_BASE + k} of net{k} is empty"
+        for key, value in (("arp_ignore", "1"), ("arp_announce", "2"), ("rp_filter", "2")):
+            proc = pod.pod.run("sysctl", "-n", f"net.ipv4.conf.net{k}.{key}")
+            assert proc.stdout.strip() == value, f"net{k} {key}: {proc.stdout.strip()}"
+    pod.assert_default_route_on_eth0()
+    if not shared:  # the same IPAM route on every rail: in the main table once per rail, by metric
+        assert len([r for r in nt.routes(pod.pod.name) if r.get("dst") == "198.19.250.0/24"]) == RAILS
+    pod.assert_rails_work(list(range(1, RAILS + 1)), shared)
+
+    pod.delete(2)
+    assert not any(f" {TABLE_BASE + 2}" in rule for rule in _rules(pod.pod)), _rules(pod.pod)
+    assert _table_routes(pod.pod, TABLE_BASE + 2) == []
+    for k in (1, 3, 4):
+        pod.check(k, results[k])
+    pod.assert_rails_work([1, 3, 4], shared)
+    pod.assert_default_route_on_eth0()
+
+    for k in (1, 3, 4):
+        pod.delete(k)
+    pod.delete(2)  # a second DEL of the same rail
+    assert _rules(pod.pod) == pod.rules_before
+    for k in range(1, RAILS + 1):
+        assert _table_routes(pod.pod, TABLE_BASE + k) == []
+    pod.assert_default_route_on_eth0()
+    assert nt.owners(cni.data_dir) == {}
+
+
+def test_one_interface_alone_keeps_the_main_table(cni, netns, master):
+    """policyRouting "auto": a pod whose only interface this is gets no table and no rule."""
+    ns, m = netns(), master()
+    prefix, _ = nt.random_subnet()
+    conf = nt.single(f"{ns.name}-net", "1.0.0", nt.macvlan(m.name, nt.lease_ipam(cni.data_dir, f"{prefix}.0/24",
+                                                                              gateway=f"{prefix}.1",
+                                                                              routes=[{"dst": "0.0.0.0/0"}])))
+    before = _rules(ns)
+    nt.ok(cni.exec("ADD", conf, ns=ns, container_id=CID))
+    assert _rules(ns) == before
+    assert nt.has_route(ns.name, "0.0.0.0/0", gateway=f"{prefix}.1", dev="net1")
+    nt.ok(cni.exec("DEL", conf, ns=ns, container_id=CID))
+
+
+def test_policy_routing_off_and_default_route(cni, netns, master):
+    """"policyRouting": "off" leaves the main table as it was; "defaultRoute": true moves the pod's
+    default route to the interface and DEL puts eth0's back."""
+    pod, _cluster = _pod_with_eth0(netns, master)
+    confs = []
+    for k, extra in ((1, {"policyRouting": "off"}), (2, {"defaultRoute": True})):
+        m, _peer = _rail(netns, master, f"198.19.{10 + k}.1/24")
+        ipam = nt.lease_ipam(cni.data_dir, f"198.19.{10 + k}.0/24", gateway=f"198.19.{10 + k}.1")
+        confs.append(nt.single(f"{pod.name}-r{k}", "1.0.0", nt.macvlan(m.name, ipam, **extra)))
+    before = _rules(pod)
+    nt.ok(cni.exec("ADD", confs[0], ns=pod, ifname="net1", container_id=CID))
+    assert _rules(pod) == before
+    result = json.loads(nt.ok(cni.exec("ADD", confs[1], ns=pod, ifname="net2", container_id=CID)).stdout)
+    defaults = [r for r in nt.routes(pod.name) if r.get("dst") == "default"]
+    assert defaults == [{"dst": "default", "gateway": "198.19.12.1", "dev": "net2"}], defaults
+    saved = nt.ip_json("-4", "route", "show", "table", str(TABLE_BASE + 10_000 + 2), ns=pod.name)
+    assert [(r["dst"], r.get("gateway"), r["dev"]) for r in saved] == [("default", "198.19.200.1", "eth0")]
+    assert f"-4 10002 198.19.200.2  {TABLE_BASE + 10_000 + 2}" in _rules(pod), _rules(pod)
+    # eth0's own traffic still leaves by eth0 (its saved table), net2's by net2
+    route = nt.ip_json("route", "get", "198.19.99.9", "from", "198.19.200.2", ns=pod.name)
+    assert route[0]["dev"] == "eth0", route
+    assert nt.ip_json("route", "get", "198.19.99.9", ns=pod.name)[0]["dev"] == "net2"
+    nt.ok(cni.exec("CHECK", {**confs[1], "prevResult": result}, ns=pod, ifname="net2", container_id=CID))
+    nt.ok(cni.exec("DEL", confs[1], ns=pod, ifname="net2", container_id=CID))
+    defaults = [r for r in nt.routes(pod.name) if r.get("dst") == "default"]
+    assert defaults == [{"dst": "default", "gateway": "198.19.200.1", "dev": "eth0"}], defaults
+    assert _rules(pod) == before
+    nt.ok(cni.exec("DEL", confs[0], ns=pod, ifname="net1", container_id=CID))
+
+
+def test_two_interfaces_with_one_slot_are_refused(cni, netns, master):
+    """net1 and rail1 would share table 10001: the second ADD is a CNI error naming both, and
+    leaves nothing behind; its DEL leaves net1's rules alone."""
+    pod, _cluster = _pod_with_eth0(netns, master)
+    confs = []
+    for k in (1, 2):
+        m, _peer = _rail(netns, master, f"198.19.{20 + k}.1/24")
+        confs.append(nt.single(f"{pod.name}-s{k}", "1.0.0",
+                               nt.macvlan(m.name, nt.lease_ipam(cni.data_dir, f"198.19.{20 + k}.0/24"))))
+    nt.ok(cni.exec("ADD", confs[0], ns=pod, ifname="net1", container_id=CID))
+    rules = _rules(pod)
+    err = nt.cni_error(cni.exec("ADD", confs[1], ns=pod, ifname="rail1", container_id=CID))
+    assert err["code"] == 4 and "net1" in err["msg"] and "rail1" in err["msg"], err
+    assert nt.link(pod.name, "rail1") is None
+    assert _rules(pod) == rules
+    nt.ok(cni.exec("DEL", confs[1], ns=pod, ifname="rail1", container_id=CID))
+    assert _rules(pod) == rules
+    nt.ok(cni.exec("DEL", confs[0], ns=pod, ifname="net1", container_id=CID))

@@ -173,11 +173,9 @@ class Rule:
 
 
 def _rules(pod, tables: Iterable[int]) -> list[Rule]:
+    """The rules (every family, one dump) that look up one of ``tables``."""
     wanted = set(tables)
-    found = []
-    for family in FAMILIES.values():
-        found += [rule for rule in map(Rule.from_msg, pod.get_rules(family=family)) if rule.table in wanted]
-    return found
+    return [rule for rule in map(Rule.from_msg, pod.get_rules(family=0)) if rule.table in wanted]
 
 
 def _add_rule(pod, rule: Rule) -> None:

@@ -128,18 +128,20 @@ def _table_routes(pod, table: int) -> list[dict]:
 class MultiRailPod:
     """The pod, its rails and the NADs, ADDed through the CNI environment ``cni``."""
 
-    def __init__(self, cni, netns, master, shared: bool) -> None:
-        self.cni = cni
+    def __init__(self, cni, netns, master, shared: bool, plugins: tuple = (nt.PLUGIN,) * RAILS) -> None:
+        self.cni, self.plugins = cni, plugins
         self.pod, self.cluster = _pod_with_eth0(netns, master)
         prefix = 10 + secrets.randbelow(200)  # 198.18.<prefix>.0/24 shared, or <prefix + k> per rail
         self.masters, self.peers, self.peer_addresses, self.confs = [], [], [], []
-        for k in range(1, RAILS + 1):
+        for k, plugin in enumerate(plugins, start=1):
             ipam, peer_address = _layout(cni, prefix, k, shared)
             m, peer = _rail(netns, master, peer_address)
             self.masters.append(m)
             self.peers.append(peer)
             self.peer_addresses.append(peer_address.split("/")[0])
-            self.confs.append(nt.single(f"{self.pod.name}-rail{k}", "1.0.0", nt.macvlan(m.name, ipam)))
+            # host-device-rdma moves the rail's own end into the pod: the veth stands in for a NIC port
+            plugin_conf = nt.macvlan(m.name, ipam) if plugin == nt.PLUGIN else {"type": plugin, "device": m.name, "ipam": ipam}
+            self.confs.append(nt.single(f"{self.pod.name}-rail{k}", "1.0.0", plugin_conf))
         self.rules_before = _rules(self.pod)
         self.addresses: dict[int, str] = {}
         self.macs: dict[int, str] = {}
@@ -149,18 +151,19 @@ class MultiRailPod:
 
     def add(self, k: int) -> dict:
         result = json.loads(nt.ok(self.cni.exec("ADD", self.confs[k - 1], ns=self.pod, ifname=self.ifname(k),
-                                                container_id=CID)).stdout)
+                                                container_id=CID, plugin=self.plugins[k - 1])).stdout)
         self.addresses[k] = nt.bare_ip(result["ips"][0]["address"])
         self.macs[k] = result["interfaces"][0]["mac"].lower()
         return result
 
     def delete(self, k: int) -> None:
-        nt.ok(self.cni.exec("DEL", self.confs[k - 1], ns=self.pod, ifname=self.ifname(k), container_id=CID))
+        nt.ok(self.cni.exec("DEL", self.confs[k - 1], ns=self.pod, ifname=self.ifname(k), container_id=CID,
+                            plugin=self.plugins[k - 1]))
         self.addresses.pop(k, None)
 
     def check(self, k: int, result: dict) -> None:
         conf = {**self.confs[k - 1], "prevResult": result}
-        nt.ok(self.cni.exec("CHECK", conf, ns=self.pod, ifname=self.ifname(k), container_id=CID))
+        nt.ok(self.cni.exec("CHECK", conf, ns=self.pod, ifname=self.ifname(k), container_id=CID, plugin=self.plugins[k - 1]))
 
     def assert_rails_work(self, rails: list[int], shared: bool) -> None:
         """ARP answered only on the own rail; pings sourced from each address reach only its peer."""
@@ -224,6 +227,28 @@ def test_four_rails_answer_and_send_on_their_own_rail(cni, netns, master, shared
     assert _rules(pod.pod) == pod.rules_before
     for k in range(1, RAILS + 1):
         assert _table_routes(pod.pod, TABLE_BASE + k) == []
+    pod.assert_default_route_on_eth0()
+    assert nt.owners(cni.data_dir) == {}
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["one-subnet", "subnet-per-rail"])
+def test_host_device_rail_beside_macvlan_rails(cni, netns, master, shared):
+    """host-device-rdma moves a rail's port (a veth end) into the pod: it gets its table, rules and
+    ARP settings like the macvlan rails, and DEL returns the device with none of it left in the pod."""
+    pod = MultiRailPod(cni, netns, master, shared, plugins=(nt.PLUGIN, HD, nt.PLUGIN))
+    results = {k: pod.add(k) for k in (1, 2, 3)}
+    for k in (1, 2, 3):
+        pod.check(k, results[k])
+    pod.assert_rails_work([1, 2, 3], shared)
+    pod.delete(2)
+    assert nt.link(None, pod.masters[1].name) is not None, "the device is not back in the host"
+    assert not any(f" {TABLE_BASE + 2}" in rule for rule in _rules(pod.pod)), _rules(pod.pod)
+    pod.assert_rails_work([1, 3], shared)
+    pod.add(2)  # the device goes back in: its rail works again
+    pod.assert_rails_work([1, 2, 3], shared)
+    for k in (1, 2, 3):
+        pod.delete(k)
+    assert _rules(pod.pod) == pod.rules_before
     pod.assert_default_route_on_eth0()
     assert nt.owners(cni.data_dir) == {}
 

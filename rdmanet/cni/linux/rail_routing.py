@@ -426,3 +426,12 @@ def _arp_tuned(pod_fd: int, ifname: str) -> bool:
 def tables(ifname: str, routed: frozenset) -> tuple[int, ...]:
     """Where CHECK looks for the IPAM routes of an interface routing ``routed`` IP versions."""
     return (MAIN_TABLE, table_of(ifname)) if routed else (MAIN_TABLE,)
+
+
+def detach_in(netns_path: str, ifname: str) -> None:
+    """:func:`detach` in the namespace at ``netns_path`` (nothing when it is gone)."""
+    try:
+        with links.rtnl_in(netns_path) as pod:
+            detach(pod, ifname)
+    except netns.NetnsGone:
+        pass

@@ -33,7 +33,7 @@ TABLE_BASE = 10_000  # rdmanet.cni.linux.rail_routing: net<k> -> table 10000 + k
 HD = "host-device-rdma"
 
 
-def _pod_with_eth0(netns, master):
+def pod_with_eth0(netns, master):
     """The pod netns with an eth0 (a veth to a "cluster" netns) holding its default route."""
     pod, cluster = netns(), netns()
     m = master(ns=pod, peer_ns=cluster)
@@ -46,7 +46,7 @@ def _pod_with_eth0(netns, master):
     return pod, cluster
 
 
-def _rail(netns, master, address: str):
+def rail(netns, master, address: str):
     """A rail: the macvlan master in the host, its far end (``address``) in a peer netns."""
     peer = netns()
     m = master(peer_ns=peer)
@@ -115,7 +115,7 @@ def _rules(pod) -> list[str]:
     out = []
     for family in ("-4", "-6"):
         for rule in nt.ip_json(family, "rule", "show", ns=pod.name):
-            out.append(f"{family} {rule.get('priority')} {rule.get('src', 'all')} {rule.get('oifname', '')} {rule.get('table')}")
+            out.append(f"{family} {rule.get('priority')} {rule.get('src', 'all')} {rule.get('oif', '')} {rule.get('table')}")
     return sorted(out)
 
 
@@ -130,12 +130,12 @@ class MultiRailPod:
 
     def __init__(self, cni, netns, master, shared: bool, plugins: tuple = (nt.PLUGIN,) * RAILS) -> None:
         self.cni, self.plugins = cni, plugins
-        self.pod, self.cluster = _pod_with_eth0(netns, master)
+        self.pod, self.cluster = pod_with_eth0(netns, master)
         prefix = 10 + secrets.randbelow(200)  # 198.18.<prefix>.0/24 shared, or <prefix + k> per rail
         self.masters, self.peers, self.peer_addresses, self.confs = [], [], [], []
         for k, plugin in enumerate(plugins, start=1):
             ipam, peer_address = _layout(cni, prefix, k, shared)
-            m, peer = _rail(netns, master, peer_address)
+            m, peer = rail(netns, master, peer_address)
             self.masters.append(m)
             self.peers.append(peer)
             self.peer_addresses.append(peer_address.split("/")[0])
@@ -270,10 +270,10 @@ def test_one_interface_alone_keeps_the_main_table(cni, netns, master):
 def test_policy_routing_off_and_default_route(cni, netns, master):
     """"policyRouting": "off" leaves the main table as it was; "defaultRoute": true moves the pod's
     default route to the interface and DEL puts eth0's back."""
-    pod, _cluster = _pod_with_eth0(netns, master)
+    pod, _cluster = pod_with_eth0(netns, master)
     confs = []
     for k, extra in ((1, {"policyRouting": "off"}), (2, {"defaultRoute": True})):
-        m, _peer = _rail(netns, master, f"198.19.{10 + k}.1/24")
+        m, _peer = rail(netns, master, f"198.19.{10 + k}.1/24")
         ipam = nt.lease_ipam(cni.data_dir, f"198.19.{10 + k}.0/24", gateway=f"198.19.{10 + k}.1")
         confs.append(nt.single(f"{pod.name}-r{k}", "1.0.0", nt.macvlan(m.name, ipam, **extra)))
     before = _rules(pod)
@@ -300,10 +300,10 @@ def test_policy_routing_off_and_default_route(cni, netns, master):
 def test_two_interfaces_with_one_slot_are_refused(cni, netns, master):
     """net1 and rail1 would share table 10001: the second ADD is a CNI error naming both, and
     leaves nothing behind; its DEL leaves net1's rules alone."""
-    pod, _cluster = _pod_with_eth0(netns, master)
+    pod, _cluster = pod_with_eth0(netns, master)
     confs = []
     for k in (1, 2):
-        m, _peer = _rail(netns, master, f"198.19.{20 + k}.1/24")
+        m, _peer = rail(netns, master, f"198.19.{20 + k}.1/24")
         confs.append(nt.single(f"{pod.name}-s{k}", "1.0.0",
                                nt.macvlan(m.name, nt.lease_ipam(cni.data_dir, f"198.19.{20 + k}.0/24"))))
     nt.ok(cni.exec("ADD", confs[0], ns=pod, ifname="net1", container_id=CID))
@@ -315,3 +315,28 @@ def test_two_interfaces_with_one_slot_are_refused(cni, netns, master):
     nt.ok(cni.exec("DEL", confs[1], ns=pod, ifname="rail1", container_id=CID))
     assert _rules(pod) == rules
     nt.ok(cni.exec("DEL", confs[0], ns=pod, ifname="net1", container_id=CID))
+
+
+def test_del_after_an_add_killed_between_its_rules_and_its_last_step(cni, netns, master):
+    """The state a SIGKILL after the rules were added leaves: the link still carries the
+    attachment's in-progress marker (attachment_link). DEL removes the link and the rules; so
+    does a repeat ADD, which ends with each rule once."""
+    from rdmanet.cni.linux import attachment_link
+
+    pod = MultiRailPod(cni, netns, master, shared=True, plugins=(nt.PLUGIN, nt.PLUGIN))
+    pod.add(1)
+    for then in ("DEL", "ADD"):
+        pod.add(2)
+        pod.pod.ip("link", "set", "net2", "alias", attachment_link.marker(CID, "net2"))
+        if then == "DEL":
+            pod.delete(2)
+            assert nt.link(pod.pod.name, "net2") is None
+            assert not any(f" {TABLE_BASE + 2}" in rule for rule in _rules(pod.pod)), _rules(pod.pod)
+        else:
+            pod.add(2)
+            mine = [rule for rule in _rules(pod.pod) if rule.endswith(f" {TABLE_BASE + 2}")]
+            assert len(mine) == 2, mine  # oif net2, from <its address>
+            pod.assert_rails_work([1, 2], shared=True)
+            pod.delete(2)
+    pod.delete(1)
+    assert _rules(pod.pod) == pod.rules_before

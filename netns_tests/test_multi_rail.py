@@ -340,3 +340,42 @@ def test_del_after_an_add_killed_between_its_rules_and_its_last_step(cni, netns,
             pod.delete(2)
     pod.delete(1)
     assert _rules(pod.pod) == pod.rules_before
+
+
+@pytest.mark.parametrize("version", [4, 6])
+def test_address_conflict_and_gateway_probes(cni, netns, master, version):
+    """detectAddressConflict: an address another host holds is CNI error 107 naming that host's MAC,
+    and nothing is left (link, reservation); checkGateway: a gateway that does not answer is 108,
+    one that does lets ADD through. Both off by default."""
+    ns = netns()
+    m, peer = rail(netns, master, "198.19.30.1/24")
+    peer.ip("link", "set", m.peer, "addrgenmode", "eui64", check=False)
+    if version == 4:
+        subnet, taken, free, gateway, absent = "198.19.30.0/24", "198.19.30.50", "198.19.30.51", "198.19.30.1", "198.19.30.9"
+    else:
+        peer.sysctl("net.ipv6.conf.all.accept_dad", "0")
+        peer.ip("addr", "add", "fd00:30::1/64", "dev", m.peer, "nodad")
+        subnet, taken, free, gateway, absent = "fd00:30::/64", "fd00:30::50", "fd00:30::51", "fd00:30::1", "fd00:30::9"
+    ns.sysctl("net.ipv6.conf.default.accept_dad", "0")
+    peer.ip("addr", "add", f"{taken}/{subnet.split('/')[1]}", "dev", m.peer, *(["nodad"] if version == 6 else []))
+    holder_mac = nt.link(peer.name, m.peer)["address"]
+
+    def conf(address: str, gw: str, **keys) -> dict:
+        ipam = nt.lease_ipam(cni.data_dir, subnet, range_start=address, range_end=address, gateway=gw)
+        return nt.single(f"{ns.name}-p{version}", "1.0.0", nt.macvlan(m.name, ipam, probeTimeoutMs=300, **keys))
+
+    err = nt.cni_error(cni.exec("ADD", conf(taken, gateway, detectAddressConflict=True), ns=ns, container_id=CID))
+    assert err["code"] == 107 and taken in err["msg"] and holder_mac in err["msg"], err
+    assert nt.link(ns.name, "net1") is None and nt.owners(cni.data_dir) == {}
+    nt.ok(cni.exec("DEL", conf(taken, gateway, detectAddressConflict=True), ns=ns, container_id=CID))
+    nt.ok(cni.exec("ADD", conf(taken, gateway), ns=ns, container_id=CID))  # off by default: not probed
+    nt.ok(cni.exec("DEL", conf(taken, gateway), ns=ns, container_id=CID))
+
+    err = nt.cni_error(cni.exec("ADD", conf(free, absent, checkGateway=True), ns=ns, container_id=CID))
+    assert err["code"] == 108 and absent in err["msg"], err
+    assert nt.link(ns.name, "net1") is None and nt.owners(cni.data_dir) == {}
+    nt.ok(cni.exec("DEL", conf(free, absent, checkGateway=True), ns=ns, container_id=CID))
+    both = conf(free, gateway, detectAddressConflict=True, checkGateway=True)
+    result = json.loads(nt.ok(cni.exec("ADD", both, ns=ns, container_id=CID)).stdout)
+    assert nt.bare_ip(result["ips"][0]["address"]) == free
+    nt.ok(cni.exec("DEL", both, ns=ns, container_id=CID))

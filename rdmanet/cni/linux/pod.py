@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator
 from rdmanet.cni.core.errors import INVALID_ENVIRONMENT, CNIError, check_failed
 from rdmanet.cni.core.result import IPConfig, Result, Route
 
-from . import links, netns, rail_routing
+from . import links, neighbour_probe, netns, rail_routing
 from .links import Link
 
 if TYPE_CHECKING:
@@ -49,11 +49,19 @@ def fd(path: str) -> Iterator[int]:
 def configure(pod, pod_fd: int, index: int, ifname: str, ips: list[IPConfig], routes: list[Route],
               settings: RailSettings) -> None:
     """Addresses and routes of the pod's new interface ``index``: its addresses, then its routes
-    (in the main table, or with policy routing in a multi-rail pod: rdmanet.cni.linux.rail_routing).
-    The caller registers ``rail_routing.detach`` as its undo first."""
+    (in the main table, or with policy routing in a multi-rail pod: rdmanet.cni.linux.rail_routing),
+    with the optional probes for a conflicting address before and the gateway after
+    (rdmanet.cni.linux.neighbour_probe). The caller registers ``rail_routing.detach`` as its undo
+    first."""
+    timeout = settings.probeTimeoutMs / 1000
+    if settings.detectAddressConflict:
+        links.set_up(pod, index, ifname)  # to probe before the addresses are set
+        neighbour_probe.refuse_conflicts(pod_fd, links.link_by_index(pod, index), ifname, ips, timeout)
     plan = rail_routing.decide(pod, index, ifname, ips, settings)
     links.configure_in_pod(pod, pod_fd, index, ifname, ips, rail_routing.main_routes(plan, routes))
     rail_routing.attach(pod, pod_fd, plan, ips, routes)
+    if settings.checkGateway:
+        neighbour_probe.require_gateways(pod_fd, links.link_by_index(pod, index), ifname, ips, timeout)
 
 
 def check_addresses(pod, link: Link, prev: Result, expected_index: int) -> None:

@@ -379,3 +379,53 @@ def test_address_conflict_and_gateway_probes(cni, netns, master, version):
     result = json.loads(nt.ok(cni.exec("ADD", both, ns=ns, container_id=CID)).stdout)
     assert nt.bare_ip(result["ips"][0]["address"]) == free
     nt.ok(cni.exec("DEL", both, ns=ns, container_id=CID))
+
+
+def test_four_ipv6_rails_send_on_their_own_rail(cni, netns, master):
+    """The same with IPv6 rails in one /64 next to an IPv6 eth0: ``from <address>/128`` rules
+    send each address's traffic out of its own rail (counted on each rail's far end), and DEL
+    of every rail leaves the pod's IPv6 rules as they were."""
+    pod, cluster = netns(), netns()
+    for ns in (pod, cluster):
+        ns.sysctl("net.ipv6.conf.default.accept_dad", "0")
+        ns.sysctl("net.ipv6.conf.all.accept_dad", "0")
+    m = master(ns=pod, peer_ns=cluster)
+    pod.ip("addr", "add", "fd00:200::2/64", "dev", m.name)
+    pod.ip("route", "add", "default", "via", "fd00:200::1")
+    cluster.ip("addr", "add", "fd00:200::1/64", "dev", m.peer)
+    subnet = f"fd00:{secrets.randbelow(0xffff):x}:1"
+    before = nt.ip_json("-6", "rule", "show", ns=pod.name)
+    peers, addresses = [], {}
+    for k in range(1, RAILS + 1):
+        peer = netns()
+        rail_master = master(peer_ns=peer)
+        peer.ip("addr", "add", f"{subnet}::{200 + k}/64", "dev", rail_master.peer, "nodad")
+        peers.append(peer)
+        ipam = nt.lease_ipam(cni.data_dir, f"{subnet}::/64", range_start=f"{subnet}::10", range_end=f"{subnet}::99",
+                             network_name=f"{pod.name}-v6")
+        conf = nt.single(f"{pod.name}-v6rail{k}", "1.0.0", nt.macvlan(rail_master.name, ipam))
+        result = json.loads(nt.ok(cni.exec("ADD", conf, ns=pod, ifname=f"net{k}", container_id=CID)).stdout)
+        nt.ok(cni.exec("CHECK", {**conf, "prevResult": result}, ns=pod, ifname=f"net{k}", container_id=CID))
+        addresses[k] = (nt.bare_ip(result["ips"][0]["address"]), conf)
+    rules = [(r.get("priority"), r.get("src"), r.get("oif"), r.get("table")) for r in nt.ip_json("-6", "rule", "show", ns=pod.name)]
+    for k, (address, _conf) in addresses.items():
+        assert (TABLE_BASE + k, address, None, str(TABLE_BASE + k)) in rules, rules
+    for peer in peers + [cluster]:
+        sources = "\n".join(f'ip6 saddr {a} icmpv6 type echo-request counter comment "{a}"' for a, _ in addresses.values())
+        ruleset = f"table ip6 rdtcount {{\n chain pre {{\n type filter hook prerouting priority -300; policy accept;\n{sources}\n }}\n}}\n"
+        proc = subprocess.run([nt.IP, "netns", "exec", peer.name, "nft", "-f", "-"], input=ruleset, text=True,
+                              capture_output=True, check=False)
+        assert proc.returncode == 0, proc.stderr
+    for k, (address, _conf) in addresses.items():
+        proc = pod.run("ping", "-6", "-c", "3", "-i", "0.2", "-W", "1", "-I", address, f"{subnet}::{200 + k}")
+        assert proc.returncode == 0, f"ping -I {address} (net{k}): {proc.stdout} {proc.stderr}"
+    for k, peer in enumerate(peers + [cluster], start=1):
+        out = json.loads(peer.run("nft", "-j", "list", "table", "ip6", "rdtcount").stdout)
+        counted = {r["rule"]["comment"]: next(e["counter"]["packets"] for e in r["rule"]["expr"] if "counter" in e)
+                   for r in out["nftables"] if "rule" in r}
+        for j, (address, _conf) in addresses.items():
+            assert counted[address] == (3 if j == k else 0), f"far end {k} counted {counted} (net{j} is {address})"
+    for k, (_address, conf) in addresses.items():
+        nt.ok(cni.exec("DEL", conf, ns=pod, ifname=f"net{k}", container_id=CID))
+    assert nt.ip_json("-6", "rule", "show", ns=pod.name) == before
+    assert nt.owners(cni.data_dir) == {}

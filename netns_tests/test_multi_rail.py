@@ -429,3 +429,30 @@ def test_four_ipv6_rails_send_on_their_own_rail(cni, netns, master):
         nt.ok(cni.exec("DEL", conf, ns=pod, ifname=f"net{k}", container_id=CID))
     assert nt.ip_json("-6", "rule", "show", ns=pod.name) == before
     assert nt.owners(cni.data_dir) == {}
+
+
+def test_check_finds_what_is_missing(cni, netns, master):
+    """CHECK (code 105) names a missing source rule, a wrong ARP setting, and an interface whose
+    rules are all gone (its arp_ignore says ADD routed it)."""
+    pod = MultiRailPod(cni, netns, master, shared=True, plugins=(nt.PLUGIN,))
+    result = pod.add(1)
+    pod.check(1, result)
+    conf = {**pod.confs[0], "prevResult": result}
+
+    def check_error() -> dict:
+        return nt.cni_error(cni.exec("CHECK", conf, ns=pod.pod, ifname="net1", container_id=CID))
+
+    pod.pod.ip("rule", "del", "from", pod.addresses[1], "table", str(TABLE_BASE + 1), "pref", str(TABLE_BASE + 1))
+    err = check_error()
+    assert err["code"] == 105 and f"from {pod.addresses[1]} lookup {TABLE_BASE + 1}" in err["msg"], err
+    pod.pod.ip("rule", "add", "from", pod.addresses[1], "table", str(TABLE_BASE + 1), "pref", str(TABLE_BASE + 1))
+    pod.check(1, result)
+    pod.pod.sysctl("net.ipv4.conf.net1.arp_ignore", "0")
+    err = check_error()
+    assert err["code"] == 105 and "arp_ignore=1" in err["msg"], err
+    pod.pod.sysctl("net.ipv4.conf.net1.arp_ignore", "1")
+    for selector in (("oif", "net1"), ("from", pod.addresses[1])):
+        pod.pod.ip("rule", "del", *selector, "table", str(TABLE_BASE + 1), "pref", str(TABLE_BASE + 1))
+    err = check_error()
+    assert err["code"] == 105 and f"oif net1 lookup {TABLE_BASE + 1}" in err["msg"], err
+    pod.delete(1)

@@ -38,6 +38,7 @@ from rdmanet.cni.core.infiniband import MIN_MTU, PKEY_MASK, connected_capable, m
 from rdmanet.cni.core.invocation import Invocation
 from rdmanet.cni.core.ipam_exec import IPAM
 from rdmanet.cni.core.result import DNS, Interface, Result
+from rdmanet.cni.core.rollback import quietly
 from rdmanet.cni.linux import (attachment_link, attachment_lock, device_info, infiniband, ipoib, links, netns, rail_routing,
                                shared_rdma, sysctl, sysfs)
 from rdmanet.cni.linux import pod as pod_ns
@@ -79,7 +80,7 @@ class IpoibRdma:
             link = _rename(conf, inv, pod, pod_fd, link)
             result.interfaces[0].mtu = link.mtu
             if conf.ipam:
-                undo.callback(rail_routing.detach, pod, inv.ifname)
+                undo.callback(quietly, rail_routing.detach, pod, inv.ifname)  # never hides the error that undoes the ADD
                 pod_ns.configure(pod, pod_fd, link.index, inv.ifname, result.ips, result.routes, conf)
             else:
                 links.set_up(pod, link.index, inv.ifname)

@@ -30,6 +30,7 @@ from rdmanet.cni.core.check import previous
 from rdmanet.cni.core.invocation import Invocation
 from rdmanet.cni.core.ipam_exec import IPAM
 from rdmanet.cni.core.result import DNS, Interface, Result
+from rdmanet.cni.core.rollback import quietly
 from rdmanet.cni.linux import (attachment_link, attachment_lock, device_info, link_delete, links, netns, rail_routing,
                                shared_rdma, sysfs)
 from rdmanet.cni.linux import pod as pod_ns
@@ -73,7 +74,7 @@ class MacvlanRdma:
                             ifalias=attachment_link.marker(inv.container_id, inv.ifname))
             if conf.ipam:
                 pod_fd = stack.enter_context(pod_ns.fd(inv.netns))
-                undo.callback(rail_routing.detach, pod, inv.ifname)
+                undo.callback(quietly, rail_routing.detach, pod, inv.ifname)  # never hides the error that undoes the ADD
                 pod_ns.configure(pod, pod_fd, link.index, inv.ifname, result.ips, result.routes, conf)
             else:
                 links.set_up(pod, link.index, inv.ifname)

@@ -352,6 +352,20 @@ def test_kustomization_lists_every_file_beside_it(directory):
     assert doc["images"] == [{"name": "rdmanet", "newTag": "latest"}]
 
 
+def test_kustomization_comments_name_every_example_and_the_released_tag():
+    """What the base's comments tell an operator: every file of deploy/examples/ (none left out,
+    none counted wrong) and the image tag as README and the package spell it."""
+    text = (DEPLOY / "kustomization.yaml").read_text()
+    comments = "\n".join(line for line in text.splitlines() if line.lstrip().startswith("#"))
+    for example in sorted((DEPLOY / "examples").glob("*.yaml")):
+        assert example.name in comments, f"kustomization.yaml does not name {example.name}"
+    assert not re.search(r"\b(two|three|four|six) deployments\b", comments)
+    version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.MULTILINE).group(1)
+    readme_tags = set(re.findall(r"rdmanet:(v?[0-9][0-9.]*)\b", (ROOT / "README.md").read_text()))
+    tags = set(re.findall(r"rdmanet:(v?[0-9][0-9.]*)\b", comments)) | set(re.findall(r'newTag: "?(v?[0-9][0-9.]*)', comments))
+    assert readme_tags == {version} and tags == {version}, (readme_tags, tags)
+
+
 def test_examples_are_not_in_the_base_and_the_reconciler_is():
     for resource in kustomization(DEPLOY)["resources"]:
         assert "/" not in resource

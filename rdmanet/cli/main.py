@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     doctor.add_argument("--systemd-root", metavar="DIR", default="/",
                         help="read /etc/systemd/system/rdmanet.socket and /run/systemd/system under DIR (default: /)")
     doctor.add_argument("--network-config", metavar="FILE", action="append", default=None,
-                        help="also check this network config (a NAD's spec.config, a conflist or a NAD object); repeatable")
+                        help="also check the networks of this file: a NAD (YAML or JSON, one or many documents), a conflist "
+                             "or a network config; repeatable")
     doctor.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
                         help="for each shim's VERSION, the daemon and the API server (default: %(default)s)")
     doctor.add_argument("--node-policy", metavar="FILE", default=None,

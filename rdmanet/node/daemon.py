@@ -26,7 +26,8 @@ own, printing exactly what the in-process run would print (``skel.render``) with
   connections already queued, finish the requests in flight, exit 0. A socket the daemon did not
   bind (systemd's, or one bound at the path since) is never removed: under systemd new calls wait
   in the socket's queue until systemd starts the daemon again.
-- The daemon's own logs: one JSON object per line on stderr.
+- The daemon's own logs: one JSON object per line on stderr; one ``call`` line per CNI call, with
+  the CNI error's code and message when it failed (:mod:`rdmanet.node.call_record`).
 
 Resource bounds (a burst of pod starts, or a misbehaving caller, must not take the node's CNI
 down with it):
@@ -67,7 +68,7 @@ import struct
 import sys
 import threading
 import time
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 from rdmanet.cni.core import deadline as call_deadline
 from rdmanet.cni.core import skel
@@ -76,6 +77,7 @@ from rdmanet.cni.core.ipam_exec import CRASH_HOOKS
 from rdmanet.ipam import node_gc
 
 from . import del_journal, memory, socket_activation
+from .call_record import CallRecord
 from .workers import WorkerPool
 
 from .launcher import DEFAULT_SOCKET, JSON_PROTOCOL, LATEST, PLUGINS, PROTOCOL, DaemonLost, NoDaemon, b64, exchange, unb64
@@ -266,16 +268,23 @@ def call_env(env: Mapping[str, str], daemon_env: Mapping[str, str]) -> dict[str,
     return {**defaults, **env}
 
 
-def serve_call(plugins: Mapping[str, Any], plugin: str, env: Mapping[str, str], stdin: bytes,
-               deadline: Optional[call_deadline.Deadline] = None) -> tuple[int, bytes, bytes]:
-    """One CNI call: (exit code, stdout, stderr), what the in-process run would give."""
+def run_call(plugins: Mapping[str, Any], plugin: str, env: Mapping[str, str], stdin: bytes,
+             deadline: Optional[call_deadline.Deadline] = None) -> tuple[int, Any, bytes]:
+    """One CNI call: (exit code, the document it prints, stderr)."""
     cap = _Capture(_level_of(env))
     token = _capture.set(cap)
     try:
         code, document = skel.handle(plugins[plugin](), env, stdin, deadline)
     finally:
         _capture.reset(token)
-    return code, skel.render(document).encode(), cap.buffer.getvalue().encode("utf-8", "surrogateescape")
+    return code, document, cap.buffer.getvalue().encode("utf-8", "surrogateescape")
+
+
+def serve_call(plugins: Mapping[str, Any], plugin: str, env: Mapping[str, str], stdin: bytes,
+               deadline: Optional[call_deadline.Deadline] = None) -> tuple[int, bytes, bytes]:
+    """One CNI call: (exit code, stdout, stderr), what the in-process run would give."""
+    code, document, err = run_call(plugins, plugin, env, stdin, deadline)
+    return code, skel.render(document).encode(), err
 
 
 # --------------------------------------------------------------------------- server
@@ -472,10 +481,9 @@ class _Handler(socketserver.BaseRequestHandler):
         if any(hook in env for hook in CRASH_HOOKS):
             return None
         with srv.count():
-            served = serve_call(srv.plugins, plugin, env, stdin, self.deadline)
-        log_event("call", plugin=plugin, command=env.get("CNI_COMMAND"), container=env.get("CNI_CONTAINERID"),
-                  ifname=env.get("CNI_IFNAME"), code=served[0], ms=round((time.monotonic() - started) * 1000, 1))
-        return served
+            code, document, err = run_call(srv.plugins, plugin, env, stdin, self.deadline)
+        srv.observe(CallRecord.of(plugin, env, stdin, code, document, time.monotonic() - started))
+        return code, skel.render(document).encode(), err
 
 
 class DaemonServer(socketserver.UnixStreamServer):
@@ -499,6 +507,7 @@ class DaemonServer(socketserver.UnixStreamServer):
         self._lock = threading.Lock()
         self._local = threading.local()
         self._accept_error_logged = 0.0
+        self.observers: list[Callable[[CallRecord], None]] = []
         super().__init__(path, _Handler, bind_and_activate=False)
         self.activated = listening is not None  # the socket is systemd's: the daemon never removes it
         self.bound_inode: Optional[int] = None  # the path's inode when the daemon bound it itself
@@ -579,6 +588,16 @@ class DaemonServer(socketserver.UnixStreamServer):
                 self.process_request(request, address)
             else:
                 self.shutdown_request(request)
+
+    def observe(self, record: CallRecord) -> None:
+        """What the daemon does with each call's record: its log line (and, when set, ``observers``:
+        the metrics, the pod events); an observer that fails never fails the call."""
+        log_event("call", record.level, **record.log_fields())
+        for observer in self.observers:
+            try:
+                observer(record)
+            except Exception as exc:  # noqa: BLE001 - the call has its answer; a report must not take it away
+                log_event("observer_failed", "error", error=f"{type(exc).__name__}: {exc}")
 
     def count(self):
         server = self

@@ -447,6 +447,25 @@ def test_daemonset_container():
     assert not {"KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"} & set(env), "Kubernetes sets these itself"
 
 
+def test_the_daemonset_exposes_the_daemons_metrics_port():
+    """The port the daemon serves /metrics on (its environment, read as the daemon reads it) is the
+    port the pod declares and its scrape annotation names, bound to the pod's IP (hostNetwork:
+    the node's), so Prometheus reaches it; a host install has none unless asked."""
+    from rdmanet.node.metrics import DAEMONSET_PORT, DEFAULT_ADDRESS, address_and_port
+
+    c = container()
+    env = {e["name"]: e for e in c["env"]}
+    assert env["RDMANET_METRICS_ADDRESS"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    pod_ip = "10.0.0.7"
+    address, port = address_and_port(None, None, {"RDMANET_METRICS_PORT": env["RDMANET_METRICS_PORT"]["value"],
+                                                   "RDMANET_METRICS_ADDRESS": pod_ip})
+    assert (address, port) == (pod_ip, DAEMONSET_PORT)
+    assert c["ports"] == [{"name": "metrics", "containerPort": port, "protocol": "TCP"}]
+    notes = the("DaemonSet")["spec"]["template"]["metadata"]["annotations"]
+    assert notes == {"prometheus.io/scrape": "true", "prometheus.io/port": str(port)}
+    assert address_and_port(None, None, {}) == (DEFAULT_ADDRESS, 0) and DEFAULT_ADDRESS == "127.0.0.1"
+
+
 def test_install_arguments_are_the_interface():
     from rdmanet.node.launcher import DEFAULT_SOCKET, SOCKET_ENV
 

@@ -42,6 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     daemon.add_argument("--nice", type=int, default=None, metavar="N",
                         help="serve at this nice value, or at the one it was started with when that is lower "
                              "(default: -10: a burst of pod starts has the shims' processes compete with it)")
+    daemon.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                        help="serve Prometheus metrics on this port (default: $RDMANET_METRICS_PORT, else none)")
+    daemon.add_argument("--metrics-address", default=None, metavar="ADDRESS",
+                        help="the address the metrics port binds (default: $RDMANET_METRICS_ADDRESS, else 127.0.0.1: "
+                             "nothing is exposed off the host unless asked)")
     from .node_policy import register as register_policy
 
     register_policy(daemon)
@@ -100,6 +105,12 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--workers and --call-timeout must be positive")
         if args.nice is not None and not -20 <= args.nice <= 19:
             parser.error("--nice must be between -20 and 19")
+        from rdmanet.node.metrics import address_and_port
+
+        try:
+            metrics = address_and_port(args.metrics_port, args.metrics_address)
+        except ValueError as exc:
+            parser.error(str(exc))
         try:
             policy = from_args(args)
         except PolicyError as exc:
@@ -107,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return run_daemon(path, allowed_uids=args.allow_uid or (0,), workers=args.workers or WORKERS,
                           call_timeout=args.call_timeout or DEFAULT_SECONDS, policy=policy,
-                          nice=NICE if args.nice is None else args.nice)
+                          nice=NICE if args.nice is None else args.nice, metrics_endpoint=metrics)
     if args.command == "doctor":
         from .doctor import run as run_doctor
 

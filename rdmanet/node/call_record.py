@@ -11,22 +11,22 @@ and how long it took. So ``kubectl logs`` of the DaemonSet answers "why has this
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 from rdmanet.cni.core.args import parse_cni_args
 from rdmanet.cni.core.errors import CNIError
+from rdmanet.cni.linux.roots import POLICY_ENV
 
 MAX_TEXT = 1024  # a message or fix longer than this is cut in the log line
 
 
-def _network_name(stdin: bytes) -> Optional[str]:
+def _config(stdin: bytes) -> Optional[dict]:
     try:
         doc = json.loads(stdin)
     except (ValueError, UnicodeDecodeError):
         return None
-    name = doc.get("name") if isinstance(doc, dict) else None
-    return name if isinstance(name, str) else None
+    return doc if isinstance(doc, dict) else None
 
 
 def _pod(env: Mapping[str, str]) -> dict[str, str]:
@@ -66,22 +66,26 @@ class CallRecord:
     ips: tuple[str, ...]  # an ADD's addresses
     seconds: float
     node: Optional[str]
+    config: Optional[dict] = field(default=None, repr=False, compare=False)  # the network config on stdin
+    policy: Optional[str] = None  # the node policy file the call's environment names
 
     @classmethod
     def of(cls, plugin: str, env: Mapping[str, str], stdin: bytes, exit_code: int, document: Any,
            seconds: float) -> "CallRecord":
         """The record of one call: its environment and stdin, its exit status and the document it
         printed (a result, a VERSION answer, a CNI error, or None)."""
-        pod = _pod(env)
+        pod, config = _pod(env), _config(stdin)
+        name = config.get("name") if config is not None else None
         failed = exit_code != 0
         error = document if failed and isinstance(document, dict) else {}
         code = error.get("code") if isinstance(error.get("code"), int) else (exit_code if failed else 0)
-        return cls(plugin=plugin, command=env.get("CNI_COMMAND", ""), network=_network_name(stdin),
+        return cls(plugin=plugin, command=env.get("CNI_COMMAND", ""), network=name if isinstance(name, str) else None,
                    container=env.get("CNI_CONTAINERID"), ifname=env.get("CNI_IFNAME"),
                    pod_namespace=pod.get("K8S_POD_NAMESPACE"), pod_name=pod.get("K8S_POD_NAME"),
                    pod_uid=pod.get("K8S_POD_UID"), exit=exit_code, code=code, msg=_cut(error.get("msg")),
                    details=_cut(error.get("details")), ips=() if failed else _addresses(document),
-                   seconds=seconds, node=env.get("RDMANET_NODE_NAME"))
+                   seconds=seconds, node=env.get("RDMANET_NODE_NAME"), config=config,
+                   policy=env.get(POLICY_ENV))
 
     @property
     def ok(self) -> bool:

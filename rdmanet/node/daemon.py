@@ -659,9 +659,12 @@ def _prepare_socket(path: str) -> None:
 
 
 def run(socket_path: str = DEFAULT_SOCKET, allowed_uids: Iterable[int] = (0,), workers: int = WORKERS,
-        call_timeout: float = call_deadline.DEFAULT_SECONDS, policy: Optional[Any] = None, nice: int = NICE) -> int:
+        call_timeout: float = call_deadline.DEFAULT_SECONDS, policy: Optional[Any] = None, nice: int = NICE,
+        metrics_endpoint: Optional[tuple[str, int]] = None) -> int:
     """Serve until SIGTERM/SIGINT. ``policy``: the node policy (rdmanet.cni.linux.roots.NodePolicy) from
     the daemon's flags, for calls whose environment names no policy file. ``nice``: see :data:`NICE`.
+    ``metrics_endpoint``: (address, port) of the Prometheus metrics (:mod:`rdmanet.node.metrics`;
+    port 0 or None: none).
 
     Socket-activated (systemd's ``rdmanet.socket``: LISTEN_FDS/LISTEN_PID, :mod:`rdmanet.node.socket_activation`),
     it serves the socket systemd passed and never removes it; otherwise it binds ``socket_path``."""
@@ -693,6 +696,7 @@ def run(socket_path: str = DEFAULT_SOCKET, allowed_uids: Iterable[int] = (0,), w
         return 1
     if listening is not None:
         _check_activated_mode(socket_path)
+    metrics = _start_metrics(server, socket_path, metrics_endpoint)  # before the first call is served
     stop = threading.Event()
 
     def on_signal(signum, frame):
@@ -714,7 +718,29 @@ def run(socket_path: str = DEFAULT_SOCKET, allowed_uids: Iterable[int] = (0,), w
             pass
     finally:
         stop_serving(server, socket_path)
+        if metrics is not None:
+            metrics.close()
     return 0
+
+
+def _start_metrics(server: "DaemonServer", socket_path: str, endpoint: Optional[tuple[str, int]]) -> Any:
+    """The metrics endpoint, when one is asked for; one that cannot bind is logged and the daemon
+    serves its CNI calls without it (a metrics port must never take the node's CNI down)."""
+    if not endpoint or not endpoint[1]:
+        return None
+    from .metrics import DaemonMetrics
+
+    address, port = endpoint
+    metrics = DaemonMetrics(del_journal.directory_of(socket_path))
+    try:
+        metrics.serve(address, port)
+    except OSError as exc:
+        log_event("metrics_failed", "error", address=address, port=port, error=str(exc),
+                  hint="free the port or give another (--metrics-port); CNI calls are served without metrics")
+        return None
+    server.observers.append(metrics.observe)
+    log_event("metrics", address=address, port=port, path="/metrics")
+    return metrics
 
 
 def stop_serving(server: DaemonServer, socket_path: str, accept_loop_running: bool = True) -> None:

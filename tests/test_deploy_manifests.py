@@ -545,13 +545,15 @@ def test_rbac_grants_leases_in_our_namespace_pod_reads_and_node_lists_only():
     for path, role in objects("ClusterRole"):
         for rule in role["rules"]:
             assert set(rule) == {"apiGroups", "resources", "verbs"}
-            assert rule["apiGroups"] == [""] and rule["resources"] in (["pods"], ["nodes"]), f"{rel(path)}: {rule}"
+            assert rule["apiGroups"] == [""] and rule["resources"] in (["pods"], ["nodes"], ["events"]), f"{rel(path)}: {rule}"
             if rule["resources"] == ["pods"]:
                 assert set(rule["verbs"]) <= {"get", "list"} and "get" in rule["verbs"]
+            elif rule["resources"] == ["events"]:  # events on pods (rdmanet/node/pod_events.py): created, never read
+                assert rule["verbs"] == ["create"]
             else:  # rdmanet ipam plan Lists the nodes (rdmanet/ipam/block_planner.py): nothing more
                 assert rule["verbs"] == ["list"]
             granted.add((rule["resources"][0], *sorted(rule["verbs"])))
-    assert objects("Role") and granted == {("pods", "get", "list"), ("nodes", "list")}
+    assert objects("Role") and granted == {("pods", "get", "list"), ("nodes", "list"), ("events", "create")}
 
 
 def test_bindings_bind_our_service_account_to_our_roles():

@@ -33,9 +33,10 @@ import argparse
 import json
 import os
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 from rdmanet.cni.core.errors import INVALID_CONFIG, IO_FAILURE, CNIError
 
@@ -126,18 +127,47 @@ def run(args: argparse.Namespace, out=None) -> int:
             kube: dict = {"kubeconfig": args.kubeconfig} if args.kubeconfig else {}
             if args.namespace:
                 kube["namespace"] = args.namespace
-            outcome = reconcile.reconcile_all({"ipam": {"type": "lease-ipam", "kubernetes": kube}},
-                                              grace_seconds=args.grace_seconds, misses=args.misses, dry_run=args.dry_run,
-                                              deadline_seconds=args.deadline_seconds)
+            config = {"ipam": {"type": "lease-ipam", "kubernetes": kube}}
         else:
             config = network_config.one_ipam_config(args.network_config, args.network)
-            outcome = reconcile.reconcile(config, grace_seconds=args.grace_seconds, misses=args.misses, dry_run=args.dry_run,
-                                          deadline_seconds=args.deadline_seconds)
+        with freed_events(config, args.dry_run):
+            if args.all:
+                outcome = reconcile.reconcile_all(config, grace_seconds=args.grace_seconds, misses=args.misses,
+                                                  dry_run=args.dry_run, deadline_seconds=args.deadline_seconds)
+            else:
+                outcome = reconcile.reconcile(config, grace_seconds=args.grace_seconds, misses=args.misses,
+                                              dry_run=args.dry_run, deadline_seconds=args.deadline_seconds)
         out.write(json.dumps(outcome.to_json(), indent=2) + "\n" if args.output == "json" else render_reconcile(outcome))
         return 1 if outcome.errors else 0
     except CNIError as err:
         sys.stderr.write(f"rdmanet ipam: {err.msg}\n" + (f"  fix: {err.details}\n" if err.details else ""))
         return 2
+
+
+@contextmanager
+def freed_events(config: dict, dry_run: bool, flush_seconds: float = 10.0) -> Iterator[None]:
+    """An event on each pod whose address the run frees (rdmanet.node.pod_events), written with the
+    credentials the run uses (the CronJob's: its service account), at most ``flush_seconds`` after
+    the run; never its failure."""
+    if dry_run:
+        yield
+        return
+    from rdmanet.ipam import telemetry
+    from rdmanet.ipam.kube_config import kube_settings
+    from rdmanet.ipam.node_gc import node_name
+    from rdmanet.node.pod_events import Credentials, PodEvents
+
+    try:
+        settings = kube_settings(config)
+    except CNIError:
+        settings = None
+    events = PodEvents(Credentials(settings.kubeconfig if settings is not None else None), node_name())
+    telemetry.on_freed(events.freed)
+    try:
+        yield
+    finally:
+        telemetry.remove_listener(events.freed)
+        events.flush(flush_seconds)
 
 
 # -- listing --------------------------------------------------------------------------------------

@@ -47,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     daemon.add_argument("--metrics-address", default=None, metavar="ADDRESS",
                         help="the address the metrics port binds (default: $RDMANET_METRICS_ADDRESS, else 127.0.0.1: "
                              "nothing is exposed off the host unless asked)")
+    daemon.add_argument("--kubeconfig", default=None, metavar="FILE",
+                        help="the daemon's own credentials, for the events it writes on pods (default: "
+                             "$RDMANET_KUBECONFIG, else install.sh's /etc/cni/net.d/rdmanet.d/rdmanet.kubeconfig, else the "
+                             "pod's service account, else no events)")
     from .node_policy import register as register_policy
 
     register_policy(daemon)
@@ -118,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return run_daemon(path, allowed_uids=args.allow_uid or (0,), workers=args.workers or WORKERS,
                           call_timeout=args.call_timeout or DEFAULT_SECONDS, policy=policy,
-                          nice=NICE if args.nice is None else args.nice, metrics_endpoint=metrics)
+                          nice=NICE if args.nice is None else args.nice, metrics_endpoint=metrics,
+                          kubeconfig=args.kubeconfig or os.environ.get("RDMANET_KUBECONFIG") or None)
     if args.command == "doctor":
         from .doctor import run as run_doctor
 

@@ -660,11 +660,12 @@ def _prepare_socket(path: str) -> None:
 
 def run(socket_path: str = DEFAULT_SOCKET, allowed_uids: Iterable[int] = (0,), workers: int = WORKERS,
         call_timeout: float = call_deadline.DEFAULT_SECONDS, policy: Optional[Any] = None, nice: int = NICE,
-        metrics_endpoint: Optional[tuple[str, int]] = None) -> int:
+        metrics_endpoint: Optional[tuple[str, int]] = None, kubeconfig: Optional[str] = None) -> int:
     """Serve until SIGTERM/SIGINT. ``policy``: the node policy (rdmanet.cni.linux.roots.NodePolicy) from
     the daemon's flags, for calls whose environment names no policy file. ``nice``: see :data:`NICE`.
     ``metrics_endpoint``: (address, port) of the Prometheus metrics (:mod:`rdmanet.node.metrics`;
-    port 0 or None: none).
+    port 0 or None: none). ``kubeconfig``: the daemon's own credentials, for the events it writes
+    on pods (:mod:`rdmanet.node.pod_events`; None: install.sh's, else the pod's service account).
 
     Socket-activated (systemd's ``rdmanet.socket``: LISTEN_FDS/LISTEN_PID, :mod:`rdmanet.node.socket_activation`),
     it serves the socket systemd passed and never removes it; otherwise it binds ``socket_path``."""
@@ -697,6 +698,7 @@ def run(socket_path: str = DEFAULT_SOCKET, allowed_uids: Iterable[int] = (0,), w
     if listening is not None:
         _check_activated_mode(socket_path)
     metrics = _start_metrics(server, socket_path, metrics_endpoint)  # before the first call is served
+    _start_pod_events(server, kubeconfig, metrics)
     stop = threading.Event()
 
     def on_signal(signum, frame):
@@ -721,6 +723,20 @@ def run(socket_path: str = DEFAULT_SOCKET, allowed_uids: Iterable[int] = (0,), w
         if metrics is not None:
             metrics.close()
     return 0
+
+
+def _start_pod_events(server: "DaemonServer", kubeconfig: Optional[str], metrics: Any) -> None:
+    """Events on pods for failed ADDs and freed addresses, written in the background."""
+    from rdmanet.ipam import telemetry
+
+    from .pod_events import Credentials, PodEvents
+
+    events = PodEvents(Credentials(kubeconfig), node_gc.node_name(), result=metrics.event if metrics else None)
+    server.observers.append(events.observe)
+    telemetry.on_freed(events.freed)
+    where = events.credentials.source()
+    log_event("pod_events", kubeconfig=where or ("in-cluster" if where == "" else None),
+              enabled=where is not None)
 
 
 def _start_metrics(server: "DaemonServer", socket_path: str, endpoint: Optional[tuple[str, int]]) -> Any:

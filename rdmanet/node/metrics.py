@@ -32,6 +32,7 @@ At each scrape, from what the process holds (no API request, no lock wait: :mod:
 from __future__ import annotations
 
 import os
+import socket
 import threading
 from collections import OrderedDict
 from typing import Any, Iterable, Optional
@@ -82,9 +83,10 @@ class DaemonMetrics:
         self.calls.labels(record.plugin, record.command, str(record.code)).inc()
         self.duration.labels(record.plugin, record.command).observe(record.seconds)
         if record.ok and record.command in ("ADD", "CHECK", "DEL") and _ipam_type(record.config) == "lease-ipam":
-            key = (record.network, record.node, record.policy)
+            node = record.node or socket.gethostname()  # as the Lease store names the node (store/kube.py)
+            key = (record.network, node, record.policy)
             with self._lock:
-                self._networks[key] = (record.config, record.node or "", record.policy)
+                self._networks[key] = (record.config, node, record.policy)
                 self._networks.move_to_end(key)
                 while len(self._networks) > MAX_NETWORKS:
                     self._networks.popitem(last=False)

@@ -668,7 +668,7 @@ def test_host_mode_twice_then_uninstall(tmp_path):
     (bin2 / "lease-ipam").write_text("#!/bin/sh\n")  # replaced by someone else: not ours any more
 
     # The running systemd's path (--systemd-root /), then --uninstall, in a mount namespace of their
-    # own: /etc/systemd/system and /run are empty tmpfs there (/run/systemd/system made: systemd
+    # own: /etc/systemd/system, /run and /var/lib/cni are empty tmpfs there (/run/systemd/system made: systemd
     # "runs"), and systemctl is a stand-in that records its calls (--root ones go to the real one).
     calls, out = tmp_path / "systemctl-calls", tmp_path / "live"
     out.mkdir()
@@ -683,6 +683,7 @@ case "$*" in *is-active*) exit 3 ;; esac
     script = f"""set -eu
 mount -t tmpfs tmpfs /etc/systemd/system
 mount -t tmpfs tmpfs /run
+if [ -d /var/lib/cni ]; then mount -t tmpfs tmpfs /var/lib/cni; fi  # the uninstall clears the demo's store there
 mkdir -p /run/systemd/system
 export PATH={fake}:$PATH
 {INSTALL} --prefix {prefix} --link-dir {link_dir} --socket {sock} --bin-dir {bin_dir} > {out}/install.out 2>&1
@@ -713,7 +714,9 @@ ls -A /etc/systemd/system > {out}/units-after
     for unit in (f"{units}/rdmanet.socket", f"{units}/rdmanet.service", "/etc/systemd/system/rdmanet.socket",
                  "/etc/systemd/system/rdmanet.service"):
         assert f"removed {unit}\n" in uninstall, uninstall
-    assert os.listdir(bin_dir) == ["bridge"] and os.listdir(bin2) == ["lease-ipam"] and os.listdir(link_dir) == []
+    assert os.listdir(bin_dir) == ["bridge"] and os.listdir(bin2) == ["lease-ipam"]
+    assert not link_dir.exists() and f"removed {link_dir}\n" in uninstall  # install made it: it goes once empty
+    assert f"left {bin2}: it holds files of others (install.sh created it)\n" in uninstall
     assert os.listdir(units) == []  # disabled (no symlink left) and removed
     assert not prefix.exists()
 

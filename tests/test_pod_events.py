@@ -18,21 +18,11 @@ from rdmanet.ipam.plugin import LeaseIPAM
 from rdmanet.node import pod_events
 from rdmanet.node.testing import Daemon, shim_env
 from kube_api_server import KubeAPIServer, write_kubeconfig
+from test_daemon_metrics import eventually
 
 BARE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 NAMESPACE = "rdmanet-system"
 NODE = "gpu-node-1"
-
-
-def eventually(predicate, what: str, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = predicate()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def events_of(server, namespace: str, reason: str | None = None) -> list[dict]:

@@ -35,7 +35,7 @@ from typing import Any, Callable, Optional
 
 from rdmanet.cni.core.errors import IO_FAILURE, CNIError
 
-from . import node_identity
+from . import node_identity, telemetry
 
 log = logging.getLogger("rdmanet.ipam.gc")
 
@@ -104,7 +104,7 @@ def run_once(node: str, grace: float = GRACE, misses: int = MISSES, say: Say = _
                 say("node_gc_skipped", "warning", node=node, kubeconfig=settings.kubeconfig or "in-cluster",
                     why=f"this node's name is not confirmed: {found.reason}", fix=found.fix)
                 continue
-            outcome = reconcile_target(target, grace_seconds=grace, misses=misses)
+            outcome = reconcile_target(target, grace_seconds=grace, misses=misses, freed_by=telemetry.NODE_GC)
             for block in release_blocks(target, node, grace):
                 say("node_gc_block_released", block=block.id, node=node)
         except CNIError as err:

@@ -58,6 +58,8 @@ from urllib.parse import quote
 
 from rdmanet.cni.core.errors import INVALID_CONFIG, NOT_AVAILABLE, CNIError
 
+from . import telemetry
+
 from .store.kube import (
     GROUP,
     L_BLOCK_OWNER,
@@ -577,7 +579,8 @@ def superseded(claims: list[LeaseClaim]) -> dict[str, LeaseClaim]:
 def reconcile_target(target: KubeTarget, *, grace_seconds: float = 300.0, misses: int = 3, dry_run: bool = False,
                      now: Optional[datetime] = None, deadline_seconds: Optional[float] = None,
                      spacing_seconds: Optional[float] = None,
-                     only: Optional[Callable[[LeaseClaim], bool]] = None) -> Outcome:
+                     only: Optional[Callable[[LeaseClaim], bool]] = None,
+                     freed_by: str = telemetry.RECONCILER) -> Outcome:
     """One pass. Requests: the claims' List (pages of 500), the pods' List once per namespace
     (or once for a node, and a GET per claim whose pod it does not show), and one write per
     claim whose count changes (a GET and a PUT) or that is freed (a DELETE); nothing for a claim
@@ -585,7 +588,8 @@ def reconcile_target(target: KubeTarget, *, grace_seconds: float = 300.0, misses
     none, and nothing is judged); ``spacing_seconds``: the least server time between two
     counted misses (default ``grace_seconds / misses``); ``only``: the claims to judge (the
     CNI GC's: those its runtime no longer knows); ``deadline_seconds``: claims not judged by
-    then are left for the next run (reported as ``skipped-deadline``)."""
+    then are left for the next run (reported as ``skipped-deadline``). Each claim freed is
+    reported (:func:`rdmanet.ipam.telemetry.freed`, as ``freed_by``)."""
     outcome = Outcome(target.domain, target.namespace, dry_run, grace_seconds, misses)
     end = None if deadline_seconds is None else time.monotonic() + deadline_seconds
     spacing = grace_seconds / max(1, misses) if spacing_seconds is None else spacing_seconds
@@ -615,6 +619,10 @@ def reconcile_target(target: KubeTarget, *, grace_seconds: float = 300.0, misses
         except CNIError as err:
             action = Action(claim, ERROR, claim.misses, err.msg)
         outcome.actions.append(action)
+        if action.action == FREED and not dry_run:
+            c = claim
+            telemetry.freed(telemetry.Freed(freed_by, c.address or c.name, c.network, c.container_id, c.ifname,
+                                            c.pod_namespace, c.pod_name, c.pod_uid, c.node, action.reason))
     return outcome
 
 

@@ -134,7 +134,7 @@ def node_policy_env(root: pathlib.Path) -> dict[str, str]:
     state in ``root/hd-state``; returns the environment a runtime hands the plugins for it."""
     policy = root / "node-policy.json"
     policy.write_text(json.dumps({
-        "logRoots": [str(root)], "dataRoots": [str(root)], "kubeconfigRoots": [str(root)], "configRoots": [str(root)],
+        "logRoots": [str(root)], "dataRoots": [str(root)], "kubeconfigs": [f"{root}/*"], "configRoots": [str(root)],
         "deviceInfoDir": str(root), "hostDeviceStateDir": str(root / "hd-state")}))
     policy.chmod(0o600)
     return {"RDMANET_NODE_POLICY": str(policy)}

@@ -12,7 +12,7 @@ from rdmanet.cli.doctor.cni_checks import NetworkUse
 
 def policy_in(tmp_path) -> roots.NodePolicy:
     r = tmp_path / "roots"
-    return roots.NodePolicy(log_roots=(str(r / "log"),), data_roots=(str(r / "data"),), kubeconfig_roots=(str(r / "kube"),),
+    return roots.NodePolicy(log_roots=(str(r / "log"),), data_roots=(str(r / "data"),), kubeconfigs=(f"{r / 'kube'}/*",),
                             config_roots=(str(r / "kube"),), device_info_dir=str(r / "devinfo"),
                             host_device_state_dir=str(r / "data" / "hd"))
 
@@ -84,7 +84,7 @@ def test_doctor_cli_judges_by_the_node_policy_it_is_given(tmp_path, capsys):
     (root / "store").mkdir(parents=True)
     os.chmod(root / "store", 0o777)
     policy = tmp_path / "policy.json"
-    policy.write_text(json.dumps({"dataRoots": [str(root)], "logRoots": [], "kubeconfigRoots": [], "configRoots": [],
+    policy.write_text(json.dumps({"dataRoots": [str(root)], "logRoots": [], "kubeconfigs": [], "configRoots": [],
                                   "deviceInfoDir": str(tmp_path / "devinfo"), "hostDeviceStateDir": str(root / "hd")}))
     os.chmod(policy, 0o600)
     argv = ["doctor", "-o", "json", "--sysfs-root", str(tmp_path / "host"), "--proc-root", str(tmp_path / "host"),

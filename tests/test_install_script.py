@@ -295,7 +295,7 @@ def test_daemonset_mode_end_to_end(node):
         lines = path.read_text().splitlines()
         assert lines[0] == f"#!{HOST_PYTHON} -IS"
         assert lines[1].startswith(f"# rdmanet CNI shim for {plugin} (daemon only;")
-        assert lines[-1] == f"    sys.exit(run({plugin!r}, None, {str(node.socket)!r}))"
+        assert lines[-1] == f"    sys.exit(run({plugin!r}, None, {str(node.socket)!r}, 0))"
 
     # the kubeconfig: 0600 in a 0700 dir, the CA copied beside it, loadable, with the token
     assert node.kdir.stat().st_mode & 0o777 == 0o700

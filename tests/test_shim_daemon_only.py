@@ -79,7 +79,7 @@ def test_shim_sources_parse_as_python_36(module):
 def test_rendered_daemon_only_shim():
     text = launcher.render_shim("macvlan-rdma", "/usr/bin/python3", None, "/run/x.sock")
     assert text.startswith("#!/usr/bin/python3 -IS\n# rdmanet CNI shim for macvlan-rdma (daemon only;")
-    assert text.endswith("sys.exit(run('macvlan-rdma', None, '/run/x.sock'))\n")
+    assert text.endswith("sys.exit(run('macvlan-rdma', None, '/run/x.sock', 0))\n")
     assert launcher.render_shim("macvlan-rdma", "/usr/bin/python3", "", "/run/x.sock") == text  # "" = None
     ast.parse(text, feature_version=(3, 6))
     with pytest.raises(ValueError):
@@ -112,7 +112,7 @@ def test_python_m_shim_daemon_only(tmp_path, capsys):
     for plugin in launcher.PLUGINS:
         text = (tmp_path / "bin" / plugin).read_text()
         assert text.startswith("#!/usr/bin/python3 -IS\n")  # the node's default python3
-        assert text.endswith(f"sys.exit(run({plugin!r}, None, '/run/s.sock'))\n")
+        assert text.endswith(f"sys.exit(run({plugin!r}, None, '/run/s.sock', 0))\n")
     assert shim_main([str(tmp_path / "b2"), "lease-ipam", "--daemon-only", "--python", "/usr/local/bin/python3"]) == 0
     assert os.listdir(tmp_path / "b2") == ["lease-ipam"]
     assert (tmp_path / "b2" / "lease-ipam").read_text().startswith("#!/usr/local/bin/python3 -IS\n")

@@ -163,11 +163,14 @@ def check_networks(uses: Sequence[Any], policy: Optional[roots.NodePolicy] = Non
         config = use.config
         ipam = config.get("ipam")
 
-        def outside(key: str, value: Any, allowed: Sequence[str]) -> Optional[str]:
+        def outside(key: str, value: Any, allowed: Optional[Sequence[str]]) -> Optional[str]:
             if value is None:
                 return None
             try:
-                roots.place(key, value, allowed)
+                if allowed is None:
+                    roots.place_kubeconfig(key, value, policy.kubeconfigs)
+                else:
+                    roots.place(key, value, allowed)
             except CNIError as exc:
                 return exc.msg
             return None
@@ -177,7 +180,7 @@ def check_networks(uses: Sequence[Any], policy: Optional[roots.NodePolicy] = Non
             out.append(warn(AREA, subject, f"{msg}: ignored, lease-ipam logs to stderr/the daemon's log instead",
                             f"remove ipam.log_file or put it under {', '.join(policy.log_roots)}"))
         for key, value, allowed in (("ipam.dataDir", _get(ipam, "dataDir"), policy.data_roots),
-                                    ("ipam.kubernetes.kubeconfig", _get(ipam, "kubernetes", "kubeconfig"), policy.kubeconfig_roots),
+                                    ("ipam.kubernetes.kubeconfig", _get(ipam, "kubernetes", "kubeconfig"), None),
                                     ("runtimeConfig.CNIDeviceInfoFile", _get(config, "runtimeConfig", "CNIDeviceInfoFile"),
                                      (policy.device_info_dir,))):
             if msg := outside(key, value, allowed):

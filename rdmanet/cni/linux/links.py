@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import ipaddress
+import os
 import struct
 import time
 from contextlib import contextmanager
@@ -235,6 +236,19 @@ def find_basics(ipr: IPRoute, name: str) -> Optional[LinkBasics]:
 
 def link_by_index(ipr: IPRoute, index: int) -> Optional[Link]:
     return _get_link(ipr, f"#{index}", index=index)
+
+
+def host_nsid_in(ipr: IPRoute) -> Optional[int]:
+    """The nsid the namespace of ``ipr`` (a pod's) gives the calling thread's (the host's), as
+    its links' IFLA_LINK_NETNSID name it; None when it gives none."""
+    host_fd = netns.current_netns_fd()
+    try:
+        nsid = ipr.get_netnsid(fd=host_fd).get("nsid")
+    except NetlinkError:
+        return None
+    finally:
+        os.close(host_fd)
+    return nsid if isinstance(nsid, int) and nsid >= 0 else None
 
 
 def default_route_link(ipr: IPRoute) -> Optional[str]:

@@ -22,8 +22,12 @@ looked at by DEL, a repeat ADD and a takeover (:func:`rescue_from_staging`).
 
 A moved link is followed by its ifindex (the kernel keeps it across a netns move unless the
 target already uses it), never found again by a name a pod could have given another link.
-:func:`identify` tells the device ADD moved from a link that only looks like it (same name):
-ifindex, kind, permanent MAC and bus device (e.g. the PCI address) as recorded at ADD.
+:func:`identify` tells the device ADD moved from a link that only looks like it: a pod may delete
+the device and create a link of the same kind, name, MAC and even ifindex. What it cannot forge is
+checked, as recorded at ADD: a physical device's permanent MAC and bus device (e.g. the PCI
+address); a veth's peer, its ifindex and network namespace (the host's: a pod cannot put a link
+there). A virtual device with neither (a veth whose peer was not in the host, a dummy) cannot be
+told from a forgery once it is in a pod: DEL leaves what it finds there, which dies with the pod.
 """
 
 from __future__ import annotations
@@ -53,21 +57,37 @@ def _crash(step: str) -> None:
         os._exit(137)
 
 
+OURS = object()  # identify(): the link was read in a namespace of our own (the host, a staging netns)
+
+
 def identity_of(link: Link) -> dict:
-    """What ADD records of the device to recognise it later (beside its ifindex)."""
-    return {"kind": link.kind, "perm_mac": link.perm_mac, "parent_dev": link.parent_dev}
+    """What ADD records of the device (read in the host) to recognise it later, beside its
+    ifindex: kind, permanent MAC, bus device; for a veth its peer's ifindex and network namespace
+    (None when the peer is not in the host: then nothing a pod cannot forge is known)."""
+    found = {"kind": link.kind, "perm_mac": link.perm_mac, "parent_dev": link.parent_dev}
+    if link.kind == "veth":
+        found["peer_index"] = link.parent_index
+        found["peer_netns"] = netns.identity(netns.THREAD_NETNS) if link.parent_netnsid is None else None
+    return found
 
 
-def identify(link: Optional[Link], recorded: dict) -> bool:
-    """Whether ``link`` is the device recorded at ADD (``identity_of`` fields present in ``recorded``)."""
+def identify(link: Optional[Link], recorded: dict, host_nsid: object = OURS) -> bool:
+    """Whether ``link`` is the device recorded at ADD (``identity_of`` fields present in ``recorded``).
+
+    ``host_nsid``: :data:`OURS` when ``link`` was read in the host (or a staging netns: no pod
+    makes links there), else the host's nsid as the link's netns (a pod's) knows it
+    (:func:`rdmanet.cni.linux.links.host_nsid_in`), to check a veth's peer with."""
     if link is None:
         return False
     if "kind" in recorded and link.kind != recorded["kind"]:
         return False
-    for field in ("perm_mac", "parent_dev"):
-        if recorded.get(field) and getattr(link, field) != recorded[field]:
-            return False
-    return True
+    if strongly_identified(recorded):
+        return all(not recorded.get(f) or getattr(link, f) == recorded[f] for f in ("perm_mac", "parent_dev"))
+    if host_nsid is OURS:
+        return True
+    return (link.kind == "veth" and isinstance(host_nsid, int) and recorded.get("peer_netns") is not None
+            and recorded["peer_netns"] == netns.identity(netns.THREAD_NETNS)
+            and link.parent_index == recorded.get("peer_index") and link.parent_netnsid == host_nsid)
 
 
 def strongly_identified(recorded: dict) -> bool:

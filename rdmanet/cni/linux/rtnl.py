@@ -12,7 +12,8 @@ tests/test_rtnl_messages.py); the plain ones are filled directly (:func:`_plain`
 through pyroute2's request filters.
 
 Only the requests the plugins make on their hot path are served this way (see :data:`FAST`, and
-the dumps :meth:`Rtnl.get_links` and :meth:`Rtnl.get_addr`); anything else (``put``/``get`` of a
+the dumps :meth:`Rtnl.get_links`, :meth:`Rtnl.get_addr` and :meth:`Rtnl.get_routes`, and
+:meth:`Rtnl.get_netnsid`); anything else (``put``/``get`` of a
 hand-built message, ``get_routes``, ...) goes to a real ``IPRoute`` opened on first use in the
 same network namespace, so the two always agree.
 
@@ -35,16 +36,19 @@ from pyroute2.netlink.rtnl import (
     RTM_DELROUTE,
     RTM_GETADDR,
     RTM_GETLINK,
+    RTM_GETNSID,
     RTM_GETROUTE,
     RTM_NEWADDR,
     RTM_NEWLINK,
     RTM_NEWLINKPROP,
+    RTM_NEWNSID,
     RTM_NEWROUTE,
     RTM_SETLINK,
     RTM_VALUES,
 )
 from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
+from pyroute2.netlink.rtnl.nsidmsg import nsidmsg
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
 from . import netns
@@ -150,6 +154,7 @@ class MarshalLinks(Marshal):
         **dict.fromkeys((RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK, RTM_SETLINK, RTM_NEWLINKPROP, RTM_DELLINKPROP), ifinfmsg),
         **dict.fromkeys((RTM_NEWADDR, RTM_DELADDR, RTM_GETADDR), ifaddrmsg),
         **dict.fromkeys((RTM_NEWROUTE, RTM_DELROUTE, RTM_GETROUTE), rtmsg),
+        RTM_NEWNSID: nsidmsg,
     }
 
     def fix_message(self, msg) -> None:  # as MarshalRtnl's
@@ -203,6 +208,29 @@ class Rtnl:
         index = kwarg.get("index")
         return [msg for msg in self._exchange(dump)
                 if (index is None or msg["index"] == index) and (not family or msg["family"] == family)]
+
+    def get_routes(self, *argv: Any, **kwarg: Any):
+        """``IPRoute.get_routes`` by ``family`` and ``table``: one dump of the family's routes of
+        every table, the table's kept here (a dump without strict checking is not filtered)."""
+        if argv or not kwarg.keys() <= {"family", "table"}:
+            return self._fallback().get_routes(*argv, **kwarg)
+        family = kwarg.get("family") or 0
+        dump = self._filled(rtmsg, RTM_GETROUTE, NLM_F_REQUEST | NLM_F_DUMP, {"family": family}, [])
+        table = kwarg.get("table")
+        return [msg for msg in self._exchange(dump)
+                if (table is None or msg.get("RTA_TABLE") == table) and (not family or msg["family"] == family)]
+
+    def get_netnsid(self, *argv: Any, **kwarg: Any) -> dict:
+        """``IPRoute.get_netnsid(fd=...)``: ``{"nsid": n}``, the id this namespace gives the one
+        open as ``fd`` (-1: it gives it none)."""
+        if argv or kwarg.keys() != {"fd"}:
+            return self._fallback().get_netnsid(*argv, **kwarg)
+        nsid = -1
+        for answer in self._exchange(self._filled(nsidmsg, RTM_GETNSID, REQ, {}, [["NETNSA_FD", kwarg["fd"]]])):
+            value = answer.get("NETNSA_NSID")
+            if isinstance(value, int):
+                nsid = value - (1 << 32) if value >= 1 << 31 else value  # the kernel's s32
+        return {"nsid": nsid}
 
     def __getattr__(self, name: str):
         if name.startswith("_"):

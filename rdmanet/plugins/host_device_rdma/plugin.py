@@ -68,7 +68,7 @@ from rdmanet.cni.linux import device_policy
 from rdmanet.cni.linux.state import StateDir
 
 from . import device_lock, ib_vf, state_dir
-from .moves import (OURS, identify, identity_of, move_into_pod, move_to_host, rescue_from_staging, restore_in_host,
+from .moves import (identify, identity_of, move_into_pod, move_to_host, rescue_from_staging, restore_in_host,
                     strongly_identified)
 from .selection import DEVICE_ID_SHOWN, DeviceRef, select_device
 
@@ -143,12 +143,12 @@ class HostDeviceRdma:
         expected = next((i for i in prev.interfaces if i.name == inv.ifname), None)
         try:
             if not ref.dpdk:
-                with links.rtnl_in(inv.netns) as pod:
+                with netns.opened(inv.netns) as pod_fd, links.rtnl_in_fd(pod_fd) as pod:
                     link = links.find_link(pod, inv.ifname)
                     if link is None:
                         raise check_failed(f"{inv.ifname} is missing from {inv.netns}")
                     if state.get("netdev") and (link.index != state["netdev"].get("pod_index")
-                                                or not _is_the_device(link, state, links.host_nsid_in(pod))):
+                                                or not _is_the_device(link, state, pod_fd)):
                         raise check_failed(f"{inv.ifname} in {inv.netns} is not the device ADD moved there "
                                            f"({state['original']['name']}, ifindex {state['netdev'].get('pod_index')})")
                     if expected and expected.mac and link.mac != expected.mac.lower():
@@ -479,11 +479,11 @@ def _after_rebind(host, ref: DeviceRef, state: dict) -> links.Link:
     return link
 
 
-def _is_the_device(link: Optional[links.Link], state: dict, host_nsid: object = OURS) -> bool:
-    return identify(link, state["original"], host_nsid)
+def _is_the_device(link: Optional[links.Link], state: dict, pod_fd: Optional[int] = None) -> bool:
+    return identify(link, state["original"], pod_fd)
 
 
-def _find_in_pod(pod, state: dict) -> Optional[links.Link]:
+def _find_in_pod(pod, pod_fd: int, state: dict) -> Optional[links.Link]:
     """The device ADD moved, in the pod: at its recorded ifindex if that link is it, else (a
     physical device the pod moved away and back) by its permanent MAC / bus device. A version 1
     state (no ifindex recorded) falls back to CNI_IFNAME with the alias ADD set."""
@@ -493,7 +493,7 @@ def _find_in_pod(pod, state: dict) -> Optional[links.Link]:
         link = links.find_link(pod, state["ifname"])
         return link if link is not None and link.alias == original["name"] else None
     link = links.link_by_index(pod, index)
-    if _is_the_device(link, state, links.host_nsid_in(pod)):  # after the link's dump: it names the host's nsid
+    if _is_the_device(link, state, pod_fd):
         return link
     if strongly_identified(original):
         return next((l for l in map(links.Link.from_msg, pod.get_links()) if _is_the_device(l, state)), None)
@@ -523,7 +523,7 @@ def _netdev_to_host(state: dict, netns_path: str, root: str) -> None:
         try:
             with _open_pod(netns_path) as pod_fd:
                 with links.rtnl_in_fd(pod_fd) as pod:
-                    link = _find_in_pod(pod, state)
+                    link = _find_in_pod(pod, pod_fd, state)
                     index = (state.get("netdev") or {}).get("pod_index")
                     found = None if link is not None else (links.find_link(pod, state["ifname"])
                                                            or (links.link_by_index(pod, index) if index else None))
@@ -531,7 +531,7 @@ def _netdev_to_host(state: dict, netns_path: str, root: str) -> None:
                     move_to_host(pod_fd, link, original)
                     return
                 if found is not None:
-                    log.warning("DEL %s/%s: %s (%s, ifindex %d) in %s is not provably the device ADD moved there (%s, "
+                    log.warning("DEL %s/%s: %s (%s, ifindex %d) in %s is not the device ADD moved there (%s, "
                                 "ifindex %s: %s): it is left in the pod and nothing of the host's is touched",
                                 state.get("containerID"), state["ifname"], found.name, found.kind or "link", found.index,
                                 netns_path, original["name"], index, _identity_text(original))
@@ -549,8 +549,9 @@ def _identity_text(original: dict) -> str:
     """What DEL recognises the device by (moves.identify), for the log."""
     if strongly_identified(original):
         return f"permanent MAC {original.get('perm_mac') or '-'}, bus device {original.get('parent_dev') or '-'}"
-    if original.get("peer_netns"):
-        return f"a veth whose peer is ifindex {original.get('peer_index')} in the host"
+    if "peer_index" in original:
+        where = "the host" if original.get("peer_nsid") is None else f"the netns of id {original['peer_nsid']}"
+        return f"a veth whose peer is ifindex {original['peer_index']} in {where}"
     return f"a {original.get('kind') or 'virtual'} device with nothing a pod could not forge"
 
 

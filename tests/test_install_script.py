@@ -556,6 +556,22 @@ def test_prefix_without_rdmanet_is_refused(node, tmp_path):
 
 
 @needs_root
+def test_a_socket_directory_others_may_write_is_refused(node, tmp_path):
+    """Anyone could bind the socket there while the daemon is down: install.sh says so and
+    writes nothing (the shims would trust nobody there anyway, the daemon would not start)."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    args = node.args()
+    args[args.index("--socket") + 1] = str(shared / "daemon.sock")
+    proc = subprocess.run(args, env=node.env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    [line] = json_lines(proc.stderr)
+    assert line["event"] == "unsafe_socket_dir" and "writable by others" in line["msg"] and str(shared) in line["msg"]
+    assert not node.bin.exists() and os.listdir(shared) == []
+
+
+@needs_root
 def test_kube_store_through_the_daemon_follows_token_rotation(node):
     """lease-ipam's Lease store in the daemon, through a shim, with the kubeconfig install.sh wrote:
     after the token rotates (same length), the API server takes only the new one, and ADD works."""

@@ -282,3 +282,20 @@ def test_hot_path_journal_path_is_the_launchers(socket_path, cid):
 
     environb = {b"CNI_CONTAINERID": cid, b"CNI_IFNAME": b"net1"}
     assert fast.journal_path(socket_path, "macvlan-rdma", environb) == launcher.journal_path(socket_path, "macvlan-rdma", environb)
+
+
+def test_hot_path_peer_check_is_the_launchers():
+    """The hot path's copy of peer_refused (rdmanet.node.fast imports nothing of ours) is the
+    launcher's: the same code, the same answers (a socketpair's peer is this process)."""
+    from rdmanet.node import fast
+
+    def body(fn):
+        tree = ast.parse(__import__("textwrap").dedent(__import__("inspect").getsource(fn))).body[0]
+        return ast.dump(ast.Module(tree.body[1:], []))  # without the docstring
+
+    assert body(fast.peer_refused) == body(launcher.peer_refused)
+    a, b = socket.socketpair(socket.AF_UNIX)
+    with a, b:
+        for uid in (0, os.geteuid(), 12345):
+            assert fast.peer_refused(a, uid) == launcher.peer_refused(a, uid)
+        assert launcher.peer_refused(a, os.geteuid()) is None

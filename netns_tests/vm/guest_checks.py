@@ -954,7 +954,8 @@ def _hd_pf_vfs_in_use(entry):
     entry["vfinfo_before"] = vfinfo(pf)
     sh("ip", "netns", "add", "hd-pf-vfs")
     conf = hd_conf("hdpfvfs", device=pf)
-    entry["add"] = hd_call("ADD", "pfvfs", "/run/netns/hd-pf-vfs", conf)
+    # the real sysfs (no fake tree): the PF's sriov_numvfs is the kernel's
+    entry["add"] = Exec("ADD", "pfvfs", "/run/netns/hd-pf-vfs", conf, plugin=HD_PLUGIN).start().finish()
     entry["after"], _ = settled(pf, before)
     entry["vfinfo_after"] = vfinfo(pf)
     entry["pod_links"] = [l["ifname"] for l in json.loads(sh("ip", "-n", "hd-pf-vfs", "-j", "link", "show").stdout)]

@@ -256,7 +256,10 @@ def test_daemon_flags_build_the_policy(tmp_path, monkeypatch):
                                           "--lease-namespace", "rdmanet-system", "--device-info-dir", "/run/devinfo"]))
     assert policy.log_roots == ("/var/log/rdmanet", "/tmp/wb") and policy.host_device_state_dir == "/srv/hd"
     assert policy.lease_namespaces == ("rdmanet-system",) and policy.device_info_dir == "/run/devinfo"
-    for bad in (["--allow-root", "log"], ["--allow-root", "secrets=/x"], ["--allow-root", "log=rel"]):
+    policy = from_args(parser.parse_args(["--allow-kubeconfig", "/etc/lease/lease.kubeconfig"]))
+    assert policy.kubeconfigs == (*roots.NodePolicy().kubeconfigs, "/etc/lease/lease.kubeconfig")
+    for bad in (["--allow-root", "log"], ["--allow-root", "secrets=/x"], ["--allow-root", "log=rel"],
+                ["--allow-root", "kubeconfig=/etc/cni/net.d"], ["--allow-kubeconfig", "rel.kubeconfig"]):
         with pytest.raises(roots.PolicyError):
             from_args(parser.parse_args(bad))
 

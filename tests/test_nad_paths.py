@@ -238,6 +238,9 @@ def test_example_nads_and_a_whereabouts_nad_pass_the_default_roots():
             if isinstance(doc, dict) and doc.get("kind") == "NetworkAttachmentDefinition":
                 _, uses = network_uses(json.loads(doc["spec"]["config"]), path)
                 assert uses and policy_checks.check_networks(uses, roots.NodePolicy()) == [], path
+                for use in uses:  # the default policy moves a device a device ID names, nothing a NAD names
+                    if use.plugin == "host-device-rdma":
+                        assert not {"device", "hwaddr", "kernelpath"} & use.config.keys(), path
                 nads += 1
     assert nads >= 3
     whereabouts = {"cniVersion": "0.3.1", "name": "whereabouts-conf", "type": "macvlan-rdma", "master": "ens1f0",

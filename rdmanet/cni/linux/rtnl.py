@@ -203,22 +203,23 @@ class Rtnl:
         (the kernel does not filter a dump unless strict checking is on), the link's kept here."""
         if argv or not kwarg.keys() <= {"family", "index"}:
             return self._fallback().get_addr(*argv, **kwarg)
-        family = kwarg.get("family") or 0
-        dump = self._filled(ifaddrmsg, RTM_GETADDR, NLM_F_REQUEST | NLM_F_DUMP, {"family": family}, [])
         index = kwarg.get("index")
-        return [msg for msg in self._exchange(dump)
-                if (index is None or msg["index"] == index) and (not family or msg["family"] == family)]
+        return self._family_dump(ifaddrmsg, RTM_GETADDR, kwarg.get("family") or 0,
+                                 lambda msg: index is None or msg["index"] == index)
 
     def get_routes(self, *argv: Any, **kwarg: Any):
         """``IPRoute.get_routes`` by ``family`` and ``table``: one dump of the family's routes of
-        every table, the table's kept here (a dump without strict checking is not filtered)."""
+        every table, the table's kept here."""
         if argv or not kwarg.keys() <= {"family", "table"}:
             return self._fallback().get_routes(*argv, **kwarg)
-        family = kwarg.get("family") or 0
-        dump = self._filled(rtmsg, RTM_GETROUTE, NLM_F_REQUEST | NLM_F_DUMP, {"family": family}, [])
         table = kwarg.get("table")
-        return [msg for msg in self._exchange(dump)
-                if (table is None or msg.get("RTA_TABLE") == table) and (not family or msg["family"] == family)]
+        return self._family_dump(rtmsg, RTM_GETROUTE, kwarg.get("family") or 0,
+                                 lambda msg: table is None or msg.get("RTA_TABLE") == table)
+
+    def _family_dump(self, cls: type, msg_type: int, family: int, keep) -> list:
+        """The answers of one dump of ``family`` (0: all) that ``keep`` keeps."""
+        dump = self._filled(cls, msg_type, NLM_F_REQUEST | NLM_F_DUMP, {"family": family}, [])
+        return [msg for msg in self._exchange(dump) if (not family or msg["family"] == family) and keep(msg)]
 
     def get_netnsid(self, *argv: Any, **kwarg: Any) -> dict:
         """``IPRoute.get_netnsid(fd=...)``: ``{"nsid": n}``, the id this namespace gives the one

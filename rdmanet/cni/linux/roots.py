@@ -241,6 +241,11 @@ def load_policy_file(path: str) -> NodePolicy:
     return policy
 
 
+def process_policy() -> Optional[NodePolicy]:
+    """The policy :func:`set_process_policy` set (None: none)."""
+    return _process_policy
+
+
 def set_process_policy(policy: Optional[NodePolicy]) -> None:
     """The daemon's policy (from its flags), for calls whose environment names none."""
     global _process_policy

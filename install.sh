@@ -44,7 +44,12 @@ Host mode (default): from this checkout, on Debian 12.
     run the plugins in-process (slower: every call pays the imports).
   What it wrote is listed in PREFIX/installed-files; --uninstall removes those files (shims only
   while they are rdmanet shims, their .<name>.code and .<name>.texts always, the link only while it points into the venv, the units only
-  while they are the ones install.sh writes, disabled and stopped first) and the venv.
+  while they are the ones install.sh writes, disabled and stopped first), then what the plugins
+  and `rdmanet demo` left (the demo's store /var/lib/cni/lease-ipam/rdmanet-demo, the lock files
+  in /run/rdmanet/locks, an empty DEL journal and /run/rdmanet), the directories it created
+  (e.g. an empty --bin-dir; listed in PREFIX/created-dirs), and the venv. It keeps, and says so,
+  what is still in use: claims (the demo's, other networks'), DELs not replayed yet,
+  host-device-rdma's state, a lock a call holds (rdmanet/cli/leftovers.py).
 
 DaemonSet mode (--daemonset, or RDMANET_INSTALL_MODE=daemonset): the entry point of the rdmanet
 DaemonSet's container (privileged, hostPID; the node's --bin-dir, --conf-dir and the directory of
@@ -391,6 +396,22 @@ remove_unit() {  # remove_unit PATH: disabled (and stopped) first; removed only 
 
 # ------------------------------------------------------------------------------------ host mode
 
+host_leftovers() {  # what the plugins and `rdmanet demo` left, and the directories install created (rdmanet/cli/leftovers.py)
+    local args=(--run-dir "$(dirname "$SOCKET")") d line
+    if [ -f "$PREFIX/created-dirs" ]; then
+        while IFS= read -r d; do
+            [ -n "$d" ] && args+=(--created-dir "$d")
+        done < "$PREFIX/created-dirs"
+    fi
+    if [ ! -x "$PREFIX/bin/python" ]; then
+        say "left what the plugins and the demo made (lease-ipam's /var/lib/cni/lease-ipam/rdmanet-demo, $(dirname "$SOCKET")/locks): no venv in $PREFIX to clear them with"
+        return
+    fi
+    while IFS= read -r line; do
+        say "$line"
+    done < <("$PREFIX/bin/python" -I -m rdmanet.cli.leftovers "${args[@]}" 2>&1)
+}
+
 host_uninstall() {
     local manifest f
     RELOAD=0
@@ -413,6 +434,7 @@ host_uninstall() {
         done < "$manifest"
     done
     [ "$RELOAD" -eq 0 ] || systemctl daemon-reload
+    host_leftovers
     if [ -f "$PREFIX/pyvenv.cfg" ]; then  # only ever a venv: never a directory we did not make
         rm -rf "$PREFIX"
         say "removed $PREFIX"
@@ -423,7 +445,7 @@ host_uninstall() {
 }
 
 host_install() {
-    local src manifest exe answer missing="" p f
+    local src manifest exe answer missing="" p f d
     src=$(cd "$(dirname "$0")" && pwd)
     manifest=$PREFIX/installed-files
     [ "$PREFIX" != / ] || die "--prefix /: give a directory of its own"
@@ -444,7 +466,12 @@ host_install() {
     "$PREFIX/bin/pip" install -q --disable-pip-version-check --upgrade "$src"
     check_socket_dir
 
-    mkdir -p "$BIN_DIR" "$LINK_DIR"
+    for d in "$BIN_DIR" "$LINK_DIR"; do  # a directory install makes goes with --uninstall (when empty by then)
+        if [ ! -e "$d" ]; then
+            mkdir -p "$d"
+            grep -qxF "$d" "$PREFIX/created-dirs" 2>/dev/null || echo "$d" >> "$PREFIX/created-dirs"
+        fi
+    done
     : > "$manifest.new"
     if [ -f "$manifest" ]; then  # keep what an earlier run wrote elsewhere (another --bin-dir)
         while IFS= read -r f; do

@@ -10,6 +10,9 @@ It speaks enough of the real apiserver's HTTP/JSON API that the official
   ``/api/v1/pods``)
 * core ``v1`` nodes, list and watch only (``/api/v1/nodes``; cluster-scoped, made by
   ``add_node()``)
+* core ``v1`` events (``/api/v1/namespaces/{ns}/events[/{name}]`` and ``/api/v1/events``),
+  validated as the apiserver validates a core/v1 Event (``involvedObject.namespace`` is the
+  event's namespace, ...)
 * whereabouts' ``whereabouts.cni.cncf.io/v1alpha1`` ippools and overlappingrangeipreservations
   (namespaced), as if its CRDs were installed
 
@@ -171,6 +174,17 @@ RESOURCES: dict[str, ResourceType] = {
     "nodes": ResourceType(
         "nodes", "Node", "", "v1",
         {"metadata.name": _meta_field("name")}),
+    "events": ResourceType(
+        "events", "Event", "", "v1",
+        {"metadata.name": _meta_field("name"),
+         "metadata.namespace": _meta_field("namespace"),
+         "involvedObject.kind": _path_field("involvedObject", "kind"),
+         "involvedObject.namespace": _path_field("involvedObject", "namespace"),
+         "involvedObject.name": _path_field("involvedObject", "name"),
+         "involvedObject.uid": _path_field("involvedObject", "uid"),
+         "reason": _path_field("reason"),
+         "type": _path_field("type"),
+         "source": _path_field("source", "component")}),
 }
 
 # whereabouts' CRDs (issue 10: lease-ipam reads them while a cluster migrates from whereabouts)
@@ -324,12 +338,39 @@ def _validate(rt: ResourceType, obj: dict) -> None:
         containers = (obj.get("spec") or {}).get("containers")
         if not containers:
             bad("spec.containers", None, "", "FieldValueRequired")
+    if rt.plural == "events":
+        _validate_event(obj, meta, bad)
     if causes:
         text = ", ".join(f"{c['field']}: {c['message']}" for c in causes)
         if len(causes) > 1:
             text = f"[{text}]"
         raise ApiError(422, f'{rt.kind}{"." + rt.group if rt.group else ""} "{name}" is invalid: {text}',
                        details=_details(rt, name, kind=rt.kind, causes=causes))
+
+
+def _validate_event(obj: dict, meta: dict, bad: Callable[..., None]) -> None:
+    """core/v1 Event as the apiserver's event validation has it for a core/v1 request: without
+    ``eventTime`` (the legacy form) ``involvedObject.namespace`` must be the event's namespace
+    (or, for an object without one, the event is in "" or default); with ``eventTime`` it also
+    needs ``reportingComponent``, ``reportingInstance``, ``action`` and ``reason`` within their
+    lengths. ``type``, when set, is Normal or Warning."""
+    involved = obj.get("involvedObject") if isinstance(obj.get("involvedObject"), dict) else {}
+    ns, ins = meta.get("namespace") or "", involved.get("namespace") or ""
+    if not obj.get("eventTime"):
+        if (ins and ins != ns) or (not ins and ns not in ("", "default")):
+            bad("involvedObject.namespace", ins, "does not match event.namespace")
+    else:
+        if not ins and ns not in ("default", "kube-system"):
+            bad("involvedObject.namespace", ins, "does not match event.namespace")
+        for key, limit in (("reportingComponent", 253), ("reportingInstance", 128), ("action", 128), ("reason", 128)):
+            if not obj.get(key):
+                bad(key, "", "", "FieldValueRequired")
+            elif len(str(obj[key])) > limit:
+                bad(key, "", f"can have at most {limit} characters")
+        if len(str(obj.get("message") or "")) > 1024:
+            bad("message", "", "can have at most 1024 characters")
+    if obj.get("type") not in (None, "", "Normal", "Warning"):
+        bad("type", obj.get("type"), 'supported values: "Normal", "Warning"', "FieldValueNotSupported")
 
 
 # --------------------------------------------------------------------------
@@ -1709,6 +1750,8 @@ _ROUTES = [
     (re.compile(r"^/api/v1/namespaces/([^/]+)/pods(?:/([^/]+))?/?$"), "pods", True),
     (re.compile(r"^/api/v1/pods/?$"), "pods", False),
     (re.compile(r"^/api/v1/nodes/?$"), "nodes", False),
+    (re.compile(r"^/api/v1/namespaces/([^/]+)/events(?:/([^/]+))?/?$"), "events", True),
+    (re.compile(r"^/api/v1/events/?$"), "events", False),
     (re.compile(r"^/apis/whereabouts\.cni\.cncf\.io/v1alpha1/namespaces/([^/]+)/ippools(?:/([^/]+))?/?$"), "ippools", True),
     (re.compile(r"^/apis/whereabouts\.cni\.cncf\.io/v1alpha1/namespaces/([^/]+)/overlappingrangeipreservations(?:/([^/]+))?/?$"),
      "overlappingrangeipreservations", True),

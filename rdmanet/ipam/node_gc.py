@@ -32,6 +32,8 @@ from typing import Any, Callable, Optional
 
 from rdmanet.cni.core.errors import IO_FAILURE, CNIError
 
+from . import telemetry
+
 log = logging.getLogger("rdmanet.ipam.gc")
 
 INTERVAL = 120.0
@@ -91,7 +93,7 @@ def run_once(node: str, grace: float = GRACE, misses: int = MISSES, say: Say = _
     for settings in known_settings(say):
         try:
             target = KubeTarget.for_settings(settings, node=node)
-            outcome = reconcile_target(target, grace_seconds=grace, misses=misses)
+            outcome = reconcile_target(target, grace_seconds=grace, misses=misses, freed_by=telemetry.NODE_GC)
             for block in release_blocks(target, node, grace):
                 say("node_gc_block_released", block=block.id, node=node)
         except CNIError as err:

@@ -50,6 +50,8 @@ from urllib.parse import quote
 
 from rdmanet.cni.core.errors import INVALID_CONFIG, NOT_AVAILABLE, CNIError
 
+from . import telemetry
+
 from .store.kube import (
     GROUP,
     L_BLOCK_OWNER,
@@ -521,11 +523,13 @@ def superseded(claims: list[LeaseClaim]) -> dict[str, LeaseClaim]:
 
 
 def reconcile_target(target: KubeTarget, *, grace_seconds: float = 300.0, misses: int = 3, dry_run: bool = False,
-                     now: Optional[datetime] = None, deadline_seconds: Optional[float] = None) -> Outcome:
+                     now: Optional[datetime] = None, deadline_seconds: Optional[float] = None,
+                     freed_by: str = telemetry.RECONCILER) -> Outcome:
     """One pass. Requests: the claims' List (pages of 500), the pods' List once per namespace
     (or once for a node), and one write per claim whose count changes (a GET and a PUT) or that
     is freed (a DELETE); nothing for a claim whose pod is present. ``deadline_seconds``: claims
-    not judged by then are left for the next run (reported as ``skipped-deadline``)."""
+    not judged by then are left for the next run (reported as ``skipped-deadline``). Each claim
+    freed is reported (:func:`rdmanet.ipam.telemetry.freed`, as ``freed_by``)."""
     outcome = Outcome(target.domain, target.namespace, dry_run, grace_seconds, misses)
     end = None if deadline_seconds is None else time.monotonic() + deadline_seconds
     target.begin_run()
@@ -555,6 +559,10 @@ def reconcile_target(target: KubeTarget, *, grace_seconds: float = 300.0, misses
         except CNIError as err:
             action = Action(claim, ERROR, claim.misses, err.msg)
         outcome.actions.append(action)
+        if action.action == FREED and not dry_run:
+            c = claim
+            telemetry.freed(telemetry.Freed(freed_by, c.address or c.name, c.network, c.container_id, c.ifname,
+                                            c.pod_namespace, c.pod_name, c.pod_uid, c.node, action.reason))
     return outcome
 
 

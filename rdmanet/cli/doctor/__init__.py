@@ -20,6 +20,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional, Sequence
 
+from rdmanet.cni.core.errors import CNIError
+
 from .findings import Finding, error, exit_code, ordered, render_json, render_table
 
 DEFAULT_CNI_BIN_DIR = "/opt/cni/bin"
@@ -80,14 +82,15 @@ def diagnose(options: Options) -> Report:
         for f in conf_facts.files:
             uses += f.networks
     for path in options.network_configs:
-        cf = cni_checks.load_conf_file(path)
-        if cf.error and not cf.networks:
-            out.append(error("network", path, f"--network-config {path} {cf.error}",
-                             "give a network config: a NAD's spec.config, a conflist or a NAD object"))
-        elif not cf.networks:
+        try:
+            found = cni_checks.given_network_uses(path)
+        except CNIError as err:
+            out.append(error("network", path, f"--network-config {err.msg}", err.details))
+            continue
+        if not found:
             out.append(error("network", path, f"--network-config {path} uses none of macvlan-rdma, host-device-rdma, ipoib-rdma, lease-ipam",
                              "give a network config that uses an rdmanet plugin"))
-        uses += cf.networks
+        uses += found
 
     mode_reader = options.netns_mode_reader or host_facts.read_netns_mode
     host = _guarded(out, "host", host_facts.gather, options.sysfs_root, options.proc_root, options.dev_root,

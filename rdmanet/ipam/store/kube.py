@@ -82,7 +82,7 @@ import random
 import socket
 import sys
 import time
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -97,10 +97,11 @@ from rdmanet.cni.core.errors import (
     CNIError,
 )
 
+from .. import telemetry
 from ..location import whereabouts_check
 from ..ranges import IPAddress, RangeSet
 from . import lease_cache
-from .base import Attachment, Reservation, Store, place_held, refuse_other_request
+from .base import Attachment, Reservation, Store, Usage, place_held, refuse_other_request
 from .lease_cache import LeaseCache
 from .whereabouts import WhereaboutsView
 from .kube_blocks import Block, NodeBlocks, _any_within, parse_block  # noqa: F401  (parse_block re-exported)
@@ -257,6 +258,11 @@ def node_selector(dhash: str, node: str) -> str:
     return f"{L_DOMAIN}={dhash},{L_NODE}={label_value(node)}"
 
 
+def cache_key(settings: Any, conn: Any, domain: str, node: str) -> tuple[tuple, tuple]:
+    """(connection key, domain key) of the informer for ``node``'s Leases of the domain."""
+    return (settings.kubeconfig, settings.api_root, settings.namespace), (conn.namespace, domain_hash(domain), node)
+
+
 def cache_source(settings: Any, conn: Any, domain: str, node: str) -> CacheSource:
     """``source(start)``: the process's informer for ``node``'s Leases of the domain over ``conn``
     (started when ``start`` and none runs), or None when the process has no watch cache. The
@@ -264,14 +270,14 @@ def cache_source(settings: Any, conn: Any, domain: str, node: str) -> CacheSourc
     on another node is never delivered here."""
     dhash = domain_hash(domain)
     path = LEASES_PATH.format(namespace=conn.namespace)
-    connection_key = (settings.kubeconfig, settings.api_root, settings.namespace)
+    connection_key, domain_key = cache_key(settings, conn, domain, node)
 
     def make(cache_settings: lease_cache.Settings) -> LeaseCache:
         return LeaseCache(ApiClientTransport(conn.api_client, conn.host), path, node_selector(dhash, node),
                           partial(parse_lease, dhash=dhash), owner=conn.api_client,
                           name=f"lease-cache {conn.namespace}/{dhash}/{label_value(node)}", settings=cache_settings)
 
-    return lambda start: lease_cache.informer(connection_key, (conn.namespace, dhash, node), conn.api_client, make, start,
+    return lambda start: lease_cache.informer(connection_key, domain_key, conn.api_client, make, start,
                                               transport=lambda: ApiClientTransport(conn.api_client, conn.host))
 
 
@@ -399,8 +405,10 @@ class KubeStore(NodeBlocks, Store):
             if not cont:
                 return
 
-    def _list_all(self, selector: str, deadline: float, what: str,
-                  limit: int = LIST_PAGE) -> tuple[list[Claim], list[Block]]:
+    def _list_all(self, selector: str, deadline: float, what: str, limit: int = LIST_PAGE,
+                  pods: Optional[dict[str, tuple[str, str, str]]] = None) -> tuple[list[Claim], list[Block]]:
+        """The selected claims and blocks; ``pods``, when given, gets each claim's pod (namespace,
+        name, UID from its annotations, "" where absent) by Lease name."""
         claims: dict[str, Claim] = {}
         blocks: dict[str, Block] = {}
         for page in self._pages(selector, deadline, what, limit):
@@ -412,6 +420,9 @@ class KubeStore(NodeBlocks, Store):
                 got = parse_lease(item, self.dhash)
                 if isinstance(got, Claim):
                     claims[got.name] = got
+                    if pods is not None:
+                        notes = (item.get("metadata") or {}).get("annotations") or {}
+                        pods[got.name] = tuple(str(notes.get(f"{GROUP}/pod-{k}") or "") for k in ("namespace", "name", "uid"))
                     got = got.as_block()  # a block record: the block too
                 if isinstance(got, Block):
                     blocks[got.name] = got
@@ -1030,8 +1041,9 @@ class KubeStore(NodeBlocks, Store):
         than the grace; then release this node's blocks that hold none of its claims and are
         older than ``block_release`` (one paginated List of the node's objects of the domain)."""
         deadline = self._deadline()
+        pods: dict[str, tuple[str, str, str]] = {}
         claims, blocks = self._list_all(node_selector(self.dhash, self.node), deadline,
-                                        f"list leases of {network} on node {self.node}")
+                                        f"list leases of {network} on node {self.node}", pods=pods)
         now = datetime.now(timezone.utc)
         freed = []
         kept = []
@@ -1047,6 +1059,10 @@ class KubeStore(NodeBlocks, Store):
             gone = self._remove(c, deadline)
             if gone is not None:
                 freed.append(c)
+                namespace, pod_name, pod_uid = pods.get(c.name) or ("", "", "")
+                telemetry.freed(telemetry.Freed(telemetry.CNI_GC, str(c.ip), c.network, c.attachment.container_id,
+                                                c.attachment.ifname, namespace or None, pod_name or None, pod_uid or None,
+                                                self.node, f"not in {network}'s cni.dev/valid-attachments"))
                 if gone.block:
                     records[gone.name] = gone.as_block()  # freed just now: its new version
             else:
@@ -1085,6 +1101,25 @@ class KubeStore(NodeBlocks, Store):
         except CNIError as err:
             raise CNIError(NOT_AVAILABLE, f"lease-ipam cannot reach its Lease store: {err.msg}", err.details) from None
         return [rs.count_free(used[rs.family]) for rs in range_sets]
+
+
+    def usage(self, range_sets: Sequence[RangeSet]) -> Optional[Usage]:
+        """From the daemon's watch cache of this node's Leases (None without a running one): per
+        range set this node's claims and the free addresses of the blocks it holds, and how many
+        blocks it holds. Other nodes' claims are theirs to count (``rdmanet ipam ls`` reads them all)."""
+        cache = self._cache_source(False) if self._cache_source is not None else None
+        if cache is None or not cache.has_state():
+            return None
+        blocks = [b for b in cache.blocks() if not b.node or b.node == self.node]
+        claimed = sorted((c.ip.version, int(c.ip)) for c in cache.claims() if isinstance(c, Claim) and not c.free)
+        used, free = [], []
+        for rs in range_sets:
+            used.append(sum(bisect_right(claimed, (rs.family, r.end)) - bisect_left(claimed, (rs.family, r.start))
+                            for r in rs.ranges))
+            own = self._own(rs, blocks)
+            free.append(own.count_free(cache.used_within(rs.family, [(r.start, r.end) for r in own.ranges], pending=False))
+                        if own is not None else 0)
+        return Usage(tuple(used), tuple(free), len({b.id for b in blocks}))
 
 
 def _group(claims: Sequence[Claim]) -> list[Reservation]:

@@ -53,7 +53,8 @@ from rdmanet.cni.core.errors import (
 )
 
 from ..ranges import IPAddress, RangeSet
-from .base import Attachment, Reservation, Store, place_held, refuse_other_request
+from .. import telemetry
+from .base import Attachment, Reservation, Store, Usage, place_held, refuse_other_request
 from .files import (
     FILE_MODE,
     GARBAGE,
@@ -373,7 +374,29 @@ class LocalStore(Store):
             freed += [Reservation(who, network, tuple(ips)) for who, ips in sorted(orphans.items())]
             sync_dir(self.root)
             sync_dir(self.index_dir)
+        for res in freed:
+            for ip in res.addresses:
+                telemetry.freed(telemetry.Freed(telemetry.CNI_GC, str(ip), network, res.attachment.container_id,
+                                                res.attachment.ifname, None, None, None, None,
+                                                f"not in {network}'s cni.dev/valid-attachments"))
         return freed
+
+    def usage(self, range_sets: Sequence[RangeSet]) -> Usage:
+        """The address files as they are, read without the lock (a count for metrics: an ADD
+        running meanwhile may or may not be in it); nothing is created."""
+        used: dict[int, list[int]] = {4: [], 6: []}
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
+            names = []
+        for name in names:
+            ip = address_name(name)
+            if ip is not None:
+                used[ip.version].append(int(ip))
+        for values in used.values():
+            values.sort()
+        free = tuple(rs.count_free(used[rs.family]) for rs in range_sets)
+        return Usage(tuple(rs.count_free([]) - f for rs, f in zip(range_sets, free)), free)
 
     def status(self, range_sets: Sequence[RangeSet]) -> list[int]:
         try:

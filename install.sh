@@ -15,7 +15,7 @@ UNITS="rdmanet.socket rdmanet.service"
 usage() {
     cat <<'USAGE'
 Usage: install.sh [--prefix DIR] [--bin-dir DIR] [--socket PATH] [--link-dir DIR] [--no-systemd]
-                  [--systemd-root DIR] [--uninstall]
+                  [--systemd-root DIR] [--node-name NAME] [--kubeconfig FILE] [--uninstall]
        install.sh --daemonset [--prefix DIR] [--bin-dir DIR] [--conf-dir DIR] [--socket PATH]
                   [--host-python PATH] [--host-root DIR] [--serviceaccount-dir DIR] [--uninstall]
 
@@ -39,6 +39,12 @@ Host mode (default): from this checkout, on Debian 12.
     (`rdmanet daemon`, which serves root's calls only), so an idle node runs no daemon. An
     upgrade restarts a running daemon on the new code. Extra environment for the daemon
     (RDMANET_NODE_NAME, RDMANET_NODE_POLICY) goes in /etc/default/rdmanet.
+  - The Node name (RDMANET_NODE_NAME in /etc/default/rdmanet, under --systemd-root): --node-name
+    NAME, or by default the Node that matches this host (its hostname, lower-cased, its FQDN,
+    its short name) confirmed by a GET of the Node with --kubeconfig (default $KUBECONFIG, else
+    the kubelet's /etc/kubernetes/kubelet.conf). The daemon's node GC, which frees the claims of
+    this node's gone pods, runs only for a Node name the API confirms, never for the hostname:
+    when none is confirmed the file is left as it is and install.sh says so (rdmanet doctor too).
     Opt out: --no-systemd (or RDMANET_SYSTEMD=no): no units; start the daemon yourself.
     Without systemd it prints the command that starts the daemon; until one runs, the shims
     run the plugins in-process (slower: every call pays the imports).
@@ -103,6 +109,10 @@ Options (an environment variable, where named, sets the same; a flag wins):
   --link-dir DIR             host mode: where the rdmanet link goes (default /usr/local/bin)
   --no-systemd               host mode: no systemd units, even when systemd runs
                                                                           RDMANET_SYSTEMD=no
+  --node-name NAME           host mode: this host's Kubernetes Node name (default: the Node that
+                             matches this host, confirmed through the API)
+  --kubeconfig FILE          host mode: credentials that may get nodes, to confirm the Node name
+                             (default $KUBECONFIG, else /etc/kubernetes/kubelet.conf)
   --systemd-root DIR         host mode: the root whose systemd gets the units (default /): they
                              go in DIR/etc/systemd/system, systemd counts as running when
                              DIR/run/systemd/system exists, and with a DIR other than / they
@@ -216,6 +226,8 @@ NODE_POLICY=
 LINK_DIR=/usr/local/bin
 SYSTEMD=${RDMANET_SYSTEMD:-auto}
 SYSTEMD_ROOT=${RDMANET_SYSTEMD_ROOT:-/}
+NODE_NAME=
+NODE_KUBECONFIG=
 UNINSTALL=0
 HOST_ONLY=     # flags given that only host mode takes
 DS_ONLY=       # flags given that only DaemonSet mode takes
@@ -230,7 +242,15 @@ while [ $# -gt 0 ]; do
     case "$opt" in
         --daemonset|--uninstall|--no-systemd|-h|--help)
             [ "$inline" -eq 0 ] || usage_error "$opt takes no value" ;;
-        --prefix|--bin-dir|--socket|--link-dir|--systemd-root|--conf-dir|--host-python|--host-root|--serviceaccount-dir|--node-policy)
+        --node-name)
+            if [ "$inline" -eq 0 ]; then
+                [ $# -ge 2 ] || usage_error "$opt needs a value"
+                val=$2
+                shift
+            fi
+            [[ $val =~ ^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$ ]] \
+                || usage_error "$opt '$val': give the Node's name as 'kubectl get nodes' shows it (lower case)" ;;
+        --prefix|--bin-dir|--socket|--link-dir|--systemd-root|--conf-dir|--host-python|--host-root|--serviceaccount-dir|--node-policy|--kubeconfig)
             if [ "$inline" -eq 0 ]; then
                 [ $# -ge 2 ] || usage_error "$opt needs a value"
                 val=$2
@@ -251,6 +271,8 @@ while [ $# -gt 0 ]; do
         --link-dir) LINK_DIR=$val; HOST_ONLY="$HOST_ONLY $opt" ;;
         --no-systemd) SYSTEMD=no; HOST_ONLY="$HOST_ONLY $opt" ;;
         --systemd-root) SYSTEMD_ROOT=$val; HOST_ONLY="$HOST_ONLY $opt" ;;
+        --node-name) NODE_NAME=$val; HOST_ONLY="$HOST_ONLY $opt" ;;
+        --kubeconfig) NODE_KUBECONFIG=$val; HOST_ONLY="$HOST_ONLY $opt" ;;
         --conf-dir) CONF_DIR=$val; DS_ONLY="$DS_ONLY $opt" ;;
         --host-python) HOST_PYTHON=$val; DS_ONLY="$DS_ONLY $opt" ;;
         --host-root) HOST_ROOT=$val; DS_ONLY="$DS_ONLY $opt" ;;
@@ -444,6 +466,17 @@ host_uninstall() {
     echo "rdmanet uninstalled"
 }
 
+host_node_name() {  # RDMANET_NODE_NAME in the daemon's environment file: given, or the Node matching this host
+    local args=(--env-file "${SYSTEMD_ROOT%/}/etc/default/rdmanet") out rc=0
+    [ -z "$NODE_NAME" ] || args+=(--name "$NODE_NAME")
+    [ -z "$NODE_KUBECONFIG" ] || args+=(--kubeconfig "$NODE_KUBECONFIG")
+    out=$("$PREFIX/bin/python" -I -m rdmanet.cli.node_name "${args[@]}" 2>&1) || rc=$?
+    case "$rc" in
+        0|3) say "$out" ;;  # 3: no Node confirmed, nothing written (the daemon runs no node GC)
+        *) die "could not set the Node name: $out" ;;
+    esac
+}
+
 host_install() {
     local src manifest exe answer missing="" p f d
     src=$(cd "$(dirname "$0")" && pwd)
@@ -497,6 +530,7 @@ host_install() {
     done
     ln -sfn "$PREFIX/bin/rdmanet" "$LINK_DIR/rdmanet"
     echo "$LINK_DIR/rdmanet" >> "$manifest.new"
+    host_node_name
     host_systemd "$manifest.new"
     awk '!seen[$0]++' "$manifest.new" > "$manifest.tmp"
     rm -f "$manifest.new"

@@ -14,7 +14,7 @@ import tempfile
 import pytest
 
 from rdmanet.cni.linux import roots
-from kube_api_server import KubeAPIServer
+from kube_api_server import KubeAPIServer, write_kubeconfig
 from policy_file import write_policy
 
 
@@ -43,3 +43,12 @@ def server():
     """A fake Kubernetes API server for one test (tests/kube_api_server.py)."""
     with KubeAPIServer() as srv:
         yield srv
+
+
+@pytest.fixture
+def cluster(server, tmp_path):
+    """``server`` as a test drives it through its API only (tests/kube_cluster.py): Nodes, pods,
+    Leases in ``kube_cluster.NAMESPACE``; whatever server ``server`` is."""
+    from kube_cluster import NAMESPACE, Cluster
+
+    return Cluster(server, write_kubeconfig(tmp_path / "kubeconfig", server.url, namespace=NAMESPACE), NAMESPACE)

@@ -8,8 +8,8 @@ It speaks enough of the real apiserver's HTTP/JSON API that the official
   ``/apis/coordination.k8s.io/v1/leases``)
 * core ``v1`` pods (``/api/v1/namespaces/{ns}/pods[/{name}]`` and
   ``/api/v1/pods``)
-* core ``v1`` nodes, list and watch only (``/api/v1/nodes``; cluster-scoped, made by
-  ``add_node()``)
+* core ``v1`` nodes (``/api/v1/nodes[/{name}]``; cluster-scoped, made by ``add_node()`` or a
+  create)
 * core ``v1`` events (``/api/v1/namespaces/{ns}/events[/{name}]`` and ``/api/v1/events``),
   validated as the apiserver validates a core/v1 Event (``involvedObject.namespace`` is the
   event's namespace, ...)
@@ -88,6 +88,7 @@ import base64
 import bisect
 import copy
 import datetime as _dt
+import email.utils
 import json
 import random
 import re
@@ -482,8 +483,20 @@ def parse_field_selector(selector: str | None, rt: ResourceType) -> Matcher:
 # --------------------------------------------------------------------------
 
 
+_clock_offset = [0.0]  # seconds the servers' clock is ahead of this machine's (:meth:`KubeAPIServer.advance_clock`)
+
+
+def _server_now() -> _dt.datetime:
+    return _dt.datetime.now(_dt.UTC) + _dt.timedelta(seconds=_clock_offset[0])
+
+
 def _now_rfc3339() -> str:
-    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return _server_now().strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _http_date() -> str:
+    """The ``Date`` header: the server's time, as every apiserver answer carries it."""
+    return email.utils.format_datetime(_server_now().replace(microsecond=0), usegmt=True)
 
 
 def _merge_patch(target: Any, patch: Any) -> Any:
@@ -909,6 +922,7 @@ class KubeAPIServer:
                 return
             self._stopping = True
             self._cond.notify_all()
+        _clock_offset[0] = 0.0
         if self._thread is not None:
             self._httpd.shutdown()
         self._httpd.server_close()
@@ -1110,6 +1124,12 @@ class KubeAPIServer:
             self._put("nodes", obj, "MODIFIED" if prev else "ADDED", prev)
             return self._with_kind(RESOURCES["nodes"], copy.deepcopy(obj))
 
+    @staticmethod
+    def advance_clock(seconds: float) -> None:
+        """Move the servers' clock (creation times, ``Date``) ``seconds`` ahead: a test of what
+        is judged by server time waits without sleeping. Undone when the server stops."""
+        _clock_offset[0] += seconds
+
     def delete_node(self, name: str) -> bool:
         """Delete a node; emits DELETED.  Returns whether it existed."""
         with self._cond:
@@ -1147,7 +1167,7 @@ class KubeAPIServer:
             entry["status"], entry["seconds"] = code, time.monotonic() - t0
             with self._stats_lock:
                 self._log.append(entry)
-            return code, {"Content-Type": "application/json", **(headers or {})}, data
+            return code, {"Content-Type": "application/json", "Date": _http_date(), **(headers or {})}, data
 
         lost = False
         route = self._route(path)
@@ -1201,6 +1221,8 @@ class KubeAPIServer:
         for rx, resource, namespaced in _ROUTES:
             m = rx.match(path)
             if m:
+                if namespaced is None:  # cluster-scoped, by name too (nodes)
+                    return RESOURCES[resource], "", m.group(1)
                 return RESOURCES[resource], (m.group(1) if namespaced else None), (m.group(2) if namespaced else None)
         return None
 
@@ -1516,7 +1538,8 @@ class KubeAPIServer:
         if meta.get("namespace") and meta["namespace"] != ns:
             raise ApiError(400, "the namespace of the provided object does not match "
                                 "the namespace sent on the request")
-        meta["namespace"] = ns
+        if ns:  # a cluster-scoped object (a node) has none
+            meta["namespace"] = ns
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + "".join(
                 random.choice("bcdfghjklmnpqrstvwxz2456789") for _ in range(5))
@@ -1662,7 +1685,7 @@ class KubeAPIServer:
 
     def _matches(self, obj: dict, ns: str | None, lsel: Matcher, fsel: Matcher) -> bool:
         meta = obj.get("metadata", {})
-        return ((ns is None or meta.get("namespace") == ns)
+        return ((ns is None or (meta.get("namespace") or "") == ns)
                 and lsel(meta.get("labels") or {}) and fsel(obj))
 
     def api_list(self, rt: ResourceType, ns: str | None, q: dict) -> tuple[int, dict]:
@@ -1749,7 +1772,7 @@ _ROUTES = [
     (re.compile(r"^/apis/coordination\.k8s\.io/v1/leases/?$"), "leases", False),
     (re.compile(r"^/api/v1/namespaces/([^/]+)/pods(?:/([^/]+))?/?$"), "pods", True),
     (re.compile(r"^/api/v1/pods/?$"), "pods", False),
-    (re.compile(r"^/api/v1/nodes/?$"), "nodes", False),
+    (re.compile(r"^/api/v1/nodes(?:/([^/]+))?/?$"), "nodes", None),
     (re.compile(r"^/api/v1/namespaces/([^/]+)/events(?:/([^/]+))?/?$"), "events", True),
     (re.compile(r"^/api/v1/events/?$"), "events", False),
     (re.compile(r"^/apis/whereabouts\.cni\.cncf\.io/v1alpha1/namespaces/([^/]+)/ippools(?:/([^/]+))?/?$"), "ippools", True),
@@ -1810,7 +1833,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "Content-Type: application/json",
                 f"Content-Length: {len(data)}",
                 "Cache-Control: no-cache, private",
-                f"Date: {self.date_time_string()}"]
+                f"Date: {_http_date()}"]
         for k, v in (headers or {}).items():
             head.append(f"{k}: {v}")
         if self.close_connection:
@@ -1883,20 +1906,14 @@ class _Handler(BaseHTTPRequestHandler):
                                       "serverAddressByClientCIDRs": []})
                 return
 
-            route = None
-            for rx, resource, namespaced in _ROUTES:
-                m = rx.match(path)
-                if m:
-                    route = (resource, m.group(1) if namespaced else None,
-                             m.group(2) if namespaced else None)
-                    break
+            route = KubeAPIServer._route(path)
             if route is None:
                 self._count(entry, "unknown", "unknown")
                 self._send_error(ApiError(404, "the server could not find the requested resource",
                                           details={}))
                 return
-            resource, ns, name = route
-            rt = RESOURCES[resource]
+            rt, ns, name = route
+            resource = rt.plural
             watch = q.get("watch", "").lower() in ("true", "1")
             verb = self._verb(method, name, watch, ns)
             entry.update(namespace=ns, name=name)
@@ -2052,7 +2069,7 @@ class _Handler(BaseHTTPRequestHandler):
                                      reason="Expired").status()
         head = ("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                 "Cache-Control: no-cache, private\r\nTransfer-Encoding: chunked\r\n"
-                f"Date: {self.date_time_string()}\r\n\r\n")
+                f"Date: {_http_date()}\r\n\r\n")
         self.wfile.write(head.encode())
         self._status = 200
         with srv._stats_lock:

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import time
 import urllib.request
+from typing import Optional
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -55,6 +56,7 @@ def eventually(predicate, what: str, timeout: float = 20.0):
 @pytest.fixture
 def node(tmp_path):
     with KubeAPIServer() as server, shim_env() as root:
+        server.add_node(NODE)  # the daemon's node GC runs for a Node the API confirms
         kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", server.url, namespace=NAMESPACE)
         port = free_port()
         daemon = Daemon(str(root / "run" / "daemon.sock"), allow_uids=[os.getuid()],
@@ -73,10 +75,12 @@ def conf(kubeconfig: str, version: str = "1.1.0", **ipam) -> bytes:
     return json.dumps({"cniVersion": version, "name": "rdma-a", "type": "macvlan-rdma", "ipam": ipam}).encode()
 
 
-def call(root, command: str, stdin: bytes, cid: str, pod: str = "p"):
+def call(root, command: str, stdin: bytes, cid: str, pod: Optional[str] = "p"):
+    """One call through the shim; ``pod`` None: a runtime that names no pod (podman, cnitool)."""
     env = {"PATH": BARE_PATH, "CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": "/proc/self/ns/net",
-           "CNI_IFNAME": "net1", "CNI_PATH": str(root / "bin"), "RDMANET_NODE_POLICY": os.environ["RDMANET_NODE_POLICY"],
-           "CNI_ARGS": f"IgnoreUnknown=true;K8S_POD_NAMESPACE=team;K8S_POD_NAME={pod};K8S_POD_UID=uid-{pod}"}
+           "CNI_IFNAME": "net1", "CNI_PATH": str(root / "bin"), "RDMANET_NODE_POLICY": os.environ["RDMANET_NODE_POLICY"]}
+    if pod is not None:
+        env["CNI_ARGS"] = f"IgnoreUnknown=true;K8S_POD_NAMESPACE=team;K8S_POD_NAME={pod};K8S_POD_UID=uid-{pod}"
     return subprocess.run([str(root / "bin" / "lease-ipam")], input=stdin, env=env, capture_output=True, timeout=60)
 
 
@@ -106,11 +110,14 @@ def test_metrics_move_with_real_calls(node):
     assert value(m, "rdmanet_ipam_addresses_free", **labels) == usable - 3
     assert value(m, "rdmanet_kube_api_requests_total", method="POST", code="201") >= 3
 
-    # the CNI GC verb frees b (not in the valid list)
+    # the CNI GC verb frees a claim its runtime no longer lists that names no pod (the runtime's word
+    # is all there is); a pod's claim is judged by its pod (docs/lease-ipam.md, the liveness rule)
+    assert call(root, "ADD", conf(kubeconfig), "c-bare", None).returncode == 0
+    eventually(lambda: value(scrape(port), "rdmanet_ipam_addresses_in_use", **labels) == 4, "the ADD in the usage")
     gc = json.loads(conf(kubeconfig, gc_grace_seconds=0))
-    gc["cni.dev/valid-attachments"] = [{"containerID": f"c-{p}", "ifname": "net1"} for p in ("a", "c")]
+    gc["cni.dev/valid-attachments"] = [{"containerID": f"c-{p}", "ifname": "net1"} for p in ("a", "b", "c")]
     assert call(root, "GC", json.dumps(gc).encode(), "", "a").returncode == 0
-    eventually(lambda: value(scrape(port), "rdmanet_ipam_addresses_in_use", **labels) == 2, "the GC's free in the usage")
+    eventually(lambda: value(scrape(port), "rdmanet_ipam_addresses_in_use", **labels) == 3, "the GC's free in the usage")
     m = scrape(port)
     assert value(m, "rdmanet_ipam_addresses_freed_total", by="cni-gc") == 1
     assert value(m, "rdmanet_ipam_addresses_freed_total", by="node-gc") == 0

@@ -556,12 +556,14 @@ def test_rbac_grants_leases_in_our_namespace_pod_reads_and_node_lists_only():
                 assert set(rule["verbs"]) <= {"get", "list"} and "get" in rule["verbs"]
             elif rule["resources"] == ["events"]:  # events on pods (rdmanet/node/pod_events.py): created, never read
                 assert rule["verbs"] == ["create"]
-            else:  # rdmanet ipam plan Lists the nodes (rdmanet/ipam/block_planner.py): nothing more
-                assert rule["verbs"] == ["list"]
+            else:  # a daemon GETs its own Node (rdmanet/ipam/node_identity.py); the plan and the release of gone
+                # Nodes' blocks List them: nothing more
+                assert rule["verbs"] == ["get", "list"]
             granted.add((rule["resources"][0], *sorted(rule["verbs"])))
-    assert objects("Role") and granted == {("pods", "get"), ("pods", "get", "list"), ("nodes", "list"), ("events", "create")}
-    assert cluster_grants(SERVICE_ACCOUNT) == {("pods", "get"), ("nodes", "list"), ("events", "create")}
-    assert cluster_grants(RECONCILER_ACCOUNT) == {("pods", "get", "list"), ("events", "create")}
+    assert objects("Role") and granted == {("pods", "get"), ("pods", "get", "list"), ("nodes", "get", "list"),
+                                           ("events", "create")}
+    assert cluster_grants(SERVICE_ACCOUNT) == {("pods", "get"), ("nodes", "get", "list"), ("events", "create")}
+    assert cluster_grants(RECONCILER_ACCOUNT) == {("pods", "get", "list"), ("nodes", "get", "list"), ("events", "create")}
 
 
 def cluster_grants(account: str) -> set:

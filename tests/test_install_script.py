@@ -222,7 +222,8 @@ def test_help_documents_both_modes_every_flag_and_env():
                  "/opt/rdmanet", "/opt/cni/rdmanet", "/proc/1/root", "rdmanet.kubeconfig", "0600",
                  "no in-process fallback", "error 11", DAEMONSET_PHRASE, "write + rename",
                  "--no-systemd", "RDMANET_SYSTEMD=no", "--systemd-root", "RDMANET_SYSTEMD_ROOT", "rdmanet.socket",
-                 "rdmanet.service", "/run/systemd/system", "/etc/default/rdmanet"):
+                 "rdmanet.service", "/run/systemd/system", "/etc/default/rdmanet", "--node-name", "--kubeconfig",
+                 "RDMANET_NODE_NAME", "never for the hostname"):
         assert word in text, word
 
 
@@ -248,6 +249,10 @@ def test_help_documents_both_modes_every_flag_and_env():
     (["--no-systemd=yes"], {}),
     ([], {"RDMANET_SYSTEMD": "yes"}),
     ([], {"RDMANET_SYSTEMD_ROOT": "relative"}),
+    (["--node-name", "GPU-Node01"], {}),  # not a Node name: node names are lower case
+    (["--node-name"], {}),
+    (["--daemonset", "--node-name", "gpu-node01"], {}),  # host mode only: the DaemonSet has the downward API
+    (["--kubeconfig", "kubeconfig"], {}),
 ])
 def test_bad_usage_exits_2(tmp_path, argv, env):
     proc = subprocess.run([str(INSTALL), *argv], env={"PATH": BARE_PATH, **env}, capture_output=True, text=True,
@@ -638,7 +643,10 @@ def test_host_mode_twice_then_uninstall(tmp_path):
         assert proc.returncode == 0, proc.stdout + proc.stderr
         return proc
 
-    first = install("--bin-dir", str(bin_dir))
+    first = install("--bin-dir", str(bin_dir), "--node-name", "gpu-node01")
+    # the Node name in the daemon's environment (no API to confirm it with here: written as given)
+    assert (sysroot / "etc" / "default" / "rdmanet").read_text().endswith("\nRDMANET_NODE_NAME=gpu-node01\n")
+    assert "RDMANET_NODE_NAME=gpu-node01 written to" in first.stdout and "not confirmed" in first.stdout
     for plugin in PLUGINS:
         lines = (bin_dir / plugin).read_text().splitlines()
         assert lines[0] == f"#!{prefix}/bin/python -IS" and "falls back to" in lines[1]

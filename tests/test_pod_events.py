@@ -32,6 +32,7 @@ def events_of(server, namespace: str, reason: str | None = None) -> list[dict]:
 @pytest.fixture
 def node(tmp_path):
     with KubeAPIServer() as server, shim_env() as root:
+        server.add_node(NODE)  # the daemon's node GC runs for a Node the API confirms
         daemon_kc = write_kubeconfig(tmp_path / "daemon.kubeconfig", server.url, namespace=NAMESPACE, token="daemon")
         lease_kc = write_kubeconfig(tmp_path / "lease.kubeconfig", server.url, namespace=NAMESPACE, token="nad")
         daemon = Daemon(str(root / "run" / "daemon.sock"), allow_uids=[os.getuid()],

@@ -80,6 +80,9 @@ def register(sub: "argparse._SubParsersAction") -> None:
                      help="skip claims younger than this (default: %(default)s)")
     rec.add_argument("--misses", type=int, default=3,
                      help="consecutive runs a claim's pod must be missing before it is freed (default: %(default)s)")
+    rec.add_argument("--miss-spacing-seconds", type=float, default=None,
+                     help="least API-server time between two counted misses of a claim, whichever cleaner counts "
+                          "them (default: grace-seconds / misses)")
     rec.add_argument("--dry-run", action="store_true", help="report what would be done; change nothing")
     rec.add_argument("--deadline-seconds", type=float, default=480.0,
                      help="leave claims not judged by then for the next run (default: %(default)s, under the "
@@ -125,6 +128,8 @@ def run(args: argparse.Namespace, out=None) -> int:
             raise CNIError(INVALID_CONFIG, "--deadline-seconds must be positive", "e.g. --deadline-seconds 480")
         if args.grace_seconds < 0:
             raise CNIError(INVALID_CONFIG, "--grace-seconds must not be negative", "e.g. --grace-seconds 300")
+        if args.miss_spacing_seconds is not None and args.miss_spacing_seconds < 0:
+            raise CNIError(INVALID_CONFIG, "--miss-spacing-seconds must not be negative", "e.g. --miss-spacing-seconds 100")
         if args.all:
             kube: dict = {"kubeconfig": args.kubeconfig} if args.kubeconfig else {}
             if args.namespace:
@@ -136,10 +141,12 @@ def run(args: argparse.Namespace, out=None) -> int:
         with allowed, freed_events(config, args.dry_run):
             if args.all:
                 outcome = reconcile.reconcile_all(config, grace_seconds=args.grace_seconds, misses=args.misses,
-                                                  dry_run=args.dry_run, deadline_seconds=args.deadline_seconds)
+                                                  dry_run=args.dry_run, deadline_seconds=args.deadline_seconds,
+                                                  spacing_seconds=args.miss_spacing_seconds)
             else:
                 outcome = reconcile.reconcile(config, grace_seconds=args.grace_seconds, misses=args.misses,
-                                              dry_run=args.dry_run, deadline_seconds=args.deadline_seconds)
+                                              dry_run=args.dry_run, deadline_seconds=args.deadline_seconds,
+                                              spacing_seconds=args.miss_spacing_seconds)
         out.write(json.dumps(outcome.to_json(), indent=2) + "\n" if args.output == "json" else render_reconcile(outcome))
         return 1 if outcome.errors else 0
     except CNIError as err:
@@ -427,12 +434,16 @@ def render_reconcile(outcome) -> str:
             f"grace {int(outcome.grace_seconds)} s, freed after {outcome.misses} miss(es)")
     if outcome.dry_run:
         head += "  [dry run: nothing changed]"
-    if not outcome.actions:
-        return head + "\n"
-    rows = [(a.action, a.claim.address or "-", a.claim.pod or "-", (a.claim.pod_uid or "-")[:8],
-             f"{a.claim.container_id[:12]}/{a.claim.ifname}", a.claim.name, a.reason)
-            for a in outcome.actions]
-    return head + "\n" + table(("ACTION", "ADDRESS", "POD", "UID", "CONTAINER/IFNAME", "LEASE", "REASON"), rows)
+    text = head + "\n"
+    if outcome.actions:
+        rows = [(a.action, a.claim.address or "-", a.claim.pod or "-", (a.claim.pod_uid or "-")[:8],
+                 f"{a.claim.container_id[:12]}/{a.claim.ifname}", a.claim.name, a.reason)
+                for a in outcome.actions]
+        text += table(("ACTION", "ADDRESS", "POD", "UID", "CONTAINER/IFNAME", "LEASE", "REASON"), rows)
+    if outcome.blocks:  # blocks of Nodes that are gone (--all)
+        text += table(("ACTION", "BLOCK", "OWNER", "LEASE", "REASON"),
+                      [(b.action, b.block, b.owner, b.name, b.reason) for b in outcome.blocks])
+    return text
 
 
 def render_table(views: Sequence[NetworkView]) -> str:

@@ -42,7 +42,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from rdmanet.cni.core import env as request_env
 from rdmanet.cni.linux.roots import POLICY_ENV
-from rdmanet.ipam import telemetry
+from rdmanet.ipam import node_identity, telemetry
 
 from .call_record import CallRecord
 
@@ -83,7 +83,8 @@ class DaemonMetrics:
         self.calls.labels(record.plugin, record.command, str(record.code)).inc()
         self.duration.labels(record.plugin, record.command).observe(record.seconds)
         if record.ok and record.command in ("ADD", "CHECK", "DEL") and _ipam_type(record.config) == "lease-ipam":
-            node = record.node or socket.gethostname()  # as the Lease store names the node (store/kube.py)
+            # as the Lease store names the node (store/kube.py)
+            node = record.node or node_identity.configured().name or socket.gethostname()
             key = (record.network, node, record.policy)
             with self._lock:
                 self._networks[key] = (record.config, node, record.policy)

@@ -10,6 +10,7 @@ lease-ipam store, GETs one Lease.
 Modules: ``host_facts`` (reading the host) and ``host_checks`` (judging it), ``cni_checks`` (bin
 dir, conf dir, the networks that use our plugins), ``service_checks`` (daemon, lease-ipam stores),
 ``policy_checks`` (the node policy's roots: files others may write there; paths networks name),
+``node_checks`` (whether the daemon's node GC runs: a Node name the API confirms),
 ``nic_models`` (PCI ids), ``findings`` (the Finding record and the table / JSON output).
 """
 
@@ -68,7 +69,7 @@ def _guarded(findings: list[Finding], what: str, fn, *args, default=None):
 def diagnose(options: Options) -> Report:
     from rdmanet.node.launcher import DEFAULT_SOCKET, SOCKET_ENV
 
-    from . import cni_checks, host_checks, host_facts, policy_checks, service_checks
+    from . import cni_checks, host_checks, host_facts, node_checks, policy_checks, service_checks
 
     socket_path = options.socket or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
     out: list[Finding] = []
@@ -130,6 +131,10 @@ def diagnose(options: Options) -> Report:
     if stores is not None:
         out += _guarded(out, "ipam", service_checks.check_stores, stores, default=[])
         inventory["ipam"] = asdict(stores)
+    node = _guarded(out, "node", node_checks.gather, uses, options.timeout)
+    if node is not None:
+        out += _guarded(out, "node", node_checks.check, node, default=[])
+        inventory["node"] = asdict(node)
     return Report(ordered(out), inventory)
 
 

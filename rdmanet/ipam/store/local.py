@@ -16,13 +16,16 @@ leak one (a power loss ends every attachment of the node: files.py says why noth
    Address files are created afterwards with O_EXCL (a name exists at most once), their content
    written before ADD answers.
 2. An address file is removed only (a) by DEL/GC of the attachment its content names, or
-   (b) when it is empty or unparsable: DEL/GC of an attachment whose index lists it, any GC,
+   (b) when it is empty or a torn write of ours: DEL/GC of an attachment whose index lists it, any GC,
    the repeat ADD of that attachment, or an ADD that requests exactly that address. (b) is
    safe: every writer holds the lock from create to write, so under the lock such a file is
    the claim of a crashed ADD, which never answered: the address was never handed out.
 3. So after a crash at any point, every address file the crashed ADD made is listed in its
    index: a later DEL or GC of that attachment removes it, and a repeat ADD adopts a complete
    one and reclaims an empty one.
+4. Nothing else under the directory is ever removed: a file in no format of ours (another
+   IPAM's, such as host-local's ``<containerID>\r\n<ifname>`` when ``dataDir`` points at its
+   directory) is left alone and its address is never handed out (files.FOREIGN).
 The cursor is overwritten in place (files.overwrite_padded), without fsync or rename: losing or
 tearing it only changes where round-robin resumes.
 
@@ -244,8 +247,11 @@ class LocalStore(Store):
                 if doc is GARBAGE:  # a crashed ADD's claim, never handed out (rule 2b)
                     remove(self._addr_path(want))
                 elif doc is not None:
-                    raise CNIError(ADDRESS_UNAVAILABLE, f"requested address {want} is already reserved by {owner_of(doc) or 'an unknown owner'}",
-                                   "request a free address, or DEL the attachment that holds it")
+                    holder = owner_of(doc) or f"a file lease-ipam did not write ({self._addr_path(want)})"
+                    raise CNIError(ADDRESS_UNAVAILABLE, f"requested address {want} is already reserved by {holder}",
+                                   "request a free address, or DEL the attachment that holds it (a store "
+                                   "directory shared with another IPAM, such as host-local's: give lease-ipam "
+                                   "a dataDir of its own)")
                 ip = want
             else:
                 ip = self._probe(rs, set(plan.values()) | surprises)
@@ -352,8 +358,10 @@ class LocalStore(Store):
                     continue
                 index = read_json(path)
                 who = owner_of(index)
-                if who is None:  # unreadable index: its address files are handled by the scan below
+                if index is GARBAGE:  # a torn index of ours: its address files are handled by the scan below
                     remove(path)
+                    continue
+                if who is None:  # not ours: left alone
                     continue
                 if index.get("network") != network or who in valid:
                     continue

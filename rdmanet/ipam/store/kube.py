@@ -276,12 +276,12 @@ def cache_source(settings: Any, conn: Any, domain: str, node: str) -> CacheSourc
     connection_key, domain_key = cache_key(settings, conn, domain, node)
 
     def make(cache_settings: lease_cache.Settings) -> LeaseCache:
-        return LeaseCache(ApiClientTransport(conn.api_client, conn.host), path, node_selector(dhash, node),
+        return LeaseCache(ApiClientTransport(conn.api_client, conn.host, conn.renew), path, node_selector(dhash, node),
                           partial(parse_lease, dhash=dhash), owner=conn.api_client,
                           name=f"lease-cache {conn.namespace}/{dhash}/{label_value(node)}", settings=cache_settings)
 
     return lambda start: lease_cache.informer(connection_key, domain_key, conn.api_client, make, start,
-                                              transport=lambda: ApiClientTransport(conn.api_client, conn.host))
+                                              transport=lambda: ApiClientTransport(conn.api_client, conn.host, conn.renew))
 
 
 class KubeStore(NodeBlocks, Store):
@@ -317,8 +317,7 @@ class KubeStore(NodeBlocks, Store):
     def for_invocation(cls, settings: Any, domain: str, inv: Any) -> "KubeStore":
         from ..kube_config import connect
 
-        # in-process (no watch cache): http.client, not the kubernetes client's ~0.5 s import
-        conn = connect(settings) if lease_cache.enabled() else connect(settings, stdlib=True)
+        conn = connect(settings)
         # the claim's node label: which node's ADD made it (no cleaner judges liveness by it)
         node = node_identity.configured(inv.env).name or socket.gethostname()
         pod = PodInfo(inv.args.get("K8S_POD_NAMESPACE", ""), inv.args.get("K8S_POD_NAME", ""),

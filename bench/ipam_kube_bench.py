@@ -193,7 +193,7 @@ class Prefill:
             if store == "kube":
                 # One create per claim: the object allocate() makes, without its List of the domain
                 # (which would make the pre-fill quadratic in the pool size).
-                claim = self.kube._create(ip, att, NETWORK, self.rs, self.kube._deadline())
+                claim = self.kube.leases.create(ip, att, NETWORK, self.rs, self.kube.leases.deadline())
                 if claim is None:
                     raise SystemExit(f"pre-fill: {ip} is already claimed")
             else:

@@ -390,7 +390,7 @@ class After:
 
         def for_invocation(cls, settings, domain, inv):
             store = real(cls, settings, domain, inv)
-            store.transport = Wrapped(store.transport)
+            store.leases.transport = Wrapped(store.leases.transport)
             return store
 
         monkeypatch.setattr(kube_store.KubeStore, "for_invocation", classmethod(for_invocation))

@@ -74,7 +74,7 @@ from .store.kube import (
     label_value,
     parse_holder,
 )
-from .store.kube_blocks import A_TAKEN
+from .store.block_records import A_TAKEN
 from .store.lease_names import parse_time, server_date
 
 MISSES_ANNOTATION = f"{GROUP}/reconcile-misses"

@@ -292,8 +292,9 @@ def _load_in_cluster(settings: KubeSettings, cfg: Any) -> Optional[str]:
 
 def _check_tls(settings: KubeSettings, cfg: Any) -> None:
     """A CA or client certificate that does not load is the kubeconfig's fault (error 7), not an
-    unreachable server's: loaded once here, as urllib3 loads them for every connection."""
-    if not cfg.host.startswith("https://") or not (cfg.ssl_ca_cert or cfg.cert_file):
+    unreachable server's: loaded once here, as urllib3 loads them for every connection (to the
+    server requests go to: ``k8s_api_root`` when set)."""
+    if not (settings.api_root or cfg.host).startswith("https://") or not (cfg.ssl_ca_cert or cfg.cert_file):
         return
     try:
         ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert)

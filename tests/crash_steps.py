@@ -79,8 +79,8 @@ def _store_step(step: str) -> None:
         local.create_exclusive = create_and_die
     elif step == "after-address":
         local.create_exclusive = _after(local.create_exclusive, STORE_EXIT, lambda created: bool(created))
-    elif step == "before-cursor":
-        local.overwrite_padded = _before(local.overwrite_padded, STORE_EXIT)
+    elif step == "before-cursor":  # the intent and the address files are written
+        local.LocalStore._claim_new = _after(local.LocalStore._claim_new, STORE_EXIT)
     elif step == "after-cursor":
         local.LocalStore._allocate_locked = _after(local.LocalStore._allocate_locked, STORE_EXIT)
     elif step == "after-release":  # the index goes last

@@ -29,9 +29,7 @@ Host mode (default): from this checkout, on Debian 12.
     `rdmanet daemon` on --socket when it runs, and otherwise runs the plugin in-process from the
     venv, with the same output. Each is written by write + rename and checked to answer VERSION;
     that first call leaves .<name>.code beside it, the shim's hot path compiled for its
-    interpreter (every shim rewrites it when it does not match: rdmanet/node/boot.py); the first call that
-    runs in-process (a VERSION excepted) leaves .<name>.texts, code it compiled from text
-    (rdmanet/node/compiled_texts.py).
+    interpreter (every shim rewrites it when it does not match: rdmanet/node/boot.py).
   - The link --link-dir/rdmanet (default /usr/local/bin/rdmanet).
   - When systemd runs the host (/run/systemd/system exists): the daemon as a socket-activated
     service. /etc/systemd/system/rdmanet.socket listens on --socket (mode 0600, root's; its
@@ -49,7 +47,7 @@ Host mode (default): from this checkout, on Debian 12.
     Without systemd it prints the command that starts the daemon; until one runs, the shims
     run the plugins in-process (slower: every call pays the imports).
   What it wrote is listed in PREFIX/installed-files; --uninstall removes those files (shims only
-  while they are rdmanet shims, their .<name>.code and .<name>.texts always, the link only while it points into the venv, the units only
+  while they are rdmanet shims, their .<name>.code always, the link only while it points into the venv, the units only
   while they are the ones install.sh writes, disabled and stopped first), then what the plugins
   and `rdmanet demo` left (the demo's store /var/lib/cni/lease-ipam/rdmanet-demo, the lock files
   in /run/rdmanet/locks, an empty DEL journal and /run/rdmanet), the directories it created
@@ -90,7 +88,7 @@ DaemonSet's container (privileged, hostPID; the node's --bin-dir, --conf-dir and
   runtime retries the ADD or DEL once the pod is back. VERSION is answered by the shim itself
   when the daemon is down.
   --uninstall (for a cleanup Job, a preStop hook, or `kubectl exec` into the pod): removes the
-  shims (only while they are rdmanet shims; their .<name>.code and .<name>.texts always) and the files it writes in CONF_DIR/rdmanet.d
+  shims (only while they are rdmanet shims; their .<name>.code always) and the files it writes in CONF_DIR/rdmanet.d
   (then the directory, if empty); nothing else. The pod's refresh loop does not write the
   kubeconfig back (it takes the directory's lock for each round, as --uninstall does). It does not
   stop a running daemon.
@@ -316,9 +314,8 @@ is_rdmanet_shim() {  # is_rdmanet_shim PATH: a regular file rendered by rdmanet/
 }
 
 remove_beside_shim() {  # remove_beside_shim PATH: what is ours beside a shim, whoever owns PATH now:
-    # temporaries a crash left, .<name>.code (the hot path the shim compiled: rdmanet/node/boot.py) and
-    # .<name>.texts (code its in-process calls compiled from text: rdmanet/node/compiled_texts.py)
-    rm -f "$(dirname "$1")/.$(basename "$1")".*.tmp "$(dirname "$1")/.$(basename "$1").code" "$(dirname "$1")/.$(basename "$1").texts"
+    # temporaries a crash left and .<name>.code (the hot path the shim compiled: rdmanet/node/boot.py)
+    rm -f "$(dirname "$1")/.$(basename "$1")".*.tmp "$(dirname "$1")/.$(basename "$1").code"
 }
 
 remove_shim() {  # remove_shim PATH: the shim (only while it is ours) and what is ours beside it
@@ -496,7 +493,9 @@ host_install() {
     fi
 
     [ -x "$PREFIX/bin/python" ] || /usr/bin/python3 -m venv "$PREFIX"
-    "$PREFIX/bin/pip" install -q --disable-pip-version-check --upgrade "$src"
+    # rdmanet from this checkout; its dependencies only as far as pyproject.toml's pins allow (the
+    # releases the tests run with): a dependency is upgraded only when the installed one is outside them
+    "$PREFIX/bin/pip" install -q --disable-pip-version-check --upgrade --upgrade-strategy only-if-needed "$src"
     check_socket_dir
 
     for d in "$BIN_DIR" "$LINK_DIR"; do  # a directory install makes goes with --uninstall (when empty by then)

@@ -433,12 +433,12 @@ def self_signed(directory: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
 
 def leases(kube: KubeAPIServer) -> list[dict]:
     """The claim Leases (one per held address): a block's record whose address is free (no holder,
-    labelled rdmanet.io/block-owner) and a first-design block Lease (rdmanet.io/kind=block) are not claims."""
+    labelled rdmanet.io/block-owner) is not a claim."""
     def labels(o: dict) -> dict:
         return (o.get("metadata") or {}).get("labels") or {}
 
-    return [o for o in kube.objects("leases", NAMESPACE_OF_SA) if labels(o).get("rdmanet.io/kind") != "block"
-            and (not labels(o).get("rdmanet.io/block-owner") or (o.get("spec") or {}).get("holderIdentity"))]
+    return [o for o in kube.objects("leases", NAMESPACE_OF_SA)
+            if not labels(o).get("rdmanet.io/block-owner") or (o.get("spec") or {}).get("holderIdentity")]
 
 
 # --------------------------------------------------------------------------- tests

@@ -14,10 +14,10 @@
 - ``%`` in CNI_IFNAME: 4, nothing changed.
 - A rollback that cannot finish keeps the state file (marked ``repair``); DEL finishes it later.
 - A netns path that is a plain file left behind: DEL treats the netns as gone.
-- A call killed with the device in the pod between its move and the rest of the verb (test crash
-  hook ``HOST_DEVICE_RDMA_TEST_CRASH_AT``, an ``os._exit()`` at that step): the device is alive
-  under CNI_IFNAME, and DEL or a repeat ADD brings it home (and, for the ADD, into the pod) as it
-  was. A device an earlier version's killed call left in its staging netns comes home too.
+- A call killed with the device in the pod between its move and the rest of the verb (an
+  ``os._exit()`` at that step: tests/crash_steps.py): the device is alive under CNI_IFNAME, and
+  DEL or a repeat ADD brings it home (and, for the ADD, into the pod) as it was. A device an
+  earlier version's killed call left in its staging netns comes home too.
 
 The device is a veth end (the ``master`` fixture), as in test_host_device_rdma.py. The VF case
 (a stale DEL must not restore an old VF snapshot) is in the VM stage: test_vm_host_device.py.
@@ -46,8 +46,10 @@ except ImportError:  # pragma: no cover
                                        exec_err, exec_ok, fake_vf, hd, nothing_recorded, prepared, staging_left,
                                        state_dir, state_files)
 
-from rdmanet.plugins.host_device_rdma.moves import CRASH_ENV
 from rdmanet.node.testing import Daemon, write_shims
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests"))
+import crash_steps  # noqa: E402
 
 PLUGIN = "host-device-rdma"
 SLOW_IPAM = """#!/bin/sh
@@ -496,7 +498,7 @@ def test_an_incomplete_rollback_keeps_the_state_for_del(cni, node, netns, master
 @pytest.mark.skipif(nt.lease_ipam_missing() is not None, reason=str(nt.lease_ipam_missing()))
 @pytest.mark.parametrize("step,then", [("add:moved", "DEL"), ("add:moved", "ADD"), ("del:restored", "DEL"),
                                        ("del:restored", "ADD"), ("del:renamed", "DEL"), ("del:renamed", "ADD")])
-def test_a_call_killed_between_the_move_and_the_rest(cni, netns, master, step, then):
+def test_a_call_killed_between_the_move_and_the_rest(cni, netns, master, tmp_path, step, then):
     """Killed with the device in the pod: after the ADD's move (named net1, alias its own name,
     not configured yet), or in the DEL after it went down and got its MAC and MTU back, and then
     its own name, before it went home. The device (a veth whose peer is in a netns of the test's,
@@ -513,8 +515,10 @@ def test_a_call_killed_between_the_move_and_the_rest(cni, netns, master, step, t
     verb = "ADD" if step.startswith("add") else "DEL"
     if verb == "DEL":
         exec_ok(cni, "ADD", stdin, ns=ns, container_id="c1")
-    proc = cni.exec(verb, stdin, plugin=PLUGIN, ns=ns, container_id="c1", extra_env={CRASH_ENV: step})
-    assert proc.returncode == 137, f"the {verb} was to die at {step}: {proc.returncode} {proc.stdout} {proc.stderr}"
+    dies = crash_steps.runner(str(tmp_path), PLUGIN, step)  # the plugin, in one process, dying at the step
+    proc = nt.raw_exec(dies, verb, stdin, netns=ns.path, container_id="c1", cni_path=[cni.cni_bin],
+                       extra_env=cni.policy_env)
+    assert proc.returncode == crash_steps.DEVICE_EXIT, f"the {verb} was to die at {step}: {proc.returncode} {proc.stdout} {proc.stderr}"
     assert nt.link(None, m.name) is None and nt.link(None, "net1") is None, "the device is in the host"
     named, other = (m.name, "net1") if step == "del:renamed" else ("net1", m.name)
     left = nt.link(ns.name, named)

@@ -316,8 +316,8 @@ def test_macvlan_rdma_logs_the_gid_index_of_the_pod_address(vm):
 def test_pf_a_killed_add_left_in_the_pod_comes_home_on_del(vm):
     """The netdevsim PF's port netdev (a bus device: a netns that dies hands such a device back
     to the host, under a kernel-made or the pod's name) as host-device-rdma's device; the ADD is
-    killed (os._exit at the test crash hook) right after the one request that moved it into the
-    pod and named it. It is there as net1 with its original name as alias (never in the host
+    killed (os._exit at that step, tests/crash_steps.py) right after the one request that moved it
+    into the pod and named it. It is there as net1 with its original name as alias (never in the host
     under the pod's name, nor in the pod under its own), and DEL brings it home as it was and
     leaves no state, allocation record or reservation."""
     entry = section(vm, "hd_pf_killed")

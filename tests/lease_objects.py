@@ -1,12 +1,10 @@
 """The Lease store's objects as a user sees them with kubectl: claims (one per address) and node
 blocks. A block's record is the claim Lease of its first usable address, labelled
 ``rdmanet.io/block-owner``: a claim while it names an attachment (``holderIdentity``), and the
-block's only object either way. Block Leases of the first design (``rdmanet.io/kind=block``,
-``lipb-…``) are blocks only."""
+block's only object either way."""
 
 from __future__ import annotations
 
-KIND = "rdmanet.io/kind"
 OWNER = "rdmanet.io/block-owner"
 
 
@@ -15,13 +13,11 @@ def _labels(obj: dict) -> dict:
 
 
 def is_block(obj: dict) -> bool:
-    return _labels(obj).get(KIND) == "block" or bool(_labels(obj).get(OWNER))
+    return bool(_labels(obj).get(OWNER))
 
 
 def holds_address(obj: dict) -> bool:
     """A claim: a Lease of an address that names an attachment (a free block record does not)."""
-    if _labels(obj).get(KIND) == "block":
-        return False
     return not _labels(obj).get(OWNER) or bool((obj.get("spec") or {}).get("holderIdentity"))
 
 
@@ -34,6 +30,6 @@ def block_leases(server, namespace: str) -> list[dict]:
 
 
 def block_owner(obj: dict) -> str:
-    """The node holding a block (a record's ``block-owner`` annotation, a first-design Lease's holder)."""
+    """The node holding a block (its record's ``block-owner`` annotation)."""
     notes = (obj.get("metadata") or {}).get("annotations") or {}
-    return notes.get(OWNER) or (obj.get("spec") or {}).get("holderIdentity") or ""
+    return notes.get(OWNER) or ""

@@ -1,5 +1,6 @@
 """Attachment locks between the daemon's threads (rdmanet.cni.linux.attachment_lock): a second call on the
-same lock file waits for the first and no longer; a wait ends with CNI error 11 at the deadline."""
+same lock file waits for the first and no longer; a wait ends with CNI error 11 at the deadline.
+The same between processes (a call in-process beside the daemon)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pytest
 from rdmanet.cni.core import deadline as call_deadline
 from rdmanet.cni.core.errors import TRY_AGAIN_LATER, CNIError
 from rdmanet.cni.linux import attachment_lock
+
+from flock_holder import held_elsewhere
 
 
 def test_a_thread_waits_for_the_holder_and_gets_the_lock_when_it_lets_go(tmp_path):
@@ -68,3 +71,20 @@ def test_a_wait_past_the_deadline_is_try_again_later(tmp_path):
     finally:
         done.set()
         t.join(10)
+
+
+def test_a_wait_for_another_process_ends_at_the_deadline_or_when_it_lets_go(tmp_path):
+    path = str(tmp_path / "locks" / "attachment-003.lock")
+    (tmp_path / "locks").mkdir(mode=0o700)
+    with held_elsewhere(path) as let_go:
+        start = time.monotonic()
+        with call_deadline.scoped(call_deadline.Deadline.after(0.3)):
+            with pytest.raises(CNIError) as caught:
+                with attachment_lock.locked(path, "attachment n/c/net1"):
+                    pass
+        assert caught.value.code == TRY_AGAIN_LATER and time.monotonic() - start < 0.9
+        threading.Timer(0.7, let_go).start()
+        with call_deadline.scoped(call_deadline.Deadline.after(10)):
+            with attachment_lock.locked(path, "attachment n/c/net1"):
+                waited = time.monotonic() - start
+        assert 0.9 <= waited < 2.5  # taken once the holder let go, not at the deadline

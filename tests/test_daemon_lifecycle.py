@@ -12,7 +12,7 @@ import pytest
 
 from rdmanet.ipam.plugin import LeaseIPAM
 from rdmanet.node import daemon as daemon_mod
-from rdmanet.node.launcher import JSON_PROTOCOL, PROTOCOL, NoDaemon, call, exchange, read_line, unb64
+from rdmanet.node.launcher import PROTOCOL, DaemonLost, NoDaemon, call, exchange, frame
 from rdmanet.node.testing import Daemon, shim_env
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -20,7 +20,28 @@ from kube_api_server import KubeAPIServer, write_kubeconfig  # noqa: E402
 from lease_objects import claim_leases  # noqa: E402
 
 BARE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
-VERSION_REQUEST = {"v": JSON_PROTOCOL, "plugin": "lease-ipam", "env": {"CNI_COMMAND": "VERSION"}, "stdin_b64": ""}
+VERSION_REQUEST = frame("lease-ipam", {b"CNI_COMMAND": b"VERSION"}, b"")
+
+
+def read_line(sock: socket.socket) -> bytes:
+    """The answer's first line, without its newline."""
+    line = b""
+    while not line.endswith(b"\n"):
+        chunk = sock.recv(1)
+        assert chunk, f"the daemon closed the connection after {line!r}"
+        line += chunk
+    return line[:-1]
+
+
+def read_answer(sock: socket.socket) -> tuple[int, bytes, bytes]:
+    """(exit code, stdout, stderr) of a binary-framed answer."""
+    code, n_out, n_err = (int(field) for field in read_line(sock).split())
+    body = b""
+    while len(body) < n_out + n_err:
+        chunk = sock.recv(65536)
+        assert chunk, "the daemon's answer was cut short"
+        body += chunk
+    return code, body[:n_out], body[n_out:]
 
 
 @pytest.fixture
@@ -32,18 +53,19 @@ def env_dir():
 def test_other_protocol_versions_are_declined(env_dir):
     d = Daemon(str(env_dir / "run" / "daemon.sock"), allow_uids=[os.getuid()])
     try:
-        answer = exchange(d.socket, {**VERSION_REQUEST, "v": JSON_PROTOCOL + 1}, timeout=10)
-        assert answer["exec"] is True and f"this daemon speaks {PROTOCOL}" in answer["why"]
-        served = exchange(d.socket, VERSION_REQUEST, timeout=10)
-        assert served["code"] == 0 and b"supportedVersions" in unb64(served["stdout_b64"])
-        # the binary framing: the same answer, and the same refusal of another version
         code, out, err = call(d.socket, "lease-ipam", {b"CNI_COMMAND": b"VERSION"}, b"", timeout=10)
-        assert (code, out, err) == (0, unb64(served["stdout_b64"]), b"")
+        assert code == 0 and b"supportedVersions" in out and err == b""
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.connect(d.socket)
             sock.sendall(b"RDMANET 9 lease-ipam 19 0\nCNI_COMMAND=VERSION")
-            assert read_line(sock).startswith(b"exec protocol version 9 is not served")
+            refusal = read_line(sock)
+            assert refusal.startswith(b"exec protocol version 9 is not served")
+            assert f"this daemon speaks {PROTOCOL}".encode() in refusal
         assert '"protocol_mismatch"' in d.log()
+        # JSON is for the health request only: a call in it is not served
+        with pytest.raises(DaemonLost):
+            exchange(d.socket, {"v": 1, "plugin": "lease-ipam", "env": {"CNI_COMMAND": "VERSION"}}, timeout=10)
+        assert '"bad_request"' in d.log() and "CNI calls use the binary framing" in d.log()
     finally:
         d.cleanup()
 
@@ -95,19 +117,19 @@ def test_stop_serves_the_callers_already_queued(tmp_path):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(30)
         sock.connect(path)
-        sock.sendall(json.dumps(VERSION_REQUEST).encode() + b"\n")
+        sock.sendall(VERSION_REQUEST)
         queued.append(sock)
     daemon_mod.stop_serving(server, path, accept_loop_running=False)
     try:
         for sock in queued:
-            answer = json.loads(read_line(sock))
-            assert answer["code"] == 0 and json.loads(unb64(answer["stdout_b64"]))["supportedVersions"]
+            code, out, _ = read_answer(sock)
+            assert code == 0 and json.loads(out)["supportedVersions"]
     finally:
         for sock in queued:
             sock.close()
     assert not os.path.exists(path)
     with pytest.raises(NoDaemon):
-        exchange(path, VERSION_REQUEST, timeout=5)
+        exchange(path, {"health": True}, timeout=5)
 
 
 def test_a_socket_directory_others_may_write_is_refused(tmp_path):

@@ -498,7 +498,6 @@ def test_uninstall_removes_only_what_it_wrote(node):
     node.stop(node.start())
     assert set(os.listdir(node.bin)) == {"bridge", *PLUGINS, *CODE_FILES}
     (node.bin / f".{PLUGINS[0]}.code.1234.abcd1234.tmp").write_bytes(b"")  # a shim killed while writing it
-    (node.bin / f".{PLUGINS[0]}.texts").write_bytes(b"")  # an in-process call's (rdmanet/node/compiled_texts.py)
     proc = node.run("--uninstall")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert snapshot(node.bin, node.conf, foreign) == others

@@ -161,31 +161,15 @@ def test_status_counts_and_unusable_dir(store, tmp_path):
 
 
 def test_lock_timeout_is_try_again_later(tmp_path):
-    from filelock import FileLock
+    from flock_holder import held_elsewhere
 
     store = LocalStore(str(tmp_path), "dom", lock_timeout=0.2)
     sets = range_sets(range="10.0.0.0/24")
     store.allocate(A, "n", sets, {})
-    import multiprocessing
-
-    ctx = multiprocessing.get_context("fork")
-    ready, done = ctx.Event(), ctx.Event()
-
-    def hold():
-        with FileLock(os.path.join(store.root, "lock")):
-            ready.set()
-            done.wait(10)
-
-    p = ctx.Process(target=hold)
-    p.start()
-    try:
-        assert ready.wait(10)
+    with held_elsewhere(os.path.join(store.root, "lock")):
         with pytest.raises(CNIError) as info:
             store.allocate(B, "n", sets, {})
         assert info.value.code == TRY_AGAIN_LATER
-    finally:
-        done.set()
-        p.join(10)
 
 
 def test_garbage_claim_blocks_the_address_and_repeat_add_recovers(store):
@@ -229,69 +213,3 @@ def test_requested_address_with_an_interrupted_claim_is_reclaimed(store):
     open(os.path.join(store.root, "10.0.0.5"), "w").close()  # empty: a crashed ADD's claim
     assert store.allocate(A, "n", sets, {0: IP("10.0.0.5")}) == [IP("10.0.0.5")]
     assert json.load(open(os.path.join(store.root, "10.0.0.5")))["containerID"] == "ctr-a"
-
-
-def test_flock_threads_exclude_each_other_and_time_out(tmp_path):
-    import signal
-    import threading
-    import time
-
-    from rdmanet.ipam.store.flock import LockTimeout, exclusive
-
-    path = str(tmp_path / "lock")
-    inside, overlap = [0], []
-
-    def worker():
-        for _ in range(20):
-            with exclusive(path, 10):
-                inside[0] += 1
-                overlap.append(inside[0])
-                time.sleep(0.0005)
-                inside[0] -= 1
-
-    threads = [threading.Thread(target=worker) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert len(overlap) == 80 and max(overlap) == 1
-
-    import multiprocessing
-
-    ctx = multiprocessing.get_context("fork")
-    ready, done = ctx.Event(), ctx.Event()
-
-    def hold():
-        with exclusive(path, 10):
-            ready.set()
-            done.wait(10)
-
-    p = ctx.Process(target=hold)
-    p.start()
-    try:
-        assert ready.wait(10)
-        errors = []
-
-        def in_thread():  # not the main thread: polls
-            try:
-                with exclusive(path, 0.2):
-                    pass
-            except LockTimeout:
-                errors.append("timeout")
-
-        t = threading.Thread(target=in_thread)
-        t.start()
-        t.join()
-        assert errors == ["timeout"]
-        start = time.monotonic()
-        with pytest.raises(LockTimeout):  # main thread: sleeps in flock, woken by the alarm
-            with exclusive(path, 0.2):
-                pass
-        assert time.monotonic() - start < 2
-        assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
-        assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
-    finally:
-        done.set()
-        p.join(10)
-    with exclusive(path, 1):  # free again once the holder is gone
-        pass

@@ -26,7 +26,7 @@ from rdmanet.ipam.config import parse_ipam_config
 from rdmanet.ipam.store import lease_cache
 from rdmanet.ipam.store.candidates import next_candidate
 from rdmanet.ipam.store.kube import LEASES_PATH, ApiClientTransport, KubeStore, domain_hash, lease_name, node_selector, parse_lease
-from rdmanet.ipam.store.lease_names import block_id, block_name
+from rdmanet.ipam.store.lease_names import block_id
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_api_server import InProcessApiClient, KubeAPIServer, parse_label_selector  # noqa: E402
@@ -59,13 +59,6 @@ def record_obj(first, size, offset, uid, rv, held, node=NODE):
     return obj
 
 
-def block_obj(first, size, uid, rv, node=NODE):
-    return {"metadata": {"name": block_name(DHASH, first, size), "uid": uid, "resourceVersion": str(rv),
-                         "labels": {"rdmanet.io/ipam-domain": DHASH, "rdmanet.io/node": node,
-                                    "rdmanet.io/kind": "block"}},
-            "spec": {"holderIdentity": node, "acquireTime": "2026-11-24T07:00:00.000000Z"}}
-
-
 def parse(obj):
     return parse_lease(obj, DHASH)
 
@@ -77,12 +70,10 @@ def fold(cache):
         pending = set(cache._pending)
 
     def occupies(e):  # a 409 placeholder, a claim, or a block record that names an attachment
-        return e.claim is None or (not getattr(e.claim, "is_block", False)
-                                   and (not getattr(e.claim, "block", "") or e.claim.attachment is not None))
+        return e.claim is None or not e.claim.block or e.claim.attachment is not None
 
     used = {v: sorted(int(e.ip) for e in entries if occupies(e) and e.ip.version == v) for v in (4, 6)}
-    blocks = {e.name: e.claim for e in entries if getattr(e.claim, "is_block", False)}
-    blocks.update({e.name: e.claim.as_block() for e in entries if getattr(e.claim, "block", "")})
+    blocks = {e.name: e.claim.as_block() for e in entries if e.claim is not None and e.claim.block}
     fill = {n: bisect_right(used[b.ip.version], b.last) - bisect_left(used[b.ip.version], int(b.ip))
             for n, b in blocks.items()}
     return used, blocks, fill, pending
@@ -173,12 +164,9 @@ def test_the_block_index_is_the_fold_of_the_cache_after_random_events(seed):
                 obj = server.pop(name)
                 history.append(("DELETED", obj))
                 cache._apply("DELETED", obj)
-        elif op < 0.60:  # a block acquired: a block Lease, or a block record (held or free)
+        elif op < 0.60:  # a block acquired: its record (held or free)
             first, size = random_block(rng, version)
-            if rng.random() < 0.5:
-                obj = block_obj(first, size, f"u{next(uids)}", next_rv())
-            else:
-                obj = record_obj(first, size, rng.randrange(2), f"u{next(uids)}", next_rv(), rng.random() < 0.6)
+            obj = record_obj(first, size, rng.randrange(2), f"u{next(uids)}", next_rv(), rng.random() < 0.6)
             if obj["metadata"]["name"] not in server:
                 server[obj["metadata"]["name"]] = obj
                 history.append(("ADDED", obj))
@@ -210,9 +198,9 @@ def test_the_block_index_is_the_fold_of_the_cache_after_random_events(seed):
             elif what == 4 and current is not None:
                 del server[name]
                 cache.deleted(current)  # our delete; its DELETED event may come later or never
-            elif what == 5:
+            elif what == 5:  # our create of a block's record
                 first, size = random_block(rng, version)
-                obj = block_obj(first, size, f"u{next(uids)}", next_rv())
+                obj = record_obj(first, size, rng.randrange(2), f"u{next(uids)}", next_rv(), rng.random() < 0.6)
                 got = parse(obj)
                 if obj["metadata"]["name"] not in server:
                     server[obj["metadata"]["name"]] = obj
@@ -250,12 +238,14 @@ def test_the_candidate_is_the_one_a_search_of_every_block_gives(window, monkeypa
         objs, uid = [], 0
         firsts = rng.sample(range(0, 1024, 16), rng.randrange(1, 30))
         for first in firsts:
-            uid += 1
-            objs.append(block_obj(ipaddress.ip_address(int(NET4.network_address) + first), 16, f"u{uid}", uid))
+            start = ipaddress.ip_address(int(NET4.network_address) + first)
             for off in range(16):
-                if rng.random() < (0.97 if rng.random() < 0.7 else 0.5):
-                    uid += 1
-                    objs.append(claim_obj(ipaddress.ip_address(int(NET4.network_address) + first + off), f"u{uid}", uid))
+                held = rng.random() < (0.97 if rng.random() < 0.7 else 0.5)
+                uid += 1
+                if off == 0:  # the block's record: its address held or free
+                    objs.append(record_obj(start, 16, 0, f"u{uid}", uid, held))
+                elif held:
+                    objs.append(claim_obj(ipaddress.ip_address(int(start) + off), f"u{uid}", uid))
         cache._replace([parse(o) for o in objs], "1")
         for _ in range(rng.randrange(4)):  # creates in flight
             value = int(NET4.network_address) + rng.choice(firsts) + rng.randrange(16)
@@ -324,7 +314,7 @@ def test_the_informer_keeps_the_index_through_events_bookmarks_and_relists():
                 node = NODE if rng.random() < 0.8 else "node-b"
                 if rng.random() < 0.15:
                     first, size = random_block(rng, version)
-                    body = block_obj(first, size, "", 0, node=node)
+                    body = record_obj(first, size, rng.randrange(2), "", 0, rng.random() < 0.6, node=node)
                 else:
                     body = claim_obj(random_ip(rng, version), "", 0, node=node)
                 for k in ("uid", "resourceVersion"):
@@ -343,7 +333,9 @@ def test_the_informer_keeps_the_index_through_events_bookmarks_and_relists():
             want = converge()
             assert_index_is_the_fold(cache, rng)
             names = {b.name for b in cache.blocks()}
-            assert names == {n for n in want if n.startswith("lipb-")}
+            records = {o["metadata"]["name"] for o in server.objects("leases", NS)
+                       if "rdmanet.io/block-owner" in (o["metadata"].get("labels") or {})}
+            assert names == {n for n in want if n in records}
     finally:
         cache.stop()
         cache.join(5.0)

@@ -26,7 +26,6 @@ from rdmanet.ipam.store import kube_blocks, lease_cache
 from rdmanet.ipam.store.base import Attachment
 from rdmanet.ipam.store.kube import (
     L_DOMAIN,
-    L_KIND,
     L_NODE,
     LEASES_PATH,
     ApiClientTransport,
@@ -407,7 +406,7 @@ def test_a_28_is_usable_to_the_last_address_by_two_nodes(server, kubeconfig):
     assert got.count(None) == 2
     assert_each_address_once(got, server)
     [blk] = block_leases(server, NS)  # one block of 16 (the /28): one owner, the other node borrowed
-    assert blk["metadata"]["labels"]["rdmanet.io/block-owner"] == "node-a" and L_KIND not in blk["metadata"]["labels"]
+    assert blk["metadata"]["labels"]["rdmanet.io/block-owner"] == "node-a" and "rdmanet.io/kind" not in blk["metadata"]["labels"]
 
 
 def test_a_64_gives_each_node_its_own_block(server, kubeconfig):

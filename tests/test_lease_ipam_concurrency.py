@@ -19,7 +19,10 @@ from rdmanet.cni.core.errors import POOL_EXHAUSTED
 from rdmanet.ipam.plugin import LeaseIPAM
 from rdmanet.ipam.store.base import Attachment
 from rdmanet.ipam.store.files import GARBAGE, read_json
-from rdmanet.ipam.store.local import CRASH_ENV, CRASH_EXIT_CODE, INDEX_DIR, LocalStore
+from rdmanet.ipam.store.local import INDEX_DIR, LocalStore
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import crash_steps  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,12 +37,14 @@ def cni_env(command, cid, ifname="net1"):
             "CNI_PATH": "/opt/cni/bin"}
 
 
-def spawn(tmp_path, command, conf, cid, extra_env=None):
+def spawn(tmp_path, command, conf, cid, crash_at=None):
+    """lease-ipam exec'd for one call; ``crash_at``: it dies at that step (tests/crash_steps.py)."""
     conf_file = tmp_path / f"conf-{command}-{cid}.json"
     conf_file.write_text(json.dumps(conf))
-    env = dict(os.environ, PYTHONPATH=ROOT, **cni_env(command, cid), **(extra_env or {}))
+    env = dict(os.environ, PYTHONPATH=ROOT, **cni_env(command, cid))
+    argv = ["-m", "rdmanet.ipam"] if crash_at is None else [crash_steps.__file__, "lease-ipam", crash_at]
     with open(conf_file, "rb") as stdin:
-        return subprocess.Popen([sys.executable, "-m", "rdmanet.ipam"], stdin=stdin, stdout=subprocess.PIPE,
+        return subprocess.Popen([sys.executable, *argv], stdin=stdin, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, env=env, cwd=ROOT)
 
 
@@ -129,9 +134,9 @@ def test_crash_at_each_add_step(tmp_path, step, cleanup):
     """Kill an ADD (os._exit) at a named step of a dual-stack allocation, fill the range with other
     attachments, then clean up the crashed one: no duplicate, and nothing of it is left."""
     conf = netconf(tmp_path, version="1.1.0", range="10.30.0.0/29", ipRanges=[{"range": "fd30::/125"}])
-    victim = spawn(tmp_path, "ADD", conf, "victim", {CRASH_ENV: step})
+    victim = spawn(tmp_path, "ADD", conf, "victim", crash_at=step)
     code, out, err = finish({"victim": victim})["victim"]
-    assert code == CRASH_EXIT_CODE and out is None, err
+    assert code == crash_steps.STORE_EXIT and out is None, err
     root = str(tmp_path / "net-c")
     files, _ = store_contents(root)
     victim_claims = {n for n, doc in files.items() if doc is GARBAGE or (doc or {}).get("containerID") == "victim"}
@@ -177,8 +182,8 @@ def test_crash_at_each_add_step(tmp_path, step, cleanup):
 def test_crash_during_del_is_finished_by_next_del(tmp_path):
     conf = netconf(tmp_path, range="10.40.0.0/24")
     assert finish({"a": spawn(tmp_path, "ADD", conf, "a")})["a"][0] == 0
-    code, _, _ = finish({"a": spawn(tmp_path, "DEL", conf, "a", {CRASH_ENV: "after-release"})})["a"]
-    assert code == CRASH_EXIT_CODE
+    code, _, _ = finish({"a": spawn(tmp_path, "DEL", conf, "a", crash_at="after-release")})["a"]
+    assert code == crash_steps.STORE_EXIT
     root = str(tmp_path / "net-c")
     assert store_contents(root) == ({}, ["a:net1"])
     assert finish({"a": spawn(tmp_path, "DEL", conf, "a")})["a"][:2] == (0, None)

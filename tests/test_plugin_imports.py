@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import sysconfig
+from typing import Optional
 
 import pytest
 
@@ -15,58 +17,19 @@ from rdmanet.cni.core.invocation import parse_invocation
 SITE = sysconfig.get_path("purelib")
 
 
-def _run(code: str) -> str:
+def _run(code: str, env: Optional[dict] = None) -> str:
     """``code`` in a fresh interpreter started as the shims start it (-I -S, then the venv's site dir)."""
     prelude = f"import site, sys; site.addsitedir({SITE!r}); sys.path.insert(0, {sys.path[0]!r})\n"
     return subprocess.run([sys.executable, "-IS", "-c", prelude + code], capture_output=True, text=True,
-                          check=True, timeout=60).stdout
+                          check=True, timeout=60, env=env).stdout
 
 
-# What pyroute2's IPRoute brings along (its asyncio core, ssl, multiprocessing's pickling, the
-# unittest.mock of its ipmock, every tc plugin): rdmanet.cni.linux.rtnl uses pyroute2's message classes and
-# request filters without it. A plugin's verbs open an IPRoute only for requests Rtnl does not serve.
-IPROUTE_MACHINERY = ("pyroute2.iproute", "pyroute2.netlink.nlsocket", "pyroute2.netlink.rtnl.tcmsg",
-                     "pyroute2.netlink.rtnl.marshal", "asyncio", "ssl", "unittest")
-
-
-def test_plugins_import_only_the_pyroute2_parts_they_use():
+def test_plugin_modules_import_no_kubernetes_client():
     out = _run(
         "import rdmanet.plugins.macvlan_rdma.plugin, rdmanet.plugins.host_device_rdma.plugin, rdmanet.plugins.ipoib_rdma.plugin, rdmanet.ipam.plugin\n"
-        "heavy = ('ndb', 'ipdb', 'conntrack', 'nftables', 'ipset', 'ipvs', 'nslink', 'plan9')\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pyroute2' and m.split('.')[1:2] and m.split('.')[1] in heavy))\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'kubernetes'))\n"
-        f"print(sorted(m for m in sys.modules if any(m == p or m.startswith(p + '.') for p in {IPROUTE_MACHINERY!r})))\n"
     )
-    assert out.splitlines() == ["[]", "[]", "[]"]
-
-
-def test_rdma_netlink_imports_and_asks_without_the_socket_machinery():
-    """Asking the RDMA netns mode (on a node with an RDMA device, every macvlan-rdma and
-    host-device-rdma ADD does) loads no asyncio nor pyroute2's socket classes: the answer is
-    whatever this kernel says (None without the RDMA core)."""
-    out = _run(
-        "from rdmanet.cni.linux import rdma_netlink\n"
-        "print(rdma_netlink.netns_mode() in (None, 'shared', 'exclusive'))\n"
-        f"print(sorted(m for m in sys.modules if any(m == p or m.startswith(p + '.') for p in {IPROUTE_MACHINERY!r})))\n"
-    )
-    assert out.splitlines() == ["True", "[]"]
-
-
-def test_pyroute2_package_names_still_work_after_the_partial_import():
-    out = _run(
-        "import rdmanet.cni.linux.links\n"
-        "from pyroute2 import IPRoute, NDB\n"
-        "import pyroute2\n"
-        "print(IPRoute.__module__, NDB.__module__, pyroute2.__version__ != 'unknown')\n"
-        "try:\n"
-        "    pyroute2.no_such_name\n"
-        "except AttributeError as exc:\n"
-        "    print('AttributeError', exc)\n"
-    )
-    assert out.splitlines() == [
-        "pyroute2.iproute.linux pyroute2.ndb.main True",
-        "AttributeError module 'pyroute2' has no attribute 'no_such_name'",
-    ]
+    assert out.splitlines() == ["[]"]
 
 
 def _lease_invocation(tmp_path, command: str, **extra: str):
@@ -87,16 +50,6 @@ def test_lease_ipam_runs_in_the_plugins_own_process(tmp_path):
     again = ipam_exec.exec_plugin("lease-ipam", _lease_invocation(tmp_path, "ADD"), "ADD")
     assert again["ips"] == add["ips"]  # the same store, the same reservation
     assert ipam_exec.exec_plugin("lease-ipam", _lease_invocation(tmp_path, "DEL"), "DEL") is None
-
-
-def test_crash_hook_calls_are_execed(tmp_path):
-    inv = _lease_invocation(tmp_path, "ADD", LEASE_IPAM_TEST_CRASH_AT="no-such-step")
-    try:
-        ipam_exec.exec_plugin("lease-ipam", inv, "ADD")
-    except Exception as exc:  # the empty file cannot be exec'd: proof the call was not in-process
-        assert getattr(exc, "code", None) == 104 and "cannot run IPAM plugin" in exc.msg
-    else:
-        raise AssertionError("a call carrying a crash hook ran in-process")
 
 
 def _lease_ipam_modules(tmp_path, verbs: tuple[str, ...], roots: tuple[str, ...]) -> tuple[list[str], list[str]]:
@@ -161,9 +114,9 @@ def test_plugin_del_builds_no_config_models(tmp_path, plugin):
 
 def test_config_validation_loads_no_pydantic_plugins(tmp_path):
     """pydantic looks up plugins (entry points of group ``pydantic`` of every installed
-    distribution) before building a validator, through importlib.metadata (~10-15 ms of CPU per
-    exec'd call). A config validated through rdmanet.cni.core.netconf runs none and imports neither; the
-    same distribution's plugin is loaded by plain pydantic (the control: the plugin is real)."""
+    distribution) before building a validator. A config validated through rdmanet.cni.core.netconf
+    loads none; the same distribution's plugin is loaded by plain pydantic (the control: the
+    plugin is real)."""
     site = tmp_path / "site"
     (site / "loudplugin-1.0.dist-info").mkdir(parents=True)
     (site / "loudplugin-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: loudplugin\nVersion: 1.0\n")
@@ -175,11 +128,13 @@ def test_config_validation_loads_no_pydantic_plugins(tmp_path):
         "        return None, None, None\n"
         "plugin = Plugin()\n")
     prelude = f"sys.path.insert(0, {str(site)!r})\n"
+    env = {k: v for k, v in os.environ.items() if k != "PYDANTIC_DISABLE_PLUGINS"}  # as a runtime starts a plugin
     ours = _run(
         prelude +
         "from rdmanet.cni.core import netconf\n"
         "print(netconf.load(netconf.NetConf, {'name': 'n', 'type': 't'}).name)\n"
-        "print(sorted(m for m in sys.modules if m.startswith(('importlib.metadata', 'email', 'zipfile', 'loudplugin'))))\n"
+        "print(sorted(m for m in sys.modules if m.startswith('loudplugin')))\n",
+        env,
     )
     assert ours.splitlines() == ["n", "[]"]
     control = _run(
@@ -187,6 +142,7 @@ def test_config_validation_loads_no_pydantic_plugins(tmp_path):
         "import pydantic\n"
         "class M(pydantic.BaseModel):\n"
         "    name: str\n"
-        "print(M.model_validate({'name': 'n'}).name)\n"
+        "print(M.model_validate({'name': 'n'}).name)\n",
+        env,
     )
     assert control.splitlines() == ["plugin used", "n"]

@@ -224,7 +224,7 @@ def test_a_call_the_daemon_does_not_answer_runs_the_launcher_from_the_code_file(
     assert version.returncode == 0 and "1.0.0" in json.loads(version.stdout)["supportedVersions"]
 
     other = compile('def resume(*args):\n    import sys\n    sys.stdout.write("ran the code file\'s launcher\\n")\n'
-                    '    return 0\ndef finish(code):\n    return code\n', "<rdmanet shim: rdmanet/node/launcher.py>", "exec")
+                    '    return 0\n', "<rdmanet shim: rdmanet/node/launcher.py>", "exec")
     body = marshal.dumps(fast_code) + marshal.dumps(other)
     code.write_bytes(start + b"%08x" % binascii.crc32(body) + body)
     assert call(path).stdout == b"ran the code file's launcher\n"

@@ -260,14 +260,6 @@ def test_stale_socket_falls_back_and_is_replaced(env_dir):
         d.cleanup()
 
 
-def test_crash_hook_requests_run_in_their_own_process(env_dir, daemon, tmp_path):
-    bin_dir = env_dir / "bin"
-    conf = ipam_conf(tmp_path / "data")
-    proc = call(bin_dir, "lease-ipam", "ADD", conf, LEASE_IPAM_TEST_CRASH_AT="no-such-step", **ipam_env(bin_dir, "c1"))
-    assert proc.returncode == 0, proc.stdout
-    assert health(daemon.socket)["requests"] == 0  # declined, ran in the shim's process
-
-
 def test_sigterm_finishes_the_request_in_flight(env_dir, tmp_path):
     import fcntl
 

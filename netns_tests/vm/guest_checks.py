@@ -61,8 +61,8 @@ then, on the same VF 0 and fake tree:
                B's DEL restores the VF as before A
   hd_vf_gone   ADD with a vlan, then sriov_numvfs 0 (the VF and its settings are gone): DEL
                succeeds, nothing left (after the VF sections: it removes the PF's VFs)
-  hd_pf_killed host-device-rdma on the PF's port netdev: an ADD killed (crash hook) right after the
-               device's move into the pod, then DEL; the pod netns deleted with the device in it,
+  hd_pf_killed host-device-rdma on the PF's port netdev: an ADD killed (tests/crash_steps.py) right
+               after the device's move into the pod, then DEL; the pod netns deleted with the device in it,
                then DEL (last: it moves the PF itself)
 """
 
@@ -92,6 +92,9 @@ DEVINFO = os.path.join(RESULTS, "devinfo", "vmpod1-net1.json")
 DEVINFO_EXCL = os.path.join(RESULTS, "devinfo", "vmpod2-net1.json")
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 HD_PLUGIN = os.path.join(VENV_BIN, "host-device-rdma")
+# the tests' fault injection: a plugin call that dies at a named step (the repository is shared read-only)
+CRASH_STEPS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                           "tests", "crash_steps.py")
 HD_STATE = "/tmp/rdmanet-vm-hd"  # one state dir (node policy hostDeviceStateDir) per network below it
 FAKESYS = "/tmp/rdmanet-vm-fakesys"  # RDMANET_SYSFS_ROOT of the host-device-rdma scenarios
 HD_NETDEV, HD_PEER, HD_MTU = "hdv0", "hdv1", 1400  # rxe0's parent in the fake tree
@@ -1017,8 +1020,8 @@ def _hd_vf_gone(entry):
 @section("hd_pf_killed")
 def _hd_pf_killed(entry):
     """host-device-rdma on the netdevsim PF's port netdev (a bus device, unlike a veth); last, as
-    it takes the PF away from the VF sections. 1: an ADD killed (test crash hook, os._exit) right
-    after the request that moved and renamed the device, before MTU, MAC and up; then DEL. 2: the
+    it takes the PF away from the VF sections. 1: an ADD killed (os._exit, tests/crash_steps.py)
+    right after the request that moved and renamed the device, before MTU, MAC and up; then DEL. 2: the
     pod netns deleted with the device in it (what a kernel does with such a device); then DEL with
     the netns gone."""
     pf, _ = pf_of_nsim()
@@ -1027,7 +1030,7 @@ def _hd_pf_killed(entry):
     sh("ip", "netns", "add", "hd-pf-pod")
     netns = "/run/netns/hd-pf-pod"
     killed = hd_exec("ADD", "pf-killed", netns, conf)
-    killed.env["HOST_DEVICE_RDMA_TEST_CRASH_AT"] = "add:moved"
+    killed.argv = [sys.executable, "-B", CRASH_STEPS, "host-device-rdma", "add:moved"]
     entry["add_killed"] = killed.start().finish()
     entry["host_after_kill"] = link_json(pf)
     entry["pod_links_after_kill"] = [l["ifname"] for l in json.loads(sh("ip", "-n", "hd-pf-pod", "-j", "link", "show").stdout)]

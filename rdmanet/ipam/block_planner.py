@@ -2,8 +2,8 @@
 :mod:`rdmanet.ipam.block_plan`; docs/lease-ipam.md "Planned blocks").
 
 One run: List the nodes (``/api/v1/nodes``, the ``--node-selector`` label selector, paginated,
-names kept), List the domain's block records (``rdmanet.io/ipam-domain=<hash>,rdmanet.io/block-owner``
-and the first design's ``rdmanet.io/kind=block`` Leases, paginated, parsed page by page), make
+names kept), List the domain's block records (``rdmanet.io/ipam-domain=<hash>,rdmanet.io/block-owner``,
+paginated, parsed page by page), make
 the plan, then (unless ``dry_run``) DELETE the free planned records of nodes not listed (uid and
 resourceVersion preconditions: one claimed or changed since the List is left, 404/409 skipped)
 and POST each planned record (a free block record labelled ``rdmanet.io/planned=true``). A 409 on
@@ -85,9 +85,8 @@ def list_nodes(target: KubeTarget, node_selector: str = "") -> list[str]:
 
 
 def list_records(target: KubeTarget) -> list[Record]:
-    """The domain's block records (and first-design block Leases, never planned, never deleted,
-    counted as their node's), parsed page by page (:meth:`KubeTarget.list_block_records`)."""
-    return [Record(block.name, block.ip, block.size, block.node, block.planned, claim is not None and claim.free,
+    """The domain's block records, parsed page by page (:meth:`KubeTarget.list_block_records`)."""
+    return [Record(block.name, block.ip, block.size, block.node, block.planned, claim.free,
                    block.uid, block.resource_version) for block, claim in target.list_block_records()]
 
 

@@ -5,9 +5,9 @@ Node that is gone (scaled down, replaced) never will, and the remaining nodes wo
 its blocks for ever. So each ``--all`` run of the reconciler:
 
 1. Lists the Nodes (their names) and the block records of every domain.
-2. A block whose owner is not a Node and whose record is free (no attachment; a first-design
-   block Lease is always free) is noted: the annotation ``rdmanet.io/owner-gone-since`` is set to
-   the API server's time (the ``Date`` of its answer), by a resourceVersion-guarded update.
+2. A block whose owner is not a Node and whose record is free (no attachment) is noted: the
+   annotation ``rdmanet.io/owner-gone-since`` is set to the API server's time (the ``Date`` of
+   its answer), by a resourceVersion-guarded update.
 3. A block noted at least ``grace`` seconds ago by the server's clock, its owner still no Node,
    is deleted with uid and resourceVersion preconditions: a record claimed or changed since the
    List (its owner back and using it, a borrower taking it) meets 409 and is left alone.
@@ -82,7 +82,7 @@ def release_blocks_of_gone_nodes(target: KubeTarget, grace: float, dry_run: bool
                 act.action, act.reason = CLEARED, f"Node {block.node} exists again"
                 if not dry_run:
                     _annotate(target, block, None)
-            elif claim is not None and not claim.free:
+            elif not claim.free:
                 act.action, act.reason = HELD, "its record holds a claim: judged by its pod, released once free"
             elif now is None:
                 act.action, act.reason = WAITING, "the API server's answer carried no Date"

@@ -51,9 +51,9 @@ def local_store(data_dir: str, domain: str, inv: Invocation) -> Store:
     """The file store in ``<dataDir>/<domain>``: dataDir must lie under the node's data roots
     (default /var/lib/cni), every existing directory on the way private and no symlink."""
     roots.check_dir("data", DATA_DIR_KEY, os.path.join(data_dir, domain))  # dataDir passed location.config_path
-    from .store.local import CRASH_ENV, LocalStore  # here: the Kubernetes store's calls do not need it
+    from .store.local import LocalStore  # here: the Kubernetes store's calls do not need it
 
-    return LocalStore(data_dir, domain, crash_at=inv.env.get(CRASH_ENV))
+    return LocalStore(data_dir, domain)
 
 
 def kube_store(data_dir: str, domain: str, inv: Invocation) -> Store:

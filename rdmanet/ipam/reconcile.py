@@ -302,15 +302,14 @@ class KubeTarget:
 
     def list_blocks(self) -> list:
         """The node blocks of the target's domain (:class:`rdmanet.ipam.store.kube.Block`; issue 17): the
-        block records (claims labelled ``block-owner``) and the first design's block Leases, read
-        page by page. Blocks are never judged by the reconciler: only claims keep addresses."""
+        block records (claims labelled ``block-owner``), read page by page. Blocks are never judged
+        by the reconciler: only claims keep addresses."""
         return [block for block, _ in self.list_block_records()]
 
     def list_block_records(self, annotations: bool = False) -> list:
-        """:meth:`list_blocks`, each block with the claim that records it (None: a block Lease of
-        the first design), in address order; ``annotations``: and the Lease's annotations, as a
-        third element."""
-        from .store.kube import KIND_BLOCK, L_KIND, parse_block, parse_claim
+        """:meth:`list_blocks`, each block with the claim that records it, in address order;
+        ``annotations``: and the Lease's annotations, as a third element."""
+        from .store.kube import parse_claim
 
         out: list = []
         part: list = []
@@ -319,16 +318,14 @@ class KubeTarget:
             md = raw.get("metadata") or {}
             dhash = (md.get("labels") or {}).get(L_DOMAIN) or ""
             claim = parse_claim(raw, dhash)
-            block = claim.as_block() if claim is not None else parse_block(raw, dhash)
+            block = claim.as_block() if claim is not None else None
             if block is not None:
                 part.append((block, claim, dict(md.get("annotations") or {})) if annotations else (block, claim))
 
         base = self.selector or domain_selector(self.domain)
         try:
-            for selector in (f"{base},{L_BLOCK_OWNER}", f"{base},{L_KIND}={KIND_BLOCK}"):
-                part.clear()
-                self._pages(self.leases, [("labelSelector", selector)], each, part.clear)
-                out.extend(part)
+            self._pages(self.leases, [("labelSelector", f"{base},{L_BLOCK_OWNER}")], each, part.clear)
+            out.extend(part)
         except ApiError as err:
             raise CNIError(NOT_AVAILABLE, f"cannot list Leases in namespace {self.namespace}: {err}",
                            "check that the credentials may list leases in that namespace (RBAC)") from None

@@ -14,11 +14,9 @@ own, printing exactly what the in-process run would print (``skel.render``) with
   or print on stderr goes into that request's answer, never into another's (a contextvar-routed
   ``sys.stderr``). Network namespaces are entered per thread and always left (rdmanet.cni.linux.netns).
 - lease-ipam as ``ipam.type`` runs in-process (``ipam_exec.IN_PROCESS_PLUGINS``), not by exec.
-- Requests carrying a test crash hook (ipam_exec.CRASH_HOOKS, which os._exit()) are declined
-  ("exec") so the shim runs them in a process of their own.
-- Two framings (:mod:`rdmanet.node.launcher`): the shims' binary one and one JSON line for tools
-  (health) and the first shims. A request of another protocol version is declined ("exec"): a
-  shim with a fallback runs it itself, a daemon-only shim answers 11 until both sides match.
+- Two framings (:mod:`rdmanet.node.launcher`): CNI calls in the shims' binary one, and one JSON
+  line for tools (health). A call of another protocol version is declined ("exec"): a shim with
+  a fallback runs it itself, a daemon-only shim answers 11 until both sides match.
 - The call's environment is the runtime's (forwarded by the shim); :data:`DAEMON_DEFAULTS` come
   from the daemon's own environment when the call lacks them (in a DaemonSet, the node name the
   downward API gives the pod).
@@ -43,9 +41,8 @@ down with it):
   1024; a host-device ADD holds about 12 fds). A call that still runs out of fds or memory
   answers CNI error 11 (try again later), not 999.
 - A request must arrive whole within :data:`READ_SECONDS` of its worker picking it up, and within
-  :data:`MAX_ENV` / :data:`MAX_STDIN` bytes (binary framing; a larger one is answered with a CNI
-  error naming the limit) or :data:`MAX_JSON_LINE` (JSON framing); otherwise the connection is
-  closed.
+  :data:`MAX_ENV` / :data:`MAX_STDIN` bytes (a larger one is answered with a CNI error naming
+  the limit), its first line within :data:`MAX_LINE`; otherwise the connection is closed.
 - Every call has a deadline (``--call-timeout``, default ``rdmanet.cni.core.deadline.DEFAULT_SECONDS``,
   counted from the accept, well below a runtime's) and knows when its caller hung up (the shim
   was killed: the connection closed): lock waits and IPAM execs end there, and an ADD stops at
@@ -74,7 +71,6 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 from rdmanet.cni.core import deadline as call_deadline
 from rdmanet.cni.core import skel
 from rdmanet.cni.core.errors import INVALID_CONFIG, INVALID_ENVIRONMENT, CNIError
-from rdmanet.cni.core.ipam_exec import CRASH_HOOKS
 from rdmanet.ipam import node_gc
 
 from . import del_journal, memory, socket_activation
@@ -82,7 +78,7 @@ from .call_record import CallRecord
 from .socket_dir import unsafe_socket_dir
 from .workers import WorkerPool
 
-from .launcher import DEFAULT_SOCKET, JSON_PROTOCOL, LATEST, PLUGINS, PROTOCOL, DaemonLost, NoDaemon, b64, exchange, unb64
+from .launcher import DEFAULT_SOCKET, LATEST, PLUGINS, PROTOCOL, DaemonLost, NoDaemon, exchange
 
 # Variables a call gets from the daemon's environment when its own lacks them.
 DAEMON_DEFAULTS = ("RDMANET_NODE_NAME",)
@@ -99,14 +95,14 @@ QUEUED = 64  # accepted connections waiting for a worker (more wait in the liste
 READ_SECONDS = 10.0  # a whole request, from the moment a worker reads it
 MAX_ENV = 1 << 20  # a process environment is far smaller (ARG_MAX counts arguments and environment)
 MAX_STDIN = 4 << 20  # network configurations are kilobytes; a prevResult adds little
-MAX_JSON_LINE = 8 << 20  # base64 of the above
+MAX_LINE = 64 << 10  # a request's first line: the binary framing's head, or a tool's JSON request
 NOFILE_CAP = 1 << 20
 
 _LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"  # = skel.configure_logging
 # Libraries whose DEBUG chatter a request's RDMANET_LOG_LEVEL=DEBUG does not get from the daemon
 # (in-process it does): pyroute2 logs several DEBUG lines per netlink message, and the root
 # logger has to stay at DEBUG here for the requests that ask for it, so each line would be built.
-QUIET_LIBRARIES = ("pyroute2", "asyncio", "filelock")
+QUIET_LIBRARIES = ("pyroute2", "asyncio")
 
 _real_stderr = sys.__stderr__
 
@@ -421,14 +417,14 @@ class _Handler(socketserver.BaseRequestHandler):
         started = srv.accepted_at()
         reader = Reader(self.request, READ_SECONDS)
         try:
-            line = reader.readline(MAX_JSON_LINE)
+            line = reader.readline(MAX_LINE)
             if not line.endswith(b"\n"):
                 return  # EOF: nothing to answer
             self.deadline = call_deadline.Deadline(started + srv.call_timeout, lambda: caller_gone(self.request))
             if line.startswith(b"RDMANET "):
                 answer = self._binary(*parse_binary(line, reader), started)
             else:
-                answer = json.dumps(self._json(json.loads(line), started)).encode() + b"\n"
+                answer = json.dumps(self._health(json.loads(line))).encode() + b"\n"
         except TooLarge as refused:
             log_event("request_too_large", "warning", error=refused.error.msg)
             out = (json.dumps(refused.error.to_dict(LATEST)) + "\n").encode()
@@ -450,38 +446,28 @@ class _Handler(socketserver.BaseRequestHandler):
     def _binary(self, version: int, plugin: str, env: dict[str, str], stdin: bytes, started: float) -> bytes:
         if version != PROTOCOL:
             return f"exec {self._mismatch(version)}\n".encode()
-        served = self._call(plugin, env, stdin, started)
-        if served is None:
-            return b"exec a test crash hook runs in a process of its own\n"
-        code, out, err = served
+        code, out, err = self._call(plugin, env, stdin, started)
         return b"%d %d %d\n" % (code, len(out), len(err)) + out + err
 
-    def _json(self, req: dict, started: float) -> dict:
+    def _health(self, req: Any) -> dict:
+        """The answer to a tool's ``{"health": true}``, the one JSON request."""
+        if not isinstance(req, dict) or not req.get("health"):
+            raise BadRequest('the one JSON request is {"health": true}; CNI calls use the binary framing')
         srv = self.server
-        if req.get("health"):
-            return {"ok": True, "pid": os.getpid(), "uptime": round(time.monotonic() - srv.started, 3),
-                    "requests": srv.requests, "in_flight": srv.in_flight, "workers": srv.workers,
-                    "socket_activated": srv.activated}
-        if req.get("v") != JSON_PROTOCOL:
-            return {"exec": True, "why": self._mismatch(req.get("v"))}
-        served = self._call(req["plugin"], req["env"], unb64(req.get("stdin_b64", "")), started)
-        if served is None:
-            return {"exec": True, "why": "a test crash hook runs in a process of its own"}
-        code, out, err = served
-        return {"code": code, "stdout_b64": b64(out), "stderr_b64": b64(err)}
+        return {"ok": True, "pid": os.getpid(), "uptime": round(time.monotonic() - srv.started, 3),
+                "requests": srv.requests, "in_flight": srv.in_flight, "workers": srv.workers,
+                "socket_activated": srv.activated}
 
     def _mismatch(self, version: Any) -> str:
-        log_event("protocol_mismatch", "warning", v=version, served=[PROTOCOL, JSON_PROTOCOL])
-        return f"protocol version {version!r} is not served (this daemon speaks {PROTOCOL}, and {JSON_PROTOCOL} in JSON)"
+        log_event("protocol_mismatch", "warning", v=version, served=[PROTOCOL])
+        return f"protocol version {version!r} is not served (this daemon speaks {PROTOCOL})"
 
-    def _call(self, plugin: str, env: Any, stdin: bytes, started: float) -> Optional[tuple[int, bytes, bytes]]:
-        """Serve one CNI call; None when it must run in a process of its own."""
+    def _call(self, plugin: str, env: Any, stdin: bytes, started: float) -> tuple[int, bytes, bytes]:
+        """Serve one CNI call."""
         srv = self.server
         if plugin not in srv.plugins or not isinstance(env, dict):
             raise BadRequest(f"unknown plugin {plugin!r}")
         env = call_env(env, os.environ)
-        if any(hook in env for hook in CRASH_HOOKS):
-            return None
         with srv.count():
             code, document, err = run_call(srv.plugins, plugin, env, stdin, self.deadline)
         srv.observe(CallRecord.of(plugin, env, stdin, code, document, time.monotonic() - started))

@@ -32,11 +32,10 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Optional
 
-from rdmanet.cni.core.ipam_exec import CRASH_HOOKS
-
-from .launcher import JOURNAL_DIR, MAX_LINE, journal_lock
+from .launcher import JOURNAL_DIR, journal_lock
 
 INTERVAL = 60.0
+MAX_ENTRY = 64 << 20  # bytes: an entry is one request, which the daemon takes up to a few MiB of
 MAX_AGE = 24 * 3600.0
 # CNI errors a retry cannot mend (incompatible version, unsupported field, unknown container,
 # invalid config, decoding failure): dropped at once, logged
@@ -69,7 +68,7 @@ def _read(path: str, log: Log) -> Optional[tuple[bytes, os.stat_result]]:
         return None  # gone meanwhile (an ADD removed it), or a symlink
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size > MAX_LINE:
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size > MAX_ENTRY:
             log("del_journal_entry_refused", "warning", entry=path, why="not a regular file of the daemon's user, or too big")
             os.unlink(path)
             return None
@@ -115,7 +114,7 @@ def replay_once(directory: str, plugins: Mapping[str, Any], serve: Serve, parse:
             log("del_journal_entry_refused", "warning", entry=path, why=f"unreadable: {exc}")
             os.unlink(path)
             continue
-        if plugin not in plugins or env.get("CNI_COMMAND") != "DEL" or any(h in env for h in CRASH_HOOKS):
+        if plugin not in plugins or env.get("CNI_COMMAND") != "DEL":
             log("del_journal_entry_refused", "warning", entry=path, why="not a DEL of a plugin this daemon serves")
             os.unlink(path)
             continue

@@ -165,8 +165,8 @@ def _parse(answer):
 def run(plugin, site_dir, socket_path=DEFAULT_SOCKET, server_uid=0, exit_now=False):
     """One CNI call, as :func:`rdmanet.node.launcher.run`. ``exit_now`` (the shim): a call the daemon
     answered ends the process once the answer is written (``posix._exit``), without the
-    interpreter's teardown (~1 ms: nothing of this process needs it); other calls end through
-    :func:`rdmanet.node.launcher.finish` (exit handlers, flushes, no teardown), or return when it says so."""
+    interpreter's teardown (~1 ms: this process imported nothing but built-in modules, and wrote
+    its answer); other calls return their exit code to the shim's ``sys.exit``."""
     environb = posix.environ
     command = _fsdecode(environb.get(b"CNI_COMMAND", b""))
     stdin = b"" if command == "VERSION" else sys.stdin.buffer.read()  # VERSION: stdin may be a tty
@@ -206,7 +206,4 @@ def run(plugin, site_dir, socket_path=DEFAULT_SOCKET, server_uid=0, exit_now=Fal
     launcher = _launcher()
     if failed is not None:
         first = None if failed[0] == "connect" else launcher["DaemonLost"](failed[1])
-    code = launcher["resume"](plugin, site_dir, path, command, stdin, first, server_uid)
-    if exit_now:  # the shim: no teardown of what an in-process call imported (launcher.finish)
-        return launcher["finish"](code)
-    return code
+    return launcher["resume"](plugin, site_dir, path, command, stdin, first, server_uid)

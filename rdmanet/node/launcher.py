@@ -17,12 +17,10 @@ imports on every exec, as much as a Go plugin's whole ADD):
     answer    b"<exit code> <stdout bytes> <stderr bytes>\\n" <stdout> <stderr>
            or b"exec <why>\\n"      the daemon declines: run the call in-process
 
-Tools (``rdmanet daemon --check``, doctor, tests) speak one JSON line each way:
+Tools (``rdmanet daemon --check``, doctor, tests) ask for the daemon's health in one JSON line
+each way (:func:`exchange`):
 
-    health    {"health": true}  ->  {"ok": true, "pid": ..., "uptime": ..., "requests": ...}
-    call      {"v": 1, "plugin": "<name>", "env": {...}, "stdin_b64": "..."}
-              -> {"code": ..., "stdout_b64": "...", "stderr_b64": "..."} or {"exec": true, "why": ...}
-              (the framing of the first shims; still served)
+    {"health": true}  ->  {"ok": true, "pid": ..., "uptime": ..., "requests": ...}
 
 A DEL that does not succeed (the daemon is down or restarting, the API server is out) is written
 to ``<socket dir>/del-journal/`` in the same binary framing, one file per (plugin, containerID,
@@ -69,8 +67,6 @@ import time
 DEFAULT_SOCKET = "/run/rdmanet/daemon.sock"
 SOCKET_ENV = "RDMANET_DAEMON_SOCKET"
 PROTOCOL = 2  # the binary call framing
-JSON_PROTOCOL = 1  # the JSON call framing
-MAX_LINE = 64 << 20
 # plugin name -> (module, class); the daemon uses the same table.
 PLUGINS = {
     "macvlan-rdma": ("rdmanet.plugins.macvlan_rdma.plugin", "MacvlanRdma"),
@@ -83,7 +79,6 @@ SUPPORTED_VERSIONS = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
 LATEST = "1.1.0"
 TRY_AGAIN_LATER = 11
 NOT_AVAILABLE = 50  # STATUS: ADD cannot succeed now
-SHIM_LAUNCHER = "rdmanet_shim_launcher"  # __name__ of this code when a shim runs it (rdmanet.node.fast._launcher)
 BUSY_SECONDS = 10.0  # how long a connect waits while the daemon's accept queue is full
 JOURNAL_DIR = "del-journal"  # beside the socket: DELs that failed, replayed by the daemon
 
@@ -94,32 +89,6 @@ class NoDaemon(Exception):
 
 class DaemonLost(Exception):
     """The daemon took the request and went away before answering."""
-
-
-def b64(data):
-    return binascii.b2a_base64(data, newline=False).decode("ascii")
-
-
-def unb64(text):
-    return binascii.a2b_base64(text)
-
-
-def read_line(sock, limit=MAX_LINE):
-    """One ``\\n``-terminated line from ``sock``; None on EOF before the newline."""
-    chunks = []
-    size = 0
-    while True:
-        chunk = sock.recv(65536)
-        if not chunk:
-            return None
-        end = chunk.find(b"\n")
-        if end >= 0:
-            chunks.append(chunk[:end])
-            return b"".join(chunks)
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > limit:
-            raise ValueError("line too long")
 
 
 def _connect(sock, socket_path, busy_seconds=BUSY_SECONDS):
@@ -263,71 +232,16 @@ def no_daemon(command, stdin, socket_path, why):
 
 
 def in_process(plugin, site_dir, stdin):
-    """Run the call here, exactly as the console script would (skel.main).
-
-    The cyclic garbage collector is off for the call: the process ends with it (:func:`finish`).
-    While a macvlan-rdma ADD imports its ~270 modules, whose objects live to the end, the collector
-    ran ~65 times for ~14 ms of CPU (~6 % of the call) and found ~500 unreachable objects among
-    ~28 000. What the call leaves in reference cycles goes back with the process's memory.
-
-    Run by a shim, what the standard library compiles from text while the call imports (~70
-    dataclasses' methods, ~800 forward references, ~25 namedtuples) comes compiled from beside the shim
-    (:func:`texts_path`, :mod:`rdmanet.node.compiled_texts`): ~12 ms of CPU per call. A VERSION call uses
-    that file but never writes it (a probe, such as ``rdmanet doctor``'s, leaves the bin dir as
-    it was); the first call of another verb does."""
-    import gc
+    """Run the call here, exactly as the console script would (skel.main)."""
     import io
     import site
 
-    gc.disable()
-
     site.addsitedir(site_dir)  # also runs its .pth files (editable installs)
-    texts = None
-    if __name__ == SHIM_LAUNCHER and __file__:  # run by a shim: __file__ is the shim (rdmanet.node.fast)
-        from rdmanet.node import compiled_texts
-
-        texts = compiled_texts.install(texts_path(__file__))
     from rdmanet.cni.core import skel
 
     module, cls = PLUGINS[plugin]
     instance = getattr(__import__(module, fromlist=[cls]), cls)()
-    code = skel.main(instance, os.environ, io.BytesIO(stdin))
-    if texts is not None and os.environ.get("CNI_COMMAND") != "VERSION":
-        texts.save()  # not for VERSION: the probe of install.sh, `rdmanet doctor`, runtimes writes nothing
-    return code
-
-
-def finish(code):
-    """End the process after a call that ran here (the shim's in-process path), as the
-    interpreter's exit would, less the teardown of every module the call imported: with the
-    plugin's ~270 modules (pydantic, pyroute2, ...) that teardown is ~15-20 ms of CPU, more than
-    the call's own work. What an exit does for the call is still done, in its order: the exit
-    handlers (``atexit``: logging's flush and close, filelock's release of held locks,
-    ``weakref.finalize`` callbacks) and the flush of stdout and stderr; then ``os._exit(code)``.
-
-    Returns ``code`` (for the normal exit) when another thread is alive (the interpreter's exit
-    would wait for it), when this interpreter has no ``atexit._run_exitfuncs``, or when stdout
-    or stderr cannot be flushed (the interpreter reports that and exits 120)."""
-    threading = sys.modules.get("threading")
-    if threading is not None and threading.active_count() > 1:
-        return code
-    import atexit
-
-    run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)
-    if run_exit_handlers is None or not isinstance(code, int):
-        return code
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        return code
-    run_exit_handlers()  # clears them: they run once
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
-    os._exit(code & 0xFF)
+    return skel.main(instance, os.environ, io.BytesIO(stdin))
 
 
 def _print(text):
@@ -537,23 +451,11 @@ def render_shim(plugin_name, python, site_dir, socket_path=DEFAULT_SOCKET, serve
         server_uid)
 
 
-def _beside(shim_path, suffix):
-    """``<dir>/.<name><suffix>`` for the shim at ``<dir>/<name>``."""
-    directory, name = os.path.split(shim_path)
-    return os.path.join(directory, "." + name + suffix)
-
-
 def code_path(shim_path):
     """Where the shim at ``shim_path`` keeps its compiled hot path: ``<dir>/.<name>.code`` (the
     shim writes it; see :mod:`rdmanet.node.boot`; install.sh's --uninstall removes it with the shim)."""
-    return _beside(shim_path, ".code")
-
-
-def texts_path(shim_path):
-    """Where the shim at ``shim_path`` keeps the code its in-process calls compiled from text
-    (dataclass methods, forward references): ``<dir>/.<name>.texts`` (:mod:`rdmanet.node.compiled_texts`;
-    install.sh's --uninstall removes it)."""
-    return _beside(shim_path, ".texts")
+    directory, name = os.path.split(shim_path)
+    return os.path.join(directory, "." + name + ".code")
 
 
 def write_shim(path, plugin_name, python, site_dir, socket_path=DEFAULT_SOCKET, server_uid=0):

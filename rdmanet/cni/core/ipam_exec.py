@@ -8,8 +8,7 @@ verb) and stdin, and returns ``(exit code, stdout document or None)`` exactly as
 
 The IPAM plugins of this distribution (:data:`IN_PROCESS_PLUGINS`: ``lease-ipam``) always run
 in-process, in the daemon and in a plugin's own process alike: an exec would start a second
-interpreter and import the stack again (~180 ms) to give the same answer. A call carrying a test
-crash hook (:data:`CRASH_HOOKS`, which ``os._exit()``) is exec'd in a process of its own.
+interpreter and import the stack again (~180 ms) to give the same answer.
 
 Either way the plugin must still be found on CNI_PATH (same errors as an exec), and its answer
 goes through the same parsing as an exec'd plugin's stdout. Any other IPAM is exec'd.
@@ -43,8 +42,6 @@ InProcessHandler = Callable[[Mapping[str, str], bytes], "Optional[tuple[int, Opt
 IN_PROCESS: dict[str, InProcessHandler] = {}
 # IPAM type -> (module, class) of the plugins shipped with rdmanet, imported on first use.
 IN_PROCESS_PLUGINS = {"lease-ipam": ("rdmanet.ipam.plugin", "LeaseIPAM")}
-# Test-only hooks that os._exit() the process that runs the plugin.
-CRASH_HOOKS = ("LEASE_IPAM_TEST_CRASH_AT", "HOST_DEVICE_RDMA_TEST_CRASH_AT")
 log = logging.getLogger("rdmanet.node")  # the daemon writes it whatever the call's log level
 
 
@@ -122,7 +119,7 @@ def _in_process(name: str, env: Mapping[str, str], stdin: bytes) -> Optional[tup
     if handler is not None:
         return handler(env, stdin)
     shipped = IN_PROCESS_PLUGINS.get(name)
-    if shipped is None or any(hook in env for hook in CRASH_HOOKS):
+    if shipped is None:
         return None
     module, cls = shipped
     return handle(getattr(importlib.import_module(module), cls)(), env, stdin)

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import difflib
 import logging
-import sys
-import types
+import os
 from typing import Any, Optional, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -22,30 +21,10 @@ from .errors import INVALID_CONFIG, CNIError
 
 M = TypeVar("M", bound=BaseModel)
 
-PYDANTIC_PLUGIN_LOADER = "pydantic.plugin._loader"
-
-
-def _without_pydantic_plugins() -> None:
-    """Answer pydantic's plugin lookup with no plugins, as its ``PYDANTIC_DISABLE_PLUGINS=__all__``
-    does, without importing the module that looks them up.
-
-    Before building each validator pydantic asks ``pydantic.plugin._loader.get_plugins()`` for the
-    plugins installed distributions register (entry points of group ``pydantic``). That module
-    imports ``importlib.metadata`` (and with it email, zipfile, csv, shutil, bz2, lzma, tempfile,
-    calendar, locale) and the first lookup reads every installed distribution's metadata: ~10-15 ms
-    of CPU per exec'd call, on a verb that validates one config. rdmanet uses no pydantic plugin,
-    and a plugin running as root has no business running code that some installed package declared.
-    The environment variable would not avoid the import, and every child would inherit it.
-
-    Only when the real loader is not loaded yet (a process that already has it keeps its plugins).
-    """
-    if PYDANTIC_PLUGIN_LOADER not in sys.modules:
-        loader = types.ModuleType(PYDANTIC_PLUGIN_LOADER, "rdmanet: pydantic plugins are not loaded")
-        loader.get_plugins = lambda: ()  # type: ignore[attr-defined]
-        sys.modules[PYDANTIC_PLUGIN_LOADER] = loader
-
-
-_without_pydantic_plugins()
+# Before it builds a validator, pydantic loads the plugins installed distributions declare (entry
+# points of group "pydantic"). A plugin runs as root and uses none: pydantic's own switch turns
+# them off (read at each lookup; an operator's value is kept).
+os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
 
 class Model(BaseModel):

@@ -4,8 +4,7 @@ releases them).
 
 A block is an aligned run of ``block_size`` addresses of a range that one node has affinity to.
 Its **record** is the claim Lease of the block's first usable address (``lip-<domain hash>-<ip>``,
-labelled ``rdmanet.io/block-owner=<node>``). Block Leases of the first block design
-(``lipb-<domain hash>-<first>-<size>``) are still read as a node's held blocks, never made.
+labelled ``rdmanet.io/block-owner=<node>``).
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from typing import Any, Optional, Sequence
 from .. import intervals
 from ..ranges import IPAddress, Range, RangeSet
 from .lease_names import (GROUP, L_BLOCK, L_BLOCK_GROUP, L_BLOCK_OWNER, L_DOMAIN, L_NODE, L_PLANNED, block_group_id,
-                          block_id, block_of_name, domain_hash, label_value, lease_name, parse_block_id, parse_time)
+                          block_id, domain_hash, label_value, lease_name, parse_block_id)
 
 A_TAKEN = f"{GROUP}/taken-by-update"  # a claim made by taking a free record: its creation time is not the claim's
 DEFAULT_BLOCK_SIZE = {4: 16, 6: 64}  # addresses per block (docs/lease-ipam.md: how to size blocks)
@@ -30,16 +29,15 @@ class Block:
     """A node's affinity to ``size`` aligned addresses: where it looks for candidates first.
     Never a claim of its other addresses: each one's own Lease is the only proof it is taken."""
 
-    name: str  # the record's name (``lip-…``), or a first-design block Lease's (``lipb-…``)
+    name: str  # the record's name (``lip-…``)
     ip: IPAddress  # the block's first address (aligned; it may lie outside the usable range)
     size: int
     node: str  # the node holding it
     uid: str
     resource_version: str
     time: Optional[datetime]
-    record_ip: Optional[IPAddress] = None  # the address whose claim Lease is the record (None: a ``lipb-`` Lease)
+    record_ip: Optional[IPAddress] = None  # the address whose claim Lease is the record
     planned: bool = False  # given to its node by a plan (``rdmanet ipam plan``): never released for being empty
-    is_block = True
 
     @property
     def id(self) -> str:
@@ -48,22 +46,6 @@ class Block:
     @property
     def last(self) -> int:
         return int(self.ip) + self.size - 1
-
-
-def parse_block(item: Any, dhash: str) -> Optional[Block]:
-    """The block a first-design block Lease (``lipb-``) of domain ``dhash`` records; None for
-    anything else (a block record is a claim: :meth:`rdmanet.ipam.store.kube.Claim.as_block`)."""
-    if not isinstance(item, dict):
-        return None
-    md = item.get("metadata") or {}
-    found = block_of_name(str(md.get("name") or ""), dhash)
-    if found is None:
-        return None
-    spec = item.get("spec") or {}
-    holder = spec.get("holderIdentity")
-    when = parse_time(spec.get("acquireTime")) or parse_time(md.get("creationTimestamp"))
-    return Block(md["name"], found[0], found[1], holder if isinstance(holder, str) else "", str(md.get("uid") or ""),
-                 str(md.get("resourceVersion") or ""), when)
 
 
 def record_body(body: dict, owner: str, r: Range, first: int, size: int, planned: bool = False) -> dict:

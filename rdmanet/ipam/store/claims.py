@@ -11,7 +11,7 @@ from typing import Any, Iterable, Optional
 
 from ..ranges import IPAddress
 from .base import Attachment
-from .block_records import Block, parse_block
+from .block_records import Block
 from .lease_names import (GROUP, L_BLOCK, L_BLOCK_OWNER, L_DOMAIN, L_NODE, L_PLANNED, ip_of_name, label_value,
                           parse_block_id, parse_holder, parse_time)
 
@@ -74,8 +74,8 @@ def parse_claim(item: Any, dhash: str) -> Optional[Claim]:
 
 
 def parse_lease(item: Any, dhash: str) -> Any:
-    """A :class:`Claim`, a :class:`Block`, or None (another domain's or another program's Lease)."""
-    return parse_claim(item, dhash) or parse_block(item, dhash)
+    """A :class:`Claim` (a block's record is one), or None (another domain's or another program's Lease)."""
+    return parse_claim(item, dhash)
 
 
 def latest_by_range(claims: Iterable[Claim]) -> dict[str, Claim]:

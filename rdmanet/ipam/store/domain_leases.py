@@ -26,7 +26,7 @@ from .base import Attachment
 from .block_records import A_TAKEN, Block, block_size_in, free_record_body, record_body
 from .claims import Claim, DomainScan, PodInfo, parse_claim, parse_lease
 from .kube_transport import Response, Transport, Unreachable
-from .lease_names import (GROUP, KIND_BLOCK, L_ATTACHMENT, L_BLOCK, L_DOMAIN, L_KIND, L_NETWORK, L_NODE, L_POD_UID,
+from .lease_names import (GROUP, L_ATTACHMENT, L_BLOCK, L_DOMAIN, L_NETWORK, L_NODE, L_POD_UID,
                           _now_micro, attachment_hash, block_first, block_id, domain_hash, holder_of, label_value,
                           lease_name)
 from .whereabouts import WhereaboutsView
@@ -117,8 +117,8 @@ class DomainLeases:
                         hint.get(resp.status, "see the API server's message"))
 
     def claims_selector(self) -> str:
-        """Every claim of the domain (old-version claims carry no kind label: != keeps them)."""
-        return f"{L_DOMAIN}={self.dhash},{L_KIND}!={KIND_BLOCK}"
+        """Every claim of the domain."""
+        return f"{L_DOMAIN}={self.dhash}"
 
     def selector(self, **extra: str) -> str:
         labels = {L_DOMAIN: self.dhash, **extra}
@@ -160,14 +160,14 @@ class DomainLeases:
                 continue
             for item in page:
                 got = parse_lease(item, self.dhash)
-                if isinstance(got, Claim):
+                if got is not None:
                     claims[got.name] = got
                     if pods is not None:
                         notes = (item.get("metadata") or {}).get("annotations") or {}
                         pods[got.name] = tuple(str(notes.get(f"{GROUP}/pod-{k}") or "") for k in ("namespace", "name", "uid"))
-                    got = got.as_block()  # a block record: the block too
-                if isinstance(got, Block):
-                    blocks[got.name] = got
+                    block = got.as_block()  # a block record: the block too
+                    if block is not None:
+                        blocks[block.name] = block
         return list(claims.values()), list(blocks.values())
 
     def list_claims(self, selector: str, deadline: float, what: str) -> list[Claim]:
@@ -426,7 +426,7 @@ class DomainLeases:
         raise CNIError(IO_FAILURE, f"lease {claim.name} kept changing while being freed", "retry the DEL")
 
     def drop_block(self, block: Block, deadline: float) -> bool:
-        """Delete an empty block's record (or first-design Lease) with uid/resourceVersion
+        """Delete an empty block's record with uid/resourceVersion
         preconditions: a record that changed since (its address claimed again) is left alone."""
         body = {"apiVersion": "v1", "kind": "DeleteOptions",
                 "preconditions": {"uid": block.uid, "resourceVersion": block.resource_version}}

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from rdmanet.cni.linux.files import fsync_dir
 
@@ -161,15 +161,13 @@ def overwrite_padded(path: str, text: str, width: int) -> None:
         os.close(fd)
 
 
-def create_exclusive(path: str, data: bytes, after_create: Optional[Callable[[], None]] = None) -> bool:
+def create_exclusive(path: str, data: bytes) -> bool:
     """Create ``path`` with ``data`` unless it exists (False then); its content is written before True."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
     except FileExistsError:
         return False
     try:
-        if after_create is not None:
-            after_create()
         os.write(fd, data)
         sync_file(fd)
     except BaseException:

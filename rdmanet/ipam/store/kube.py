@@ -100,7 +100,7 @@ from ..location import whereabouts_check
 from ..ranges import IPAddress, RangeSet
 from . import lease_cache
 from .base import Attachment, Reservation, Store, Usage, place_held, refuse_other_request
-from .block_records import Block, parse_block  # noqa: F401  (re-exported)
+from .block_records import Block  # noqa: F401  (re-exported)
 from .candidates import next_candidate, round_robin_start
 from .claims import (  # noqa: F401  (parse_claim, latest_by_range ... re-exported: tests and tools use them from here)
     Claim, DomainScan, PodInfo, latest_by_range, node_selector, parse_claim, parse_lease,
@@ -110,7 +110,7 @@ from .kube_blocks import NodeBlocks
 from .kube_transport import ApiClientTransport, Response, Transport, Unreachable  # noqa: F401  (re-exported)
 from .lease_cache import LeaseCache
 from .lease_names import (  # noqa: F401  (GROUP, L_POD_UID ... re-exported: tests and tools use them from here)
-    GROUP, KIND_BLOCK, L_ATTACHMENT, L_BLOCK, L_BLOCK_OWNER, L_DOMAIN, L_KIND, L_NETWORK, L_NODE, L_PLANNED,
+    GROUP, L_ATTACHMENT, L_BLOCK, L_BLOCK_OWNER, L_DOMAIN, L_NETWORK, L_NODE, L_PLANNED,
     L_POD_UID, parse_time, attachment_hash, block_first, block_id, domain_hash, holder_of,
     ip_of_name, label_value, lease_name, parse_block_id, parse_holder,
 )
@@ -220,20 +220,18 @@ class KubeStore(Store):
                                       hint.blocks(), hint, hint.latest(), settle=False)
         # Without a watch cache: this node's own claims and blocks, never the domain's; the List
         # is paginated and folded page by page (used ints, the attachment's claims, the cursor).
-        scan, blocks = DomainScan(attachment, set()), []
+        scan = DomainScan(attachment, set())
         for page in self.leases.pages(node_selector(self.dhash, self.node), deadline,
                                       f"list leases of domain {self.domain} on node {self.node}"):
             if page is None:
-                scan, blocks = DomainScan(attachment, set()), []
+                scan = DomainScan(attachment, set())
                 continue
             for item in page:
                 got = parse_lease(item, self.dhash)
-                if isinstance(got, Claim):
+                if got is not None:
                     scan.add(got)
-                elif isinstance(got, Block):
-                    blocks.append(got)
         return self._allocate(attachment, network, range_sets, requested, deadline, scan.mine, scan.sorted_used(),
-                              blocks + scan.blocks, None, scan.latest)
+                              scan.blocks, None, scan.latest)
 
     def _allocate_cached(self, cache: LeaseCache, attachment: Attachment, network: str,
                          range_sets: Sequence[RangeSet], requested: Mapping[int, IPAddress],

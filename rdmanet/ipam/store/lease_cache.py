@@ -470,13 +470,6 @@ class LeaseCache:
             self._dead.popitem(last=False)
 
     def _put(self, entry: Entry) -> None:
-        if getattr(entry.claim, "is_block", False):
-            self._entries[entry.name] = entry
-            if entry.name not in self._blocks:
-                self._index_block(entry.claim)
-            self._blocks[entry.name] = entry.claim
-            self._cond.notify_all()
-            return
         old = self._entries.get(entry.name)
         if old is not None:
             self._unindex(old)
@@ -532,9 +525,6 @@ class LeaseCache:
         block = self._blocks.pop(name, None)
         if block is not None:
             self._unindex_block(block)
-            if getattr(old.claim, "is_block", False):
-                self._cond.notify_all()
-                return
         self._unindex(old)
         if _occupies(old):
             self._unuse(old.ip)
@@ -647,9 +637,6 @@ class LeaseCache:
                 if c.uid in self._dead:
                     continue
                 self._entries[c.name] = Entry(c.name, c.ip, c, c.uid, True)
-                if getattr(c, "is_block", False):
-                    self._blocks[c.name] = c
-                    continue
                 block = _record_block(c)
                 if block is not None:
                     self._blocks[c.name] = block

@@ -1,7 +1,6 @@
 """Names and labels of lease-ipam's Leases: a claim per address (``lip-<domain hash>-<ip>``; the
-claim of a block's first usable address is also the block's record, labelled ``block-owner``), the
-node block Leases of the first block design (``lipb-<domain hash>-<first address>-<size>``: read,
-never made now), and the holder string of an attachment.
+claim of a block's first usable address is also the block's record, labelled ``block-owner``),
+and the holder string of an attachment.
 
 The names are derived from what they stand for, so any node (and an old-version node) computes
 the same name for the same address: the API server's create of that name is the arbiter.
@@ -27,12 +26,9 @@ L_NODE = f"{GROUP}/node"
 L_ATTACHMENT = f"{GROUP}/attachment"
 L_POD_UID = f"{GROUP}/pod-uid"
 L_BLOCK = f"{GROUP}/block"
-L_KIND = f"{GROUP}/kind"
 L_BLOCK_OWNER = f"{GROUP}/block-owner"  # on a block record: the node holding the block
 L_BLOCK_GROUP = f"{GROUP}/block-group"  # on a block record: the group of BLOCK_GROUP blocks it is in
 L_PLANNED = f"{GROUP}/planned"  # on a block record made by `rdmanet ipam plan` ("true"): its node keeps it while empty
-KIND_BLOCK = "block"  # the label of a block Lease of the first block design (``lipb-``; read, never made)
-BLOCK_PREFIX = "lipb"
 BLOCK_GROUP = 64  # blocks per group: a List of one group's records reads at most this many Leases
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
@@ -81,10 +77,6 @@ def block_group_id(subnet: Any, first: int, size: int) -> str:
     return f"{spell(ipaddress.IPv4Address(start) if subnet.version == 4 else ipaddress.IPv6Address(start))}-{span}"
 
 
-def block_name(dhash: str, first: IPAddress, size: int) -> str:
-    return f"{BLOCK_PREFIX}-{dhash}-{block_id(first, size)}"
-
-
 def block_first(subnet: Any, value: int, size: int) -> int:
     """The first address of the ``size``-aligned block (counted from the subnet's network
     address) that holds ``value``."""
@@ -110,14 +102,6 @@ def ip_of_name(name: str, dhash: str) -> Optional[IPAddress]:
     if not name.startswith(prefix):
         return None
     return _parse_spelled(name[len(prefix):])
-
-
-def block_of_name(name: str, dhash: str) -> Optional[tuple[IPAddress, int]]:
-    """(first address, size) of a block Lease name of this domain; None for any other name."""
-    prefix = f"{BLOCK_PREFIX}-{dhash}-"
-    if not name.startswith(prefix):
-        return None
-    return parse_block_id(name[len(prefix):])
 
 
 def holder_of(attachment: Attachment) -> str:

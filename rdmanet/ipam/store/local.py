@@ -2,7 +2,7 @@
 
 Layout under ``<dataDir>/<domain>/`` (directories 0700, files 0600)::
 
-    lock                         flock'ed for the whole of every operation (see flock.py)
+    lock                         flock'ed for the whole of every operation (rdmanet.cni.linux.flock)
     <ip>                         one per reserved address (``10.1.1.5``, ``fd00::5``), created
                                  O_EXCL; JSON {containerID, ifname, network, time}
     last_reserved.<i>            round-robin cursor of range set i: the last address picked
@@ -28,11 +28,6 @@ leak one (a power loss ends every attachment of the node: files.py says why noth
    directory) is left alone and its address is never handed out (files.FOREIGN).
 The cursor is overwritten in place (files.overwrite_padded), without fsync or rename: losing or
 tearing it only changes where round-robin resumes.
-
-``LEASE_IPAM_TEST_CRASH_AT=<step>`` is a TEST-ONLY hook: the process os._exit()s at that step,
-to prove the above. Steps, in order: after-intent, after-create (an address file exists but is
-still empty), after-address (one address file complete), before-cursor, after-cursor (ADD);
-after-release (DEL: address files removed, index not yet).
 """
 
 from __future__ import annotations
@@ -54,6 +49,7 @@ from rdmanet.cni.core.errors import (
     TRY_AGAIN_LATER,
     CNIError,
 )
+from rdmanet.cni.linux.flock import LockTimeout, exclusive
 
 from ..ranges import IPAddress, RangeSet
 from .. import telemetry
@@ -72,7 +68,6 @@ from .files import (
     read_json,
     remove,
 )
-from .flock import LockTimeout, exclusive
 from .layout import (
     CURSOR_PREFIX,
     INDEX_DIR,
@@ -86,8 +81,6 @@ from .layout import (
 
 log = logging.getLogger("rdmanet.ipam")
 
-CRASH_ENV = "LEASE_IPAM_TEST_CRASH_AT"
-CRASH_EXIT_CODE = 86
 # Seconds to wait for the lock, then TRY_AGAIN_LATER. An operation holds it for a few ms, but on an
 # overloaded node (200 concurrent ADD execs on 2 busy cores) waits of 12 s were measured; kubelet
 # gives a whole ADD 4 minutes and whereabouts 2.
@@ -106,18 +99,12 @@ class _Raced(Exception):
 
 
 class LocalStore(Store):
-    def __init__(self, data_dir: str, domain: str, *, lock_timeout: float = LOCK_TIMEOUT,
-                 crash_at: Optional[str] = None) -> None:
+    def __init__(self, data_dir: str, domain: str, *, lock_timeout: float = LOCK_TIMEOUT) -> None:
         self.root = os.path.join(data_dir, domain)
         self.index_dir = os.path.join(self.root, INDEX_DIR)
         self.lock_timeout = lock_timeout
-        self.crash_at = crash_at or None
 
     # -- plumbing ---------------------------------------------------------------------------
-
-    def _crash(self, step: str) -> None:
-        if self.crash_at == step:  # test-only: see the module docstring
-            os._exit(CRASH_EXIT_CODE)
 
     def _addr_path(self, ip: IPAddress) -> str:
         return os.path.join(self.root, str(ip))
@@ -247,7 +234,6 @@ class LocalStore(Store):
         for rs, ip, picked in new:
             if picked:
                 overwrite_padded(os.path.join(self.root, f"{CURSOR_PREFIX}{rs.index}"), f"{ip}\n", CURSOR_WIDTH)
-        self._crash("after-cursor")
         return final
 
     def _plan_new(self, attachment: Attachment, range_sets: Sequence[RangeSet], requested: Mapping[int, IPAddress],
@@ -299,20 +285,17 @@ class LocalStore(Store):
         now = datetime.now(timezone.utc).isoformat(timespec="seconds")
         intent = dict(self._claim(attachment, network, now), addresses=[str(ip) for ip in addresses])
         atomic_write(self.index_dir, os.path.basename(index_path), encode(intent))
-        self._crash("after-intent")
         created: list[IPAddress] = []
         try:
             claim = encode(self._claim(attachment, network, now))
             for _, ip, _ in new:
-                if not create_exclusive(self._addr_path(ip), claim, after_create=lambda: self._crash("after-create")):
+                if not create_exclusive(self._addr_path(ip), claim):
                     raise _Raced(ip)
                 created.append(ip)
-                self._crash("after-address")
             sync_dir(self.root)
         except BaseException:
             self._undo(created, index_path, old_index)
             raise
-        self._crash("before-cursor")
         return intent
 
     def _undo(self, created: list[IPAddress], index_path: str, old_index: Any) -> None:
@@ -343,7 +326,6 @@ class LocalStore(Store):
             freed = [ip for ip in listed if self._remove_if_ours(ip, attachment)]
             if freed:
                 sync_dir(self.root)
-            self._crash("after-release")
             remove(index_path)
             sync_dir(self.index_dir)
             return freed

@@ -39,22 +39,11 @@ from typing import Optional
 
 from pyroute2.netlink.exceptions import NetlinkError
 
-from rdmanet.cni.core import env as request_env
 from rdmanet.cni.core.errors import INVALID_ENVIRONMENT, LINK_FAILURE, CNIError
 from rdmanet.cni.linux import links, netns
 from rdmanet.cni.linux.links import Link
 
 log = logging.getLogger("rdmanet.host-device-rdma")
-# TEST-ONLY: the process os._exit()s at the named step ("add:moved": in the pod, before MTU, MAC
-# and up; "del:restored": still in the pod, down, with its MAC and MTU restored; "del:renamed":
-# then also under its original name), as a SIGKILL there would; a daemon declines such calls
-# (rdmanet.cni.core.ipam_exec.CRASH_HOOKS).
-CRASH_ENV = "HOST_DEVICE_RDMA_TEST_CRASH_AT"
-
-
-def _crash(step: str) -> None:
-    if request_env.get(CRASH_ENV) == step:
-        os._exit(137)
 
 
 def identity_of(link: Link) -> dict:
@@ -121,7 +110,6 @@ def move_into_pod(host, link: Link, pod_fd: int, ifname: str, *, mtu: Optional[i
         up_now = {} if mtu or mac else {"state": "up"}
         links.set_attrs(host, link.index, f"move {link.name} into the pod netns as {ifname}",
                         net_ns_fd=pod_fd, ifname=ifname, ifalias=link.name, **up_now)
-        _crash("add:moved")
         moved = _followed(pod, link.index, ifname)
         try:
             if link.name in moved.altnames:  # the pod would know the device by its host name too
@@ -151,9 +139,7 @@ def move_to_host(pod_fd: int, link: Link, original: dict) -> None:
     with links.rtnl_in_fd(pod_fd) as pod:
         _refuse_name_clash(link.name, original["name"])
         _restore(pod, link.index, original, up=False, name=False, current=link)
-        _crash("del:restored")
         renamed = _rename_unless_taken(pod, link.index, link.name, original["name"])
-        _crash("del:renamed")
         # name (when the pod had a link of that name), alias and up/down are applied after the move
         attrs = {"ifname": original["name"], **({"state": "up"} if original.get("up") else {})}
         if (link.alias or "") != (original.get("alias") or ""):

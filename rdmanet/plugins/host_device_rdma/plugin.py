@@ -77,7 +77,7 @@ if TYPE_CHECKING:
     from .config import HostDeviceConf
 
 log = logging.getLogger("rdmanet.host-device-rdma")
-STATE_VERSION = 2  # 2: token, netns_id, netdev intent, identity of the device; 1 is still undone
+STATE_VERSION = 2  # token, netns_id, netdev intent, identity of the device
 
 
 class HostDeviceRdma:
@@ -455,8 +455,7 @@ def _policy_routing_off(state: dict, netns_path: str) -> None:
 def _undo_device(state: dict, ref: DeviceRef, netns_path: str, root: str) -> list[CNIError]:
     errors: list[CNIError] = []
     original = state.get("original")
-    # version 1 states recorded no netdev intent: the netdev was moved if it had an original
-    if original and not ref.dpdk and ("netdev" in state or state.get("version", 1) < 2):
+    if original and not ref.dpdk and "netdev" in state:
         _collect(errors, _netdev_to_host, state, netns_path, root)
     rdma = state.get("rdma")
     if rdma and rdma.get("moved") and netns_path:
@@ -498,14 +497,9 @@ def _is_the_device(link: Optional[links.Link], state: dict, pod_fd: Optional[int
 
 def _find_in_pod(pod, pod_fd: int, state: dict) -> Optional[links.Link]:
     """The device ADD moved, in the pod: at its recorded ifindex if that link is it, else (a
-    physical device the pod moved away and back) by its permanent MAC / bus device. A version 1
-    state (no ifindex recorded) falls back to CNI_IFNAME with the alias ADD set."""
+    physical device the pod moved away and back) by its permanent MAC / bus device."""
     original = state["original"]
-    index = (state.get("netdev") or {}).get("pod_index")
-    if index is None:
-        link = links.find_link(pod, state["ifname"])
-        return link if link is not None and link.alias == original["name"] else None
-    link = links.link_by_index(pod, index)
+    link = links.link_by_index(pod, state["netdev"]["pod_index"])
     if _is_the_device(link, state, pod_fd):
         return link
     if strongly_identified(original):

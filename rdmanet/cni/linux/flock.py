@@ -1,15 +1,17 @@
-"""An exclusive flock on a lock file whose waiters sleep in the kernel, with a timeout.
+"""Exclusive flocks on lock files whose waiters sleep in the kernel, with timeouts.
 
 Facts relied on (Linux flock(2), Python signal docs, PEP 475):
 - flock locks belong to the open file description and are dropped when it is closed, also when
   the process dies (kill -9): a crashed holder never leaves the lock held.
 - A blocking ``flock(LOCK_EX)`` sleeps until the lock is free and costs no CPU while it waits.
-  A polling waiter (filelock retries LOCK_NB every ``poll_interval``) does cost CPU: with 200
-  waiters on two cores the pollers starved the holder and a waiter passed 30 s (measured).
+  A polling waiter (retrying LOCK_NB every few milliseconds, as the ``filelock`` package does)
+  does cost CPU: with 200 waiters on two cores the pollers starved the holder and a waiter
+  passed 30 s (measured).
 - Python retries a syscall interrupted by a signal unless the handler raises; an ITIMER_REAL
   handler that raises therefore bounds a blocking flock. Signal handlers can only be installed
-  from the main thread, so other threads (the node daemon) poll with LOCK_NB instead; they first
-  queue on an in-process lock per path, so at most one thread of a process polls.
+  from the main thread, so other threads (the node daemon's) poll with LOCK_NB instead; they
+  first queue on an in-process lock per path (:func:`thread_lock`), so at most one thread of a
+  process polls a lock file.
 """
 
 from __future__ import annotations
@@ -65,29 +67,47 @@ def _kernel_wait_allowed() -> bool:
             and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, signal.SIG_IGN, None))
 
 
-def _thread_lock(path: str) -> threading.Lock:
+def thread_lock(path: str) -> threading.Lock:
+    """The in-process lock the threads of this process queue on before they take ``path``'s flock."""
     with _thread_locks_guard:
         return _thread_locks.setdefault(os.path.abspath(path), threading.Lock())
+
+
+def open_lock_file(path: str, mode: int = 0o600) -> int:
+    """A descriptor of the lock file ``path`` (created if missing); closing it releases its flock."""
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, mode)
+
+
+def acquire(fd: int, timeout: float) -> bool:
+    """Take the exclusive flock of ``fd`` within ``timeout`` seconds (0: only if it is free now)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        if timeout <= 0:
+            return False
+    try:
+        if _kernel_wait_allowed():
+            _wait_in_kernel(fd, timeout)
+        else:
+            _poll(fd, timeout)
+    except LockTimeout:
+        return False
+    return True
 
 
 @contextmanager
 def exclusive(path: str, timeout: float, mode: int = 0o600) -> Iterator[None]:
     """Hold an exclusive flock on ``path`` (created if missing); raises LockTimeout after ``timeout`` s."""
     deadline = time.monotonic() + timeout
-    local = _thread_lock(path)
+    local = thread_lock(path)
     if not local.acquire(timeout=timeout):
         raise LockTimeout()
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, mode)
+        fd = open_lock_file(path, mode)
         try:  # closing the descriptor releases the flock on every path, including a late alarm
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                left = max(deadline - time.monotonic(), 0.001)
-                if _kernel_wait_allowed():
-                    _wait_in_kernel(fd, left)
-                else:
-                    _poll(fd, left)
+            if not acquire(fd, max(deadline - time.monotonic(), 0.001)):
+                raise LockTimeout()
             yield
         finally:
             os.close(fd)

@@ -14,16 +14,19 @@ Facts relied on (research/cni-contract.md §1, §6):
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
 import threading
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 from rdmanet.cni.core.errors import CHECK_FAILED, NOT_AVAILABLE, CNIError
 from rdmanet.cni.core.gc import VALID_KEY
 from rdmanet.cni.core.gc import valid_attachments as core_valid_attachments
 from rdmanet.cni.core.invocation import Invocation
+from rdmanet.cni.core import log_levels
 from rdmanet.cni.core.result import IPConfig, Result
 from rdmanet.cni.linux import roots
 
@@ -80,10 +83,12 @@ def default_store(data_dir: str, domain: str, inv: Invocation) -> Store:
     return local_store(data_dir, domain, inv)
 
 
-def configure_logging(config: dict) -> None:
+@contextlib.contextmanager
+def call_logging(config: dict) -> Iterator[None]:
     """Honour ``ipam.log_file``/``ipam.log_level`` for this call only (read leniently: logging
     must never fail a verb). The node daemon serves many networks at once, so the settings live
-    in a context variable that filters records, never in the process-wide logger state.
+    in a context variable that filters records (:class:`_CallLevel`, the file handlers' filter);
+    this logger's level is lowered only while a call with a ``log_level`` runs (:data:`_ipam_level`).
 
     ``log_file`` must lie under the node's log roots (default /var/log/rdmanet): whereabouts NADs
     commonly say ``/tmp/whereabouts.log``, so a path outside is ignored with a warning (on the
@@ -98,7 +103,23 @@ def configure_logging(config: dict) -> None:
     path = raw.get("log_file") if isinstance(raw.get("log_file"), str) and raw.get("log_file") else None
     if path is not None:
         path = _open_log_file(path)
-    _call_logging.set((level, path))
+    token = _call_logging.set((level, path))
+    try:
+        with _ipam_level.hold(None if level is None else logging.DEBUG):
+            yield
+    finally:
+        _call_logging.reset(token)
+
+
+def _logged(verb: Callable[["LeaseIPAM", Invocation], Any]) -> Callable[["LeaseIPAM", Invocation], Any]:
+    """A verb run inside :func:`call_logging` of its config."""
+
+    @functools.wraps(verb)
+    def run(self: "LeaseIPAM", inv: Invocation) -> Any:
+        with call_logging(inv.config):
+            return verb(self, inv)
+
+    return run
 
 
 def _open_log_file(path: str) -> Optional[str]:
@@ -141,8 +162,10 @@ class _CallLevel(logging.Filter):
 
 
 _call_logging: ContextVar[tuple[Optional[int], Optional[str]]] = ContextVar("lease_ipam_logging", default=(None, None))
-log.setLevel(logging.DEBUG)  # the effective level is decided per call by the filter below
 log.addFilter(_CallLevel())
+# While a call with a log_level runs, every record of this logger is made (its parent's level
+# may be higher, e.g. the daemon's WARNING) and _CallLevel keeps each call's own.
+_ipam_level = log_levels.LevelGate(log, logging.NOTSET)
 
 
 def render(config: "LeaseIPAMConfig", addresses: list) -> Result:
@@ -174,8 +197,8 @@ class LeaseIPAM:
         data_dir, domain = store_location(inv.config)
         return self._store_factory(data_dir, domain, inv)
 
+    @_logged
     def add(self, inv: Invocation) -> Result:
-        configure_logging(inv.config)
         config = parse_ipam_config(inv.config)
         requested = assign(config, requested_addresses(inv))
         attachment = Attachment(inv.container_id, inv.ifname)
@@ -183,14 +206,14 @@ class LeaseIPAM:
         log.info("ADD %s in %s: %s", attachment, config.domain, ", ".join(map(str, addresses)))
         return render(config, addresses)
 
+    @_logged
     def delete(self, inv: Invocation) -> None:
-        configure_logging(inv.config)
         attachment = Attachment(inv.container_id, inv.ifname)
         freed = self._store(inv).release(attachment)  # needs only dataDir and the domain, not valid ranges
         log.info("DEL %s: freed %s", attachment, ", ".join(map(str, freed)) or "nothing")
 
+    @_logged
     def check(self, inv: Invocation) -> None:
-        configure_logging(inv.config)
         config = parse_ipam_config(inv.config)
         attachment = Attachment(inv.container_id, inv.ifname)
         found = self._store(inv).find(attachment)
@@ -208,8 +231,8 @@ class LeaseIPAM:
         if prev is not None:
             _check_prev_result(config, Result.from_json(prev, "prevResult"), mine)
 
+    @_logged
     def gc(self, inv: Invocation) -> None:
-        configure_logging(inv.config)
         valid = valid_attachments(inv.config)
         if valid is None:
             # Without a keep-list we free nothing. cnitool's GC DELs the attachments in its own
@@ -222,8 +245,8 @@ class LeaseIPAM:
         for reservation in freed:
             log.info("GC freed %s: %s", reservation.attachment, ", ".join(map(str, reservation.addresses)))
 
+    @_logged
     def status(self, inv: Invocation) -> None:
-        configure_logging(inv.config)
         config = parse_ipam_config(inv.config)
         free = self._store(inv).status(config.range_sets)
         for rs, count in zip(config.range_sets, free):

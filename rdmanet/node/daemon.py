@@ -71,6 +71,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 from rdmanet.cni.core import deadline as call_deadline
 from rdmanet.cni.core import skel
 from rdmanet.cni.core.errors import INVALID_CONFIG, INVALID_ENVIRONMENT, CNIError
+from rdmanet.cni.core import log_levels
 from rdmanet.ipam import node_gc
 
 from . import del_journal, memory, socket_activation
@@ -168,44 +169,18 @@ class _NodeEvents(logging.Handler):
         log_event("node_policy", record.levelname.lower(), message=record.getMessage())
 
 
-_request_handler: Optional[logging.Handler] = None  # the root handler _install_logging adds
-_logger_enabled_for = logging.Logger.isEnabledFor
-
-
-def _enabled_for_request(logger: logging.Logger, level: int) -> bool:
-    """``Logger.isEnabledFor`` in the daemon: a record below WARNING is made only when a handler
-    may take it. The root logger stays at DEBUG (a request may ask for DEBUG), so without this
-    every ``log.info``/``log.debug`` of a call made a LogRecord (the caller's frame looked up,
-    ~30 us) that the request's level then dropped: six per ADD/DEL pair. The request's handler
-    takes what :class:`_RequestLevel` lets through; any other handler on the way to the root
-    (lease-ipam's ``log_file``, a test's capture) may take whatever its own level allows, so
-    the record is made for it as before."""
-    if level < logging.WARNING and _request_handler is not None:
-        cap = _capture.get()
-        if cap is None or level < cap.level:
-            current: Optional[logging.Logger] = logger
-            while current is not None:
-                for handler in current.handlers:
-                    if handler is not _request_handler and level >= handler.level:
-                        return _logger_enabled_for(logger, level)
-                current = current.parent if current.propagate else None
-            return False
-    return _logger_enabled_for(logger, level)
 
 
 def _install_logging() -> None:
-    global _request_handler
     sys.stderr = _RoutedStderr()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(_LOG_FORMAT))
     handler.addFilter(_RequestLevel())
-    _request_handler = handler
-    logging.Logger.isEnabledFor = _enabled_for_request  # type: ignore[method-assign]  (this process: the daemon)
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
     root.addHandler(handler)
-    root.setLevel(logging.DEBUG)  # the filter decides, per request
+    log_levels.root.set_base(logging.WARNING)  # the daemon's own log; a request that asks for less holds it lower
     for library in QUIET_LIBRARIES:  # their DEBUG records would be made (and dropped) on every request
         logging.getLogger(library).setLevel(logging.INFO)
     node = logging.getLogger("rdmanet.node")
@@ -272,7 +247,8 @@ def run_call(plugins: Mapping[str, Any], plugin: str, env: Mapping[str, str], st
     cap = _Capture(_level_of(env))
     token = _capture.set(cap)
     try:
-        code, document = skel.handle(plugins[plugin](), env, stdin, deadline)
+        with log_levels.root.hold(cap.level):
+            code, document = skel.handle(plugins[plugin](), env, stdin, deadline)
     finally:
         _capture.reset(token)
     return code, document, cap.buffer.getvalue().encode("utf-8", "surrogateescape")

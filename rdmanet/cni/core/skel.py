@@ -17,6 +17,7 @@ import traceback
 from typing import IO, Mapping, Protocol
 
 from . import deadline as call_deadline
+from . import log_levels
 from . import env as request_env
 from . import limits, nesting
 from .errors import INTERNAL, TRY_AGAIN_LATER, CNIError
@@ -110,9 +111,9 @@ def _handle(plugin: Plugin, environ: Mapping[str, str], stdin: bytes) -> tuple[i
 
 def configure_logging(environ: Mapping[str, str]) -> None:
     """Logs go to stderr (libcni passes it through to the runtime's log), never to stdout."""
-    level = environ.get("RDMANET_LOG_LEVEL", "WARNING").upper()
-    logging.basicConfig(stream=sys.stderr, level=getattr(logging, level, logging.WARNING),
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    level = getattr(logging, environ.get("RDMANET_LOG_LEVEL", "WARNING").upper(), logging.WARNING)
+    logging.basicConfig(stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    log_levels.root.set_base(level if isinstance(level, int) else logging.WARNING)
 
 
 def read_stdin(environ: Mapping[str, str], stdin: IO[bytes] | None = None) -> bytes:

@@ -17,6 +17,7 @@ from rdmanet.cni.core import env
 from rdmanet.cni.core.errors import CNIError
 from rdmanet.cni.core.invocation import parse_invocation
 from rdmanet.plugins.host_device_rdma import ib_vf
+from rdmanet.plugins.host_device_rdma.attachment_state import IbRecord
 from rdmanet.plugins.host_device_rdma.config import load_conf
 from rdmanet.plugins.host_device_rdma.selection import DeviceRef
 from rdmanet.cni.linux import vf_guid
@@ -182,10 +183,10 @@ def test_restore_writes_the_previous_guids_all_zero_as_all_ones(tmp_path, monkey
                     pf_netdev="ibp59s0f0", vf_index=0, driver="mlx5_core", dpdk=False)
     rec = Recorder()
     monkeypatch.setattr(ib_vf, "_pf", lambda host, r: type("PF", (), {"index": 5})())
-    record = {"pf": "ibp59s0f0", "vf": 0, "guid": "02:00:00:00:00:00:00:01", "source": "from guid", "set": True,
-              "previous": {"node": "00:00:00:00:00:00:00:00", "port": "02:00:00:00:00:00:00:07"}}
+    record = IbRecord(pf="ibp59s0f0", vf=0, guid="02:00:00:00:00:00:00:01", source="from guid", guid_set=True,
+                      previous_node="00:00:00:00:00:00:00:00", previous_port="02:00:00:00:00:00:00:07")
     with env.scoped({"RDMANET_SYSFS_ROOT": str(tmp_path)}):
         ib_vf.restore(rec, ref, record)
     assert rec.sent == [request_bytes(5, 0, 10, 0xFFFF_FFFF_FFFF_FFFF), request_bytes(5, 0, 11, 0x0200000000000007)]
     assert (tmp_path / "sys" / "bus" / "pci" / "drivers" / "mlx5_core" / "bind").read_text() == "0000:3b:00.2"
-    assert record["set"] is False
+    assert record.guid_set is False

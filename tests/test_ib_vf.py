@@ -1,5 +1,6 @@
 """InfiniBand VF GUIDs without a kernel that can take one (no driver but mlx5's IB PF has
-ndo_set_vf_guid; research/infiniband.md section 3): the requests' bytes against the kernel ABI
+ndo_set_vf_guid: drivers/infiniband/ulp/ipoib/ipoib_main.c forwards it to the IB provider, and
+netdevsim has none): the requests' bytes against the kernel ABI
 (``struct ifla_vf_guid``, IFLA_VF_IB_NODE_GUID 10 / PORT_GUID 11 inside IFLA_VFINFO_LIST 22 →
 IFLA_VF_INFO 1), the read-back of a PF's answer, the order of the requests, the driver rebind in a
 fake sysfs tree, and where the GUID comes from. The kernel's refusal is tested for real in

@@ -44,6 +44,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_api_server import KubeAPIServer, parse_label_selector, write_kubeconfig  # noqa: E402
 from lease_objects import block_leases, block_owner, claim_leases  # noqa: E402
 
+pytestmark = pytest.mark.both_servers  # the fake and a real kube-apiserver (conftest.py)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NS = "ipam"
 RACE_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "test_lease_ipam_kube_race.py")

@@ -44,6 +44,8 @@ from lease_objects import block_leases, block_owner, claim_leases  # noqa: E402
 from lease_informers import informer_of, wait_until  # noqa: E402
 from lease_nodes import NS, add, call, store  # noqa: E402
 
+pytestmark = pytest.mark.both_servers  # the fake and a real kube-apiserver (conftest.py)
+
 DHASH = domain_hash(CLUSTER_DOMAIN)
 
 

@@ -53,6 +53,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_api_server import KubeAPIServer, write_kubeconfig  # noqa: E402
 from lease_objects import claim_leases  # noqa: E402
 
+pytestmark = pytest.mark.both_servers  # the fake and a real kube-apiserver (conftest.py)
+
 NS = "ipam"
 TIMEOUT = 2.0  # timeout_seconds: the whole verb's budget
 REQUEST_TIMEOUT = 0.5  # request_timeout_seconds

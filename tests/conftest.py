@@ -66,6 +66,7 @@ def kube_cluster():
         pytest.skip("the real kube-apiserver is built and cached as root (scripts/test.sh)")
     with KubeCluster() as cluster:
         cluster.apply_rbac()
+        cluster.install_crds()
         yield cluster
 
 

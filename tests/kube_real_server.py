@@ -134,7 +134,7 @@ class KubeCluster:
             "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
             "--initial-cluster", f"rdmanet-test=http://127.0.0.1:{peer}", "--unsafe-no-fsync"])
         self.url = f"https://127.0.0.1:{port}"
-        self._spawn("kube-apiserver", [
+        self._apiserver_argv = [
             str(self.bindir / "kube-apiserver"), "--etcd-servers", etcd_url,
             "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1", "--secure-port", str(port),
             "--insecure-port", "0", "--tls-cert-file", str(d / "server.crt"),
@@ -146,7 +146,8 @@ class KubeCluster:
             "--api-audiences", "https://kubernetes.default.svc",
             "--service-cluster-ip-range", "10.96.0.0/16", "--endpoint-reconciler-type", "none",
             "--audit-policy-file", str(d / "audit-policy.yaml"), "--audit-log-path", str(self.audit_log),
-            "--profiling=false", "--v", "0"])
+            "--profiling=false", "--v", "0"]
+        self._apiserver = self._spawn("kube-apiserver", self._apiserver_argv)
         self.write_kubeconfig(self.admin_kubeconfig, namespace="default")
         self._wait_ready()
 
@@ -175,6 +176,16 @@ class KubeCluster:
                 last = repr(e)
             time.sleep(0.3)
         raise RuntimeError(f"kube-apiserver not ready in {timeout} s: {last}\n{self.logs()}")
+
+    def restart_apiserver(self) -> None:
+        """Kill kube-apiserver (a graceful stop waits for every open watch) and start it again on
+        the same port, certificates and etcd: every connection and watch breaks, the watch cache
+        starts anew from etcd."""
+        self._apiserver.kill()
+        self._apiserver.wait(30)
+        self.procs.remove(self._apiserver)
+        self._apiserver = self._spawn("kube-apiserver", self._apiserver_argv)
+        self._wait_ready()
 
     def logs(self, tail: int = 3000) -> str:
         return "\n".join(f"--- {f.name}\n{f.read_text(errors='replace')[-tail:]}"
@@ -250,6 +261,26 @@ class KubeCluster:
         for f in ("namespace.yaml", "serviceaccount.yaml", "rbac.yaml"):
             self.kubectl("apply", "-f", str(REPO / "deploy" / f))
 
+    def install_crds(self) -> None:
+        """The CRDs the tests and the example manifests need, from their projects' documented
+        schemas: whereabouts' IPPool and OverlappingRangeIPReservation (lease-ipam reads them
+        while a cluster migrates) and Multus' NetworkAttachmentDefinition."""
+        docs = [_crd("whereabouts.cni.cncf.io", "v1alpha1", "IPPool", "ippools", {
+                    "range": {"type": "string"},
+                    "allocations": {"type": "object", "additionalProperties": {
+                        "type": "object", "required": ["id"],
+                        "properties": {"id": {"type": "string"}, "podref": {"type": "string"},
+                                       "ifname": {"type": "string"}}}}}, required=["range", "allocations"]),
+                _crd("whereabouts.cni.cncf.io", "v1alpha1", "OverlappingRangeIPReservation",
+                     "overlappingrangeipreservations", {
+                         "containerid": {"type": "string"}, "podref": {"type": "string"},
+                         "ifname": {"type": "string"}}, required=["podref"]),
+                _crd("k8s.cni.cncf.io", "v1", "NetworkAttachmentDefinition", "network-attachment-definitions",
+                     {"config": {"type": "string"}}, short=["net-attach-def"])]
+        self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+        for d in docs:
+            self.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{d['metadata']['name']}")
+
     # -- audit log -------------------------------------------------------------------------------
 
     def audit_offset(self) -> int:
@@ -281,6 +312,22 @@ class KubeCluster:
             data = f.read()
         return [e for e in map(json.loads, data.splitlines())
                 if e.get("userAgent") != CONTROL_AGENT and e.get("stage") == "RequestReceived"]
+
+
+def _crd(group: str, version: str, kind: str, plural: str, spec: dict, required: list[str] | None = None,
+         short: list[str] | None = None) -> dict:
+    schema: dict[str, Any] = {"type": "object", "properties": spec}
+    if required:
+        schema["required"] = required
+    names: dict[str, Any] = {"kind": kind, "listKind": f"{kind}List", "plural": plural, "singular": kind.lower()}
+    if short:
+        names["shortNames"] = short
+    return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": f"{plural}.{group}"},
+            "spec": {"group": group, "scope": "Namespaced", "names": names,
+                     "versions": [{"name": version, "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                         "type": "object", "properties": {"apiVersion": {"type": "string"}, "kind": {"type": "string"},
+                                                          "metadata": {"type": "object"}, "spec": schema}}}}]}}
 
 
 def audit_counts(events: list[dict], user: str | None = None) -> dict[tuple[str, str], int]:
@@ -431,7 +478,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         q = {k: v[-1] for k, v in parse_qs(split.query).items()}
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
-        verb, resource, rt, name = None, "unknown", None, None
+        verb, resource, rt, ns, name = None, "unknown", None, None, None
         for rx, res, namespaced in _ROUTES:
             m = rx.match(split.path)
             if m:
@@ -441,7 +488,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
                 break
         verb = verb or self.command.lower()
         entry = {"method": self.command, "path": split.path, "query": q, "verb": verb, "resource": resource,
-                 "status": None, "injected": False}
+                 "namespace": ns, "name": name, "status": None, "injected": False}
         t0 = time.monotonic()
         try:
             delay = proxy.latency_for(verb, resource)
@@ -532,6 +579,11 @@ _PATHS = {"leases": ("coordination.k8s.io", "v1"), "pods": ("", "v1"), "nodes": 
           "overlappingrangeipreservations": ("whereabouts.cni.cncf.io", "v1alpha1")}
 
 
+# The namespaces the Lease-store tests use (a real server has a namespace before anything is made
+# in it; the fake takes any name).
+NAMESPACES = ("default", "kube-system", "ipam", "rdmanet-ipam", "rdmanet-system", "ns-a", "db", "ctx-ns")
+
+
 class RealServer:
     """What a Lease-store test uses of ``KubeAPIServer``, on the real server behind a FaultProxy.
     One per test (:meth:`close` deletes what the test made, in every namespace)."""
@@ -546,7 +598,7 @@ class RealServer:
         self.core = kubernetes.client.CoreV1Api(self.api)
         self._namespaces: set[str] = set()
         self._since = cluster.audit_offset()
-        for ns in ("default", "ipam", "kube-system", "rdmanet-system"):
+        for ns in NAMESPACES:
             self.ensure_namespace(ns)
 
     def close(self) -> None:
@@ -633,6 +685,14 @@ class RealServer:
 
     # -- faults and watches (the proxy's) ------------------------------------------------------
 
+    def restart_watches(self) -> int:
+        """The fake's "restart" (history and every stream gone): here kube-apiserver itself restarts.
+        Returns how many watches the proxy was relaying."""
+        n = self.proxy.active_watches
+        self.cluster.restart_apiserver()
+        self.proxy.drop_watches()
+        return n
+
     def __getattr__(self, name: str) -> Any:
         if name in ("fail_next", "fail_rate", "clear_faults", "inject_latency", "pause_watches",
                     "resume_watches", "drop_watches", "active_watches"):
@@ -640,6 +700,21 @@ class RealServer:
         raise AttributeError(f"{name}: a control of the fake server only (tests/kube_api_server.py)")
 
     # -- objects -------------------------------------------------------------------------------
+
+    def _api(self, method: str, path: str, body: Any = None) -> tuple[int, dict]:
+        """Any answer, as the fake's ``api_*`` give it: (status code, object or Status)."""
+        return self._raw(method, path, body, ok=tuple(range(200, 600)))
+
+    def api_create(self, rt, ns: str, body: dict, dry_run: bool) -> tuple[int, dict]:
+        body = {"apiVersion": rt.api_version, "kind": rt.kind, **body}
+        return self._api("POST", self._path(rt.plural, ns) + ("?dryRun=All" if dry_run else ""), body)
+
+    def api_update(self, rt, ns: str, name: str, body: dict, dry_run: bool) -> tuple[int, dict]:
+        body = {"apiVersion": rt.api_version, "kind": rt.kind, **body}
+        return self._api("PUT", self._path(rt.plural, ns, name) + ("?dryRun=All" if dry_run else ""), body)
+
+    def api_delete(self, rt, ns: str, name: str, body: Any, dry_run: bool) -> tuple[int, dict]:
+        return self._api("DELETE", self._path(rt.plural, ns, name) + ("?dryRun=All" if dry_run else ""), body)
 
     def objects(self, resource: str, namespace: str | None = None) -> list[dict]:
         _, doc = self._raw("GET", self._path(resource, namespace))

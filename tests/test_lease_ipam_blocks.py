@@ -466,8 +466,8 @@ def reconcile_actions(kubeconfig, conf, capsys) -> dict:
 
 def test_the_reconciler_frees_claims_by_pod_uid_and_leaves_blocks_alone(server, kubeconfig, capsys):
     conf = netconf(kubeconfig, "10.9.8.0/24")
-    server.add_pod("default", "live", uid="uid-live")
-    assert add(conf, "live", "node-a") is not None
+    uid = server.add_pod("default", "live", uid="uid-live")["metadata"]["uid"]  # a real server sets its own
+    assert add(conf, "live", "node-a", uid) is not None
     assert add(conf, "gone", "node-a") is not None
     assert reconcile_actions(kubeconfig, conf, capsys) == {"live": "kept", "gone": "freed"}
     assert list(holders(server).values()) == ["live/net1"]
@@ -479,9 +479,9 @@ def test_the_reconciler_frees_a_block_records_address_and_the_node_keeps_its_blo
     update (as the node's DEL does), so the block stays held and the node's next ADD in it is one
     request; a live pod's claim in the block is untouched."""
     conf = netconf(kubeconfig, "10.9.17.0/24")
-    server.add_pod("default", "live", uid="uid-live")
+    uid = server.add_pod("default", "live", uid="uid-live")["metadata"]["uid"]
     assert add(conf, "gone", "node-a") == "10.9.17.1"  # the record
-    live = add(conf, "live", "node-a")
+    live = add(conf, "live", "node-a", uid)
     assert reconcile_actions(kubeconfig, conf, capsys) == {"live": "kept", "gone": "freed"}
     assert holders(server) == {live: "live/net1"}
     [blk] = block_leases(server, NS)

@@ -2,8 +2,8 @@
 
 :class:`KubeCluster` builds (once, cached: ``scripts/build-kube-apiserver.sh``) and runs Debian's
 etcd and a kube-apiserver built from Debian's ``kubernetes`` source package: free loopback ports,
-a temporary directory, its own CA, RBAC on, an audit log (one ``RequestReceived`` event per
-request, so tests count requests per user), an admin client-certificate kubeconfig, and
+a temporary directory, its own CA, RBAC on, an audit log (a ``RequestReceived`` event per request,
+so tests count requests per user, and a ``ResponseComplete`` one with its status), an admin client-certificate kubeconfig, and
 ServiceAccount tokens minted through the TokenRequest API. There is no controller-manager, no
 scheduler and no kubelet: pods are API objects only (created with ``spec.nodeName``, deleted
 with grace period 0), the ``ServiceAccount`` admission plugin is off (no controller makes the
@@ -85,7 +85,7 @@ def _certificates(d: Path) -> None:
 
 AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1", "kind": "Policy",
-    "omitStages": ["ResponseStarted", "ResponseComplete", "Panic"],
+    "omitStages": ["ResponseStarted", "Panic"],
     "rules": [{"level": "Metadata"}],
 }
 
@@ -303,7 +303,7 @@ class KubeCluster:
             time.sleep(0.02)
         raise RuntimeError("the audit log did not show the marker request")
 
-    def audit_events(self, since: int = 0) -> list[dict]:
+    def audit_events(self, since: int = 0, stage: str = "RequestReceived") -> list[dict]:
         """Every request's ``RequestReceived`` event after offset ``since``, the fixture's own left
         out (the server's own, e.g. admission's Lists as ``system:apiserver``, stay: filter by user)."""
         self._flush_audit()
@@ -311,7 +311,7 @@ class KubeCluster:
             f.seek(since)
             data = f.read()
         return [e for e in map(json.loads, data.splitlines())
-                if e.get("userAgent") != CONTROL_AGENT and e.get("stage") == "RequestReceived"]
+                if e.get("userAgent") != CONTROL_AGENT and e.get("stage") == stage]
 
 
 def _crd(group: str, version: str, kind: str, plural: str, spec: dict, required: list[str] | None = None,
@@ -490,6 +490,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         entry = {"method": self.command, "path": split.path, "query": q, "verb": verb, "resource": resource,
                  "namespace": ns, "name": name, "status": None, "injected": False}
         t0 = time.monotonic()
+        with proxy._lock:
+            proxy.log.append(entry)  # now: a watch's entry is there while it streams
         try:
             delay = proxy.latency_for(verb, resource)
             if delay > 0:
@@ -531,8 +533,6 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             self.close_connection = True
         finally:
             entry["seconds"] = time.monotonic() - t0
-            with proxy._lock:
-                proxy.log.append(entry)
 
     def _send(self, code: int, data: bytes, headers: dict) -> None:
         self.send_response(code)

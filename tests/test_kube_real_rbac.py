@@ -1,0 +1,279 @@
+"""The DaemonSet's identity on a real kube-apiserver: the ``rdmanet`` ServiceAccount's token with
+exactly the RBAC of ``deploy/rbac.yaml`` (applied as an operator applies it).
+
+A node daemon (a real ``rdmanet daemon`` behind install.sh's daemon-only shim) serves ADD, CHECK,
+DEL, the CNI GC verb and its node GC with that token, and ``rdmanet ipam reconcile`` runs with it as
+``deploy/reconciler.yaml`` runs it. The server's audit log says which requests the ServiceAccount
+made: none may be refused. Each verb of the Lease Role, taken away in turn, must make the same
+run fail or be refused, so a verb the code needs and the manifest lacks is a test failure here,
+not a node's in production. A rotated token (the old one revoked) is taken without a restart.
+
+Real server only (the fake has no RBAC); the server is the session's (conftest ``kube_cluster``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import kubernetes
+import pytest
+import yaml
+
+from shim.launcher import write_shim
+from shim.testing import Daemon
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kube_real_server import REPO  # noqa: E402
+from lease_objects import claim_leases  # noqa: E402
+
+NS = "rdmanet-system"
+SA_USER = f"system:serviceaccount:{NS}:rdmanet"
+BARE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+LEASE_VERBS = ("get", "list", "watch", "create", "update", "delete")
+
+
+class Objects:
+    """What a test reads of the server as the admin (outside the ServiceAccount's requests)."""
+
+    def __init__(self, cluster):
+        self.core = kubernetes.client.CoreV1Api(cluster.api_client())
+        self.coord = kubernetes.client.CoordinationV1Api(cluster.api_client())
+
+    def objects(self, resource, namespace):
+        assert resource == "leases"
+        return [self.coord.api_client.sanitize_for_serialization(o)
+                for o in self.coord.list_namespaced_lease(namespace).items]
+
+    def holders(self):
+        return sorted(o["spec"]["holderIdentity"] for o in claim_leases(self, NS))
+
+    def pod(self, name, node="node-a"):
+        body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+                "spec": {"nodeName": node, "containers": [{"name": "main", "image": "pause"}]}}
+        return self.core.create_namespaced_pod("default", body).metadata.uid
+
+    def delete_pod(self, name):
+        self.core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+
+    def clean(self):
+        self.coord.delete_collection_namespaced_lease(NS)
+        self.core.delete_collection_namespaced_pod("default", grace_period_seconds=0)
+
+
+@pytest.fixture
+def objects(kube_cluster):
+    o = Objects(kube_cluster)
+    o.clean()
+    yield o
+    o.clean()
+
+
+class Node:
+    """node-a: install.sh's daemon-only lease-ipam shim and ``rdmanet daemon``, on a kubeconfig
+    with a ServiceAccount token (the real server's address, its CA: no proxy in between)."""
+
+    def __init__(self, cluster, tmp_path, token, network="rbac-net", subnet="10.60.0.0/24"):
+        self.cluster, self.dir = cluster, tmp_path
+        self.kubeconfig = tmp_path / "rdmanet.kubeconfig"
+        cluster.write_kubeconfig(self.kubeconfig, namespace=NS, token=token)
+        self.sock = str(tmp_path / "run" / "daemon.sock")
+        self.shim = str(tmp_path / "bin" / "lease-ipam")
+        os.makedirs(os.path.dirname(self.shim), exist_ok=True)
+        write_shim(self.shim, "lease-ipam", sys.executable, None, self.sock)
+        self.conf = {"cniVersion": "1.1.0", "name": network, "type": "lease-ipam",
+                     "ipam": {"type": "lease-ipam", "range": subnet, "gc_grace_seconds": 0,
+                              "kubernetes": {"kubeconfig": str(self.kubeconfig), "timeout_seconds": 2}}}
+        self.daemons = []
+
+    def daemon(self, **env):
+        d = Daemon(self.sock, allow_uids=[os.getuid()],
+                   env={"RDMANET_NODE_NAME": "node-a", "RDMANET_NODE_GC_SECONDS": "0", **env})
+        self.daemons.append(d)
+        return d
+
+    def cni(self, command, cid, uid="none", stdin=None):
+        env = {"PATH": BARE_PATH, "CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": "/proc/self/ns/net",
+               "CNI_IFNAME": "net1", "CNI_PATH": os.path.dirname(self.shim),
+               "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={cid};K8S_POD_UID={uid}"}
+        proc = subprocess.run([self.shim], input=json.dumps(stdin or self.conf).encode(), env=env,
+                              capture_output=True, timeout=60)
+        return proc.returncode, proc.stdout.decode()
+
+    def reconcile(self, *args):
+        """``rdmanet ipam reconcile`` as deploy/reconciler.yaml runs it (its own process, same identity)."""
+        path = self.dir / "net.json"
+        path.write_text(json.dumps(self.conf))
+        rdmanet = os.path.join(os.path.dirname(sys.executable), "rdmanet")
+        return subprocess.run([rdmanet, "ipam", "reconcile", "--network-config", str(path),
+                               "--grace-seconds", "0", "-o", "json", *args],
+                              capture_output=True, text=True, timeout=120, cwd=REPO)
+
+    def stop(self):
+        for d in self.daemons:
+            d.cleanup()
+
+
+class _Failed(Exception):
+    pass
+
+
+def lifecycle(node, objects) -> list[str]:
+    """A node's day through its daemon, then the reconciler: what went wrong first (empty: nothing)."""
+    wrong: list[str] = []
+    try:
+        _lifecycle(node, objects, wrong)
+    except _Failed:
+        pass
+    finally:
+        node.stop()
+    return wrong
+
+
+def _lifecycle(node, objects, wrong) -> None:
+    def fail(what):
+        wrong.append(what)
+        raise _Failed(what)
+
+    def expect(what, got, want=0):
+        if got[0] != want:
+            fail(f"{what}: exit {got[0]} {got[1][:300]}")
+
+    uids = {name: objects.pod(name) for name in ("live", "gone", "short", "stale")}
+    live = uids["live"]
+    node.daemon(RDMANET_NODE_GC_SECONDS="0.3", RDMANET_NODE_GC_GRACE_SECONDS="0", RDMANET_NODE_GC_MISSES="2")
+    for name, uid in uids.items():
+        expect(f"ADD {name}", node.cni("ADD", name, uid))
+    again = node.cni("ADD", "live", live)  # a repeat ADD returns the result, as the runtime hands it to CHECK
+    expect("repeat ADD live", again)
+    if again[0] == 0:
+        expect("CHECK live", node.cni("CHECK", "live", live, {**node.conf, "prevResult": json.loads(again[1])}))
+    expect("DEL short", node.cni("DEL", "short", uids["short"]))
+    # the runtime's GC: stale's attachment is not in its keep-list (its pod still is in the API)
+    keep = [{"containerID": c, "ifname": "net1"} for c in ("live", "gone")]
+    expect("GC", node.cni("GC", "", stdin={**node.conf, "cni.dev/valid-attachments": keep}))
+    if objects.holders() != ["gone/net1", "live/net1"]:
+        fail(f"GC: claims {objects.holders()}")
+    # gone's pod is deleted and its DEL never comes: the node GC frees it
+    objects.delete_pod("gone")
+    deadline = time.monotonic() + 20
+    while objects.holders() != ["live/net1"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if objects.holders() != ["live/net1"]:
+        fail(f"node GC: claims {objects.holders()}")
+    node.stop()
+    # the reconciler, with a claim whose pod is gone (the node is down: its GC cannot run)
+    orphan = objects.pod("orphan")
+    node.daemon()
+    expect("ADD orphan", node.cni("ADD", "orphan", orphan))
+    node.stop()
+    objects.delete_pod("orphan")
+    for run in range(2):  # a miss recorded (GET + PUT), then freed
+        r = node.reconcile("--misses", "2")
+        expect(f"reconcile {run}", (r.returncode, r.stdout + r.stderr))
+    if objects.holders() != ["live/net1"]:
+        fail(f"reconcile: claims {objects.holders()}")
+    node.daemon()
+    expect("DEL live", node.cni("DEL", "live", live))
+
+
+def refused(cluster, since, user=SA_USER):
+    """The requests the server refused since ``since``, from the audit log: the user's 403s and
+    every 401 (a token the server does not take names no user)."""
+    out = set()
+    for e in cluster.audit_events(since, stage="ResponseComplete"):
+        code = (e.get("responseStatus") or {}).get("code")
+        if code == 401 or (code == 403 and (e.get("user") or {}).get("username") == user):
+            out.add(f"{e['verb']} {(e.get('objectRef') or {}).get('resource')}: {code}")
+    return sorted(out)
+
+
+def used(cluster, since, user=SA_USER):
+    return sorted({(e["verb"], (e.get("objectRef") or {}).get("resource"))
+                   for e in cluster.audit_events(since) if e["user"]["username"] == user})
+
+
+def test_the_daemonset_identity_serves_add_del_gc_and_the_reconciler(kube_cluster, objects, tmp_path):
+    since = kube_cluster.audit_offset()
+    node = Node(kube_cluster, tmp_path, kube_cluster.token())
+    try:
+        assert lifecycle(node, objects) == []
+    finally:
+        node.stop()
+    assert refused(kube_cluster, since) == []
+    # every Lease verb the Role grants is used (none is granted for nothing), pods only read
+    leases = {v for v, r in used(kube_cluster, since) if r == "leases"}
+    assert leases == set(LEASE_VERBS)
+    assert {v for v, r in used(kube_cluster, since) if r != "leases"} <= {"get", "list"}
+
+
+@pytest.mark.parametrize("verb", LEASE_VERBS)
+def test_a_lease_verb_missing_from_the_role_fails_the_run(kube_cluster, objects, tmp_path, verb):
+    """deploy/rbac.yaml with one verb taken out of the Lease Role, bound to a ServiceAccount of its
+    own: the same run fails, or the server refuses the ServiceAccount something."""
+    name = f"rdmanet-minus-{verb}"
+    docs = [d for d in yaml.safe_load_all((REPO / "deploy" / "rbac.yaml").read_text()) if d]
+    role = next(d for d in docs if d["kind"] == "Role")
+    role["metadata"]["name"] = name
+    role["rules"][0]["verbs"] = [v for v in role["rules"][0]["verbs"] if v != verb]
+    pods = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "rdmanet-pod-reader")
+    sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": NS}}
+    subject = [{"kind": "ServiceAccount", "name": name, "namespace": NS}]
+    bindings = [{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                 "metadata": {"name": name, "namespace": NS}, "subjects": subject,
+                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name}},
+                {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                 "metadata": {"name": name}, "subjects": subject,
+                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                             "name": pods["metadata"]["name"]}}]
+    manifest = yaml.safe_dump_all([sa, role, *bindings])
+    kube_cluster.kubectl("apply", "-f", "-", input=manifest)
+    since = kube_cluster.audit_offset()
+    node = Node(kube_cluster, tmp_path, kube_cluster.token(name))
+    try:
+        wrong = lifecycle(node, objects)
+    finally:
+        node.stop()
+        kube_cluster.kubectl("delete", "-f", "-", input=manifest)
+    denied = refused(kube_cluster, since, f"system:serviceaccount:{NS}:{name}")
+    assert wrong or denied, f"without {verb!r} on leases nothing failed and nothing was refused"
+    assert not denied or all(d.startswith(f"{verb} leases") for d in denied), denied
+
+
+def test_a_rotated_token_is_taken_and_the_revoked_one_never_used_again(kube_cluster, objects, tmp_path):
+    """The kubelet rotates a projected ServiceAccount token in place; here the old token is bound to
+    a Secret that is then deleted, so the server refuses it from that moment on. The daemon keeps
+    serving (its watch re-opens with the new token after the server breaks it)."""
+    core = kubernetes.client.CoreV1Api(kube_cluster.api_client())
+    tokens = {}
+    for n in ("old", "new"):
+        secret = core.create_namespaced_secret(NS, {"metadata": {"name": f"rdmanet-token-{n}"}})
+        req = {"spec": {"audiences": ["https://kubernetes.default.svc"], "expirationSeconds": 3600,
+                        "boundObjectRef": {"kind": "Secret", "apiVersion": "v1", "name": secret.metadata.name,
+                                           "uid": secret.metadata.uid}}}
+        tokens[n] = core.create_namespaced_service_account_token("rdmanet", NS, req).status.token
+    node = Node(kube_cluster, tmp_path, tokens["old"])
+    try:
+        live = objects.pod("live")
+        node.daemon()
+        assert node.cni("ADD", "a", live)[0] == 0
+        kube_cluster.write_kubeconfig(node.kubeconfig, namespace=NS, token=tokens["new"])
+        core.delete_namespaced_secret("rdmanet-token-old", NS)
+        since = kube_cluster.audit_offset()
+        assert node.cni("ADD", "b", live)[0] == 0
+        assert node.cni("DEL", "a", live)[0] == 0
+        kube_cluster.restart_apiserver()  # every connection and watch breaks
+        assert node.cni("ADD", "c", live)[0] == 0
+        assert objects.holders() == ["b/net1", "c/net1"]
+        assert refused(kube_cluster, since) == []  # the revoked token was never sent again
+        assert ("watch", "leases") in used(kube_cluster, since)  # the watch re-opened, with the new token
+    finally:
+        node.stop()
+        for n in ("old", "new"):
+            try:
+                core.delete_namespaced_secret(f"rdmanet-token-{n}", NS)
+            except kubernetes.client.ApiException:
+                pass

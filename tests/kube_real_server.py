@@ -146,7 +146,7 @@ class KubeCluster:
             "--api-audiences", "https://kubernetes.default.svc",
             "--service-cluster-ip-range", "10.96.0.0/16", "--endpoint-reconciler-type", "none",
             "--audit-policy-file", str(d / "audit-policy.yaml"), "--audit-log-path", str(self.audit_log),
-            "--profiling=false", "--v", "0"]
+            "--allow-privileged=true", "--profiling=false", "--v", "0"]
         self._apiserver = self._spawn("kube-apiserver", self._apiserver_argv)
         self.write_kubeconfig(self.admin_kubeconfig, namespace="default")
         self._wait_ready()

@@ -18,6 +18,11 @@ update (PUT, optimistic concurrency on ``metadata.resourceVersion``), patch
 (JSON patch / merge patch / strategic merge patch treated as merge patch),
 delete (with ``preconditions``) and deletecollection.
 
+Namespaces: a new server has ``NAMESPACES``; creating in another one is 404 (``add_namespace()``
+makes one). A pod's status on create is the server's (``Pending``); a pod bound to a node is
+deleted gracefully (``deletionTimestamp``, stays until a delete with ``gracePeriodSeconds: 0``, as
+its kubelet confirms), an unbound one at once. A Lease's MicroTime needs its 6 fractional digits.
+
 Metadata is filled like the apiserver does it: ``uid`` (uuid4), one global
 increasing ``resourceVersion`` counter, RFC3339 ``creationTimestamp``,
 ``namespace``.  Errors are ``Status`` objects with the real reasons
@@ -37,7 +42,7 @@ Usage in tests::
 
 Test controls (all thread-safe): ``counts()``, ``reset_counts()``,
 ``request_log()``, ``inject_latency()``, ``fail_next()``, ``fail_rate()``,
-``clear_faults()``, ``add_pod()``, ``delete_pod()``, ``add_node()``, ``delete_node()``, ``objects()``,
+``clear_faults()``, ``add_namespace()``, ``add_pod()``, ``delete_pod()``, ``add_node()``, ``delete_node()``, ``objects()``,
 ``get_object()``, ``compact()``, ``resource_version``, ``pause_watches()``,
 ``resume_watches()``, ``drop_watches()``, ``active_watches``.
 
@@ -179,6 +184,14 @@ for _plural, _kind in (("ippools", "IPPool"), ("overlappingrangeipreservations",
                                       {"metadata.name": _meta_field("name"),
                                        "metadata.namespace": _meta_field("namespace")})
 
+# The namespaces a new server has: the system ones and those this project's tests use. An object
+# in any other namespace is refused (404, as the apiserver's NamespaceLifecycle admission) until a
+# test makes it (add_namespace()); add_pod() makes its own.
+NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease",
+              "ipam", "rdmanet-ipam", "rdmanet-system", "ns-a", "db", "ctx-ns")
+
+_MICROTIME_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}(Z|[+-]\d{2}:\d{2})$")
+
 _REASONS = {
     400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound",
     405: "MethodNotAllowed", 406: "NotAcceptable", 409: "Conflict", 410: "Expired",
@@ -280,6 +293,20 @@ def _label_value_errors(value: Any) -> list[str]:
                     "characters, '-', '_' or '.', and must start and end with an "
                     "alphanumeric character")
     return errs
+
+
+def _decode_times(rt: ResourceType, obj: dict) -> None:
+    """A Lease's MicroTime fields take RFC 3339 with exactly 6 fractional digits; anything else
+    fails decoding (400, before validation), as the apiserver's JSON decoder does."""
+    if rt.plural != "leases":
+        return
+    spec = obj.get("spec") if isinstance(obj.get("spec"), dict) else {}
+    for field in ("acquireTime", "renewTime"):
+        value = spec.get(field)
+        if value is not None and not (isinstance(value, str) and _MICROTIME_RE.match(value)):
+            raise ApiError(400, f'Lease in version "v1" cannot be handled as a Lease: v1.Lease.Spec: '
+                                f'v1.LeaseSpec.{field[0].upper()}{field[1:]}: parsing time {json.dumps(value)} '
+                                f'as "2006-01-02T15:04:05.000000Z07:00"')
 
 
 def _validate(rt: ResourceType, obj: dict) -> None:
@@ -796,6 +823,7 @@ class KubeAPIServer:
         self._cond = threading.Condition(threading.RLock())
         self._store: dict[str, dict[tuple[str, str], dict]] = {r: {} for r in RESOURCES}
         self._rv = 1000
+        self._namespaces: set[str] = set(NAMESPACES)
         # events: (rv, resource, type, obj, prev_obj) sorted by rv
         self._events: list[tuple[int, str, str, dict, dict | None]] = []
         self._compacted_rv = self._rv  # watches from rv < this get 410
@@ -1035,6 +1063,7 @@ class KubeAPIServer:
             meta["annotations"] = dict(annotations)
         obj = {"metadata": meta, "spec": spec, "status": status}
         with self._cond:
+            self._namespaces.add(namespace)
             prev = self._store["pods"].get((namespace, name))
             obj["metadata"]["creationTimestamp"] = _now_rfc3339()
             self._put("pods", obj, "MODIFIED" if prev else "ADDED", prev)
@@ -1055,6 +1084,11 @@ class KubeAPIServer:
                 return False
             self._remove("pods", key)
             return True
+
+    def add_namespace(self, name: str) -> None:
+        """Make a namespace (objects in one the server does not have are refused with 404)."""
+        with self._cond:
+            self._namespaces.add(name)
 
     def add_node(self, name: str, labels: dict | None = None) -> dict:
         """Create (or replace) a node (cluster-scoped; listed and watched at ``/api/v1/nodes``,
@@ -1462,6 +1496,8 @@ class KubeAPIServer:
         if verb == "patch":
             return self.api_patch(rt, ns, name, body, content_type, dry_run)
         if verb == "delete":
+            if q.get("gracePeriodSeconds") not in (None, ""):  # DeleteOptions in the query, as clients send them
+                body = {**(body if isinstance(body, dict) else {}), "gracePeriodSeconds": int(q["gracePeriodSeconds"])}
             return self.api_delete(rt, ns, name, body, dry_run)
         if verb == "deletecollection":
             return self.api_deletecollection(rt, ns, q, dry_run)
@@ -1470,6 +1506,10 @@ class KubeAPIServer:
     def api_create(self, rt: ResourceType, ns: str, body: dict, dry_run: bool) -> tuple[int, dict]:
         if not isinstance(body, dict):
             raise ApiError(400, "the body of the request was in an unknown format")
+        _decode_times(rt, body)
+        with self._cond:
+            if ns not in self._namespaces:
+                raise ApiError(404, f'namespaces "{ns}" not found', details={"name": ns, "kind": "namespaces"})
         obj = copy.deepcopy(body)
         meta = obj.setdefault("metadata", {})
         if meta.get("namespace") and meta["namespace"] != ns:
@@ -1483,7 +1523,9 @@ class KubeAPIServer:
         for k in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"):
             meta.pop(k, None)
         if rt.plural == "pods":
-            obj.setdefault("status", {}).setdefault("phase", "Pending")
+            # a pod's status is the kubelet's (the status subresource): what a create carries is dropped
+            obj["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
+            obj.setdefault("spec", {}).setdefault("terminationGracePeriodSeconds", 30)
         with self._cond:
             key = (ns, meta["name"])
             if key in self._store[rt.plural]:
@@ -1552,6 +1594,7 @@ class KubeAPIServer:
     def api_update(self, rt: ResourceType, ns: str, name: str, body: dict, dry_run: bool) -> tuple[int, dict]:
         if not isinstance(body, dict):
             raise ApiError(400, "the body of the request was in an unknown format")
+        _decode_times(rt, body)
         with self._cond:
             return self._replace(rt, ns, name, copy.deepcopy(body), dry_run)
 
@@ -1578,6 +1621,7 @@ class KubeAPIServer:
                                     "accepted media types include: application/json-patch+json, "
                                     "application/merge-patch+json, "
                                     "application/strategic-merge-patch+json")
+            _decode_times(rt, new)
             return self._replace(rt, ns, name, new, dry_run)
 
     def api_delete(self, rt: ResourceType, ns: str, name: str, body: Any, dry_run: bool) -> tuple[int, dict]:
@@ -1597,6 +1641,21 @@ class KubeAPIServer:
                 raise ApiError(409, f"Precondition failed: ResourceVersion in precondition: {rv}, "
                                     f"ResourceVersion in object meta: {cur['metadata']['resourceVersion']}",
                                details=_details(rt, name))
+            if rt.plural == "pods" and (cur.get("spec") or {}).get("nodeName"):
+                # A pod bound to a node is deleted gracefully: it is marked and stays until its
+                # kubelet confirms (deletes it with grace period 0); an unbound pod goes at once.
+                grace = body.get("gracePeriodSeconds") if isinstance(body, dict) else None
+                if grace is None:
+                    grace = cur["metadata"].get("deletionGracePeriodSeconds",
+                                                cur["spec"].get("terminationGracePeriodSeconds", 30))
+                if int(grace) > 0:
+                    marked = copy.deepcopy(cur)
+                    when = _dt.datetime.now(_dt.timezone.utc) + _dt.timedelta(seconds=int(grace))
+                    marked["metadata"]["deletionTimestamp"] = when.strftime("%Y-%m-%dT%H:%M:%SZ")
+                    marked["metadata"]["deletionGracePeriodSeconds"] = int(grace)
+                    if not dry_run and _without_rv(marked) != _without_rv(cur):
+                        self._put(rt.plural, marked, "MODIFIED", cur)
+                    return 200, self._with_kind(rt, copy.deepcopy(marked))
             if dry_run:
                 gone = copy.deepcopy(cur)
             else:
@@ -2171,12 +2230,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--kubeconfig", help="write a kubeconfig for this server here")
-    ap.add_argument("--namespace", help="namespace for the kubeconfig context")
+    ap.add_argument("--namespace", help="namespace for the kubeconfig context (the server has it)")
     ap.add_argument("--token", help="require this bearer token")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     srv = KubeAPIServer(port=args.port, host=args.host, token=args.token,
                         verbose=args.verbose, start=False)
+    if args.namespace:
+        srv.add_namespace(args.namespace)
     if args.kubeconfig:
         write_kubeconfig(args.kubeconfig, srv.url, args.namespace, token=args.token or "fake-token")
     print(srv.url, flush=True)

@@ -41,7 +41,7 @@ from urllib.parse import parse_qs, urlsplit
 import kubernetes
 import yaml
 
-from kube_api_server import _ROUTES, RESOURCES, ApiError, _Fault, _fault_error, _Handler
+from kube_api_server import _ROUTES, NAMESPACES, RESOURCES, ApiError, _Fault, _fault_error, _Handler
 
 REPO = Path(__file__).resolve().parent.parent
 BUILD = REPO / "scripts" / "build-kube-apiserver.sh"
@@ -579,11 +579,6 @@ _PATHS = {"leases": ("coordination.k8s.io", "v1"), "pods": ("", "v1"), "nodes": 
           "overlappingrangeipreservations": ("whereabouts.cni.cncf.io", "v1alpha1")}
 
 
-# The namespaces the Lease-store tests use (a real server has a namespace before anything is made
-# in it; the fake takes any name).
-NAMESPACES = ("default", "kube-system", "ipam", "rdmanet-ipam", "rdmanet-system", "ns-a", "db", "ctx-ns")
-
-
 class RealServer:
     """What a Lease-store test uses of ``KubeAPIServer``, on the real server behind a FaultProxy.
     One per test (:meth:`close` deletes what the test made, in every namespace)."""
@@ -652,6 +647,9 @@ class RealServer:
             p += f"/namespaces/{namespace}"
         p += f"/{resource}"
         return p + (f"/{name}" if name else "")
+
+    def add_namespace(self, ns: str) -> None:
+        self.ensure_namespace(ns)
 
     def ensure_namespace(self, ns: str) -> None:
         if ns in self._namespaces:

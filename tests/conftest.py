@@ -20,8 +20,8 @@ import tempfile
 import pytest
 
 from cni.linux import roots
-from kube_api_server import KubeAPIServer
-from kube_real_server import KubeCluster, RealServer
+from kube_real_server import KubeCluster
+from kube_servers import api_server
 from policy_file import write_policy
 
 
@@ -72,14 +72,6 @@ def kube_cluster():
 
 @pytest.fixture
 def server(request):
-    """A Kubernetes API server for one test: the fake (tests/kube_api_server.py), or the real one
-    (``[real]``) with the fake's controls and nothing left from an earlier test."""
-    if getattr(request, "param", "fake") == "real":
-        srv = RealServer(request.getfixturevalue("kube_cluster"))
-        try:
-            yield srv
-        finally:
-            srv.close()
-        return
-    with KubeAPIServer() as srv:
+    """A Kubernetes API server for one test (see :func:`api_server`)."""
+    with api_server(request) as srv:
         yield srv

@@ -621,16 +621,25 @@ class RealServer:
     # -- raw requests (the admin, outside the counts) ---------------------------------------------
 
     def _raw(self, method: str, path: str, body: Any = None, ok: tuple[int, ...] = (200, 201)) -> tuple[int, Any]:
-        conn = self.proxy.upstream()
         headers = {"User-Agent": CONTROL_AGENT, "Accept": "application/json"}
         data = None
         if body is not None:
             data = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
-        conn.request(method, path, body=data, headers=headers)
-        r = conn.getresponse()
-        out = r.read()
-        conn.close()
+        deadline = time.monotonic() + 60  # the server may be restarting (restart_watches)
+        while True:
+            conn = self.proxy.upstream()
+            try:
+                conn.request(method, path, body=data, headers=headers)
+                r = conn.getresponse()
+                out = r.read()
+                break
+            except (OSError, http.client.HTTPException):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+            finally:
+                conn.close()
         try:
             doc = json.loads(out) if out else None
         except ValueError:  # a plain-text 404 of an API group the server does not serve

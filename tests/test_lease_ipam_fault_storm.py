@@ -50,6 +50,7 @@ from ipam.store import lease_cache
 from ipam.store.kube import use_watch_cache
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kube_servers import api_server  # noqa: E402
 from kube_api_server import KubeAPIServer, write_kubeconfig  # noqa: E402
 from lease_objects import claim_leases  # noqa: E402
 
@@ -63,13 +64,16 @@ LARGE = os.environ.get("RDMANET_STORM_LARGE", "") not in ("", "0")
 
 
 @pytest.fixture
-def server():
-    srv = KubeAPIServer(bookmark_interval=0.2)
-    yield srv
-    srv.clear_faults()
-    srv.fail_rate(0)
-    srv.resume_watches()
-    srv.stop()
+def server(request):
+    with api_server(request, bookmark_interval=0.2) as srv:
+        POD_UIDS.clear()
+        POD_UIDS["server"] = srv if getattr(srv, "real", False) else None
+        yield srv
+        POD_UIDS.clear()
+        POD_UIDS["server"] = None
+        srv.clear_faults()
+        srv.fail_rate(0)
+        srv.resume_watches()
 
 
 @pytest.fixture
@@ -88,10 +92,25 @@ def netconf(kubeconfig, rng="10.0.0.0/26", **ipam):
                                     "request_timeout_seconds": REQUEST_TIMEOUT}}}
 
 
+# The pod UID a sandbox's ADD carries: ``uid-<cid>`` on the fake (its add_pod takes it); a real
+# server sets UIDs itself, so there each pod is made (by the admin, past the proxy's faults) before
+# its first ADD, and its UID is the one the runtime passes (``POD_UIDS``, filled by the fixture).
+POD_UIDS: dict = {"server": None}
+
+
+def pod_uid(cid):
+    server = POD_UIDS["server"]
+    if server is None:
+        return f"uid-{cid}"
+    if cid not in POD_UIDS:
+        POD_UIDS[cid] = server.add_pod("default", cid)["metadata"]["uid"]
+    return POD_UIDS[cid]
+
+
 def env(command, cid, node):
     return {"CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": "/var/run/netns/x", "CNI_IFNAME": "net1",
             "CNI_PATH": "/opt/cni/bin", "RDMANET_NODE_NAME": node,
-            "CNI_ARGS": f"K8S_POD_NAMESPACE=default;K8S_POD_NAME={cid};K8S_POD_UID=uid-{cid}"}
+            "CNI_ARGS": f"K8S_POD_NAMESPACE=default;K8S_POD_NAME={cid};K8S_POD_UID={pod_uid(cid)}"}
 
 
 HISTORY: dict = {}
@@ -331,7 +350,10 @@ def settle_and_check(server, ledger, confs, seed, log, free_by):
         from ipam.kube_config import kube_settings
 
         for cid in live:
-            server.add_pod("default", cid, uid=f"uid-{cid}")
+            if POD_UIDS["server"] is None:
+                server.add_pod("default", cid, uid=f"uid-{cid}")
+        for cid in set(POD_UIDS) - {"server"} - set(live):
+            server.delete_pod("default", cid)  # (a real server's pods of the sandboxes that are gone)
         target = reconcile.KubeTarget.for_settings(kube_settings(next(iter(confs.values()))))
         outcome = reconcile.reconcile_target(target, grace_seconds=0, misses=1)
         assert not outcome.errors and outcome.count(reconcile.FREED) == len(leftover), (outcome.to_json()["summary"], about)

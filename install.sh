@@ -8,8 +8,8 @@
 set -euo pipefail
 
 PLUGINS="macvlan-rdma host-device-rdma ipoib-rdma lease-ipam"
-SHIM_MARK="# rdmanet CNI shim for "  # line 2 of every shim shim/launcher.py renders
-UNIT_MARK="# Written by rdmanet's install.sh"  # line 1 of the units rdmanet/systemd_units.py renders
+SHIM_MARK="# rdmanet CNI shim for "  # line 2 of every shim rdmanet/node/launcher.py renders
+UNIT_MARK="# Written by rdmanet's install.sh"  # line 1 of the units rdmanet/cli/systemd_units.py renders
 UNITS="rdmanet.socket rdmanet.service"
 
 usage() {
@@ -29,9 +29,9 @@ Host mode (default): from this checkout, on Debian 12.
     `rdmanet daemon` on --socket when it runs, and otherwise runs the plugin in-process from the
     venv, with the same output. Each is written by write + rename and checked to answer VERSION;
     that first call leaves .<name>.code beside it, the shim's hot path compiled for its
-    interpreter (every shim rewrites it when it does not match: shim/boot.py); the first call that
+    interpreter (every shim rewrites it when it does not match: rdmanet/node/boot.py); the first call that
     runs in-process (a VERSION excepted) leaves .<name>.texts, code it compiled from text
-    (shim/compiled_texts.py).
+    (rdmanet/node/compiled_texts.py).
   - The link --link-dir/rdmanet (default /usr/local/bin/rdmanet).
   - When systemd runs the host (/run/systemd/system exists): the daemon as a socket-activated
     service. /etc/systemd/system/rdmanet.socket listens on --socket (mode 0600, root's; its
@@ -57,7 +57,7 @@ DaemonSet's container (privileged, hostPID; the node's --bin-dir, --conf-dir and
      path (the same inode under --host-root: a --bin-dir whose hostPath is mounted at another path
      is refused, naming both paths) and that it answers VERSION when run the way the node runs it
      (chroot into --host-root, empty environment); that call leaves .<name>.code beside each, the
-     shim's hot path compiled by the node's python3 (shim/boot.py).
+     shim's hot path compiled by the node's python3 (rdmanet/node/boot.py).
   3. Writes CONF_DIR/rdmanet.d/rdmanet.kubeconfig (mode 0600, directory 0700) for lease-ipam's
      Kubernetes store, from the pod's service account (the token; ca.crt, copied to
      CONF_DIR/rdmanet.d/ca.crt; the namespace, as the context's namespace) and the API server
@@ -283,13 +283,13 @@ fi
 
 # ------------------------------------------------------------------------------------ helpers
 
-is_rdmanet_shim() {  # is_rdmanet_shim PATH: a regular file rendered by shim/launcher.py
+is_rdmanet_shim() {  # is_rdmanet_shim PATH: a regular file rendered by rdmanet/node/launcher.py
     [ -f "$1" ] && [ ! -L "$1" ] && [ "$(sed -n 2p "$1" 2>/dev/null | cut -c1-${#SHIM_MARK})" = "$SHIM_MARK" ]
 }
 
 remove_beside_shim() {  # remove_beside_shim PATH: what is ours beside a shim, whoever owns PATH now:
-    # temporaries a crash left, .<name>.code (the hot path the shim compiled: shim/boot.py) and
-    # .<name>.texts (code its in-process calls compiled from text: shim/compiled_texts.py)
+    # temporaries a crash left, .<name>.code (the hot path the shim compiled: rdmanet/node/boot.py) and
+    # .<name>.texts (code its in-process calls compiled from text: rdmanet/node/compiled_texts.py)
     rm -f "$(dirname "$1")/.$(basename "$1")".*.tmp "$(dirname "$1")/.$(basename "$1").code" "$(dirname "$1")/.$(basename "$1").texts"
 }
 
@@ -313,7 +313,7 @@ is_unit_path() {  # is_unit_path PATH: where install.sh puts one of its units (u
     esac
 }
 
-is_rdmanet_unit() {  # is_rdmanet_unit PATH: a unit file rdmanet/systemd_units.py wrote
+is_rdmanet_unit() {  # is_rdmanet_unit PATH: a unit file rdmanet/cli/systemd_units.py wrote
     is_unit_path "$1" && [ -f "$1" ] && [ ! -L "$1" ] && [ "$(head -n 1 "$1" 2>/dev/null | cut -c1-${#UNIT_MARK})" = "$UNIT_MARK" ]
 }
 
@@ -339,7 +339,7 @@ host_systemd() {  # host_systemd MANIFEST: the socket-activated daemon (units li
     if is_rdmanet_unit "${root%/}/etc/systemd/system/rdmanet.socket"; then  # an earlier install's socket path
         listened=$(sed -n 's/^ListenStream=//p' "${root%/}/etc/systemd/system/rdmanet.socket")
     fi
-    out=$("$PREFIX/bin/python" -I -m rdmanet.systemd_units write "${root%/}/etc/systemd/system" \
+    out=$("$PREFIX/bin/python" -I -m rdmanet.cli.systemd_units write "${root%/}/etc/systemd/system" \
             --rdmanet "$PREFIX/bin/rdmanet" --socket "$SOCKET" 2>&1) || die "$out"
     echo "$out" >> "$manifest"
     if [ "$root" != / ]; then
@@ -450,9 +450,9 @@ host_install() {
         done < "$manifest"
     fi
     for exe in $PLUGINS; do
-        # a stdlib-only shim (shim/launcher.py): forwards to `rdmanet daemon` when it runs, else runs
+        # a stdlib-only shim (rdmanet/node/launcher.py): forwards to `rdmanet daemon` when it runs, else runs
         # the plugin in-process from this venv; written by write + rename
-        "$PREFIX/bin/python" -I -m shim "$BIN_DIR" "$exe" --socket "$SOCKET" >/dev/null
+        "$PREFIX/bin/python" -I -m rdmanet.node "$BIN_DIR" "$exe" --socket "$SOCKET" >/dev/null
         echo "$BIN_DIR/$exe" >> "$manifest.new"
         answer=$(env -i CNI_COMMAND=VERSION "$BIN_DIR/$exe" </dev/null) || true
         case "$answer" in
@@ -493,9 +493,9 @@ kubeconfig() {  # kubeconfig once|loop (loop: in the background, a direct child 
                 "${KUBERNETES_SERVICE_PORT:-}" "$REFRESH" "$$")
     if [ "$1" = loop ]; then
         # a simple command in the background: one fork, then python, whose parent is this process
-        "$PREFIX/bin/python" -I -m rdmanet.sa_kubeconfig loop "${args[@]}" &
+        "$PREFIX/bin/python" -I -m rdmanet.cli.sa_kubeconfig loop "${args[@]}" &
     else
-        "$PREFIX/bin/python" -I -m rdmanet.sa_kubeconfig "$1" "${args[@]}"
+        "$PREFIX/bin/python" -I -m rdmanet.cli.sa_kubeconfig "$1" "${args[@]}"
     fi
 }
 
@@ -506,7 +506,7 @@ daemonset_uninstall() {
     done
     if [ -d "$KUBE_DIR" ]; then
         # The pod's refresh loop takes this lock for each round and writes nothing once the
-        # kubeconfig is gone (rdmanet/sa_kubeconfig.py): holding it here, no round that began
+        # kubeconfig is gone (rdmanet/cli/sa_kubeconfig.py): holding it here, no round that began
         # before this removal can put the files back after it.
         exec {lock}<"$KUBE_DIR"
         flock -x "$lock"
@@ -547,12 +547,12 @@ daemonset_install() {
     say --event host_python "the node's $HOST_PYTHON is Python $version" python "$HOST_PYTHON" version "$version"
 
     # 2. the shims, by write + rename, each checked to be the very file the node runs (same inode
-    #    as HOST_ROOT/BIN_DIR/<shim>: rdmanet/node_view.py) and asked VERSION the way the node runs it
-    out=$(mkdir -p "$BIN_DIR" 2>&1 && "$PREFIX/bin/python" -I -m shim "$BIN_DIR" --daemon-only \
+    #    as HOST_ROOT/BIN_DIR/<shim>: rdmanet/cli/node_view.py) and asked VERSION the way the node runs it
+    out=$(mkdir -p "$BIN_DIR" 2>&1 && "$PREFIX/bin/python" -I -m rdmanet.node "$BIN_DIR" --daemon-only \
             --python "$HOST_PYTHON" --socket "$SOCKET" 2>&1 >/dev/null) \
         || die "cannot write the shims into --bin-dir $BIN_DIR: $out"
     for exe in $PLUGINS; do
-        out=$("$PREFIX/bin/python" -I -m rdmanet.node_view same-file "$BIN_DIR/$exe" "$HOST_ROOT" 2>&1) \
+        out=$("$PREFIX/bin/python" -I -m rdmanet.cli.node_view same-file "$BIN_DIR/$exe" "$HOST_ROOT" 2>&1) \
             || die --event shim_not_on_node "$out"
         answer=$(host_run CNI_COMMAND=VERSION -- "$BIN_DIR/$exe" </dev/null) || true
         case "$answer" in

@@ -5,7 +5,7 @@
 Starts the fake kube-apiserver of ``tests/kube_api_server.py`` in this process (real HTTP on
 127.0.0.1) and 8 worker processes, one per node (``RDMANET_NODE_NAME=bench-node-<i>``). Each
 worker imports the plugin once and runs ``skel.handle(LeaseIPAM(), env, stdin)`` per call, the code
-path of ``python -m ipam`` without the interpreter start. For each pool fill level (empty, 50 %,
+path of ``python -m rdmanet.ipam`` without the interpreter start. For each pool fill level (empty, 50 %,
 95 %) the pool is pre-filled with claims made through the store itself, then for 1 node (worker 0
 alone) and 8 nodes (all workers, released together at one wall-clock instant) a batch of ADDs that
 fits in the free space is measured, then the same attachments are DELed. The same workloads run
@@ -52,9 +52,9 @@ def cni_env(command: str, cid: str, node: str) -> dict:
 # -- worker (one node) ----------------------------------------------------------------------------
 
 def worker(node: str, confs: dict[str, str]) -> None:
-    from cni.core import skel
-    from ipam.kube_config import connect, kube_settings
-    from ipam.plugin import LeaseIPAM, parse_ipam_config
+    from rdmanet.cni.core import skel
+    from rdmanet.ipam.kube_config import connect, kube_settings
+    from rdmanet.ipam.plugin import LeaseIPAM, parse_ipam_config
 
     stdin = {}
     for name, path in confs.items():
@@ -73,8 +73,8 @@ def worker(node: str, confs: dict[str, str]) -> None:
         if cmd["op"] == "quit":
             break
         if cmd["op"] == "cache":  # the daemon's Lease watch cache on or off in this worker
-            from ipam.store import lease_cache
-            from ipam.store.kube import use_watch_cache
+            from rdmanet.ipam.store import lease_cache
+            from rdmanet.ipam.store.kube import use_watch_cache
 
             stats: dict[str, int] = {}
             for inf in lease_cache.informers():
@@ -160,11 +160,11 @@ class Prefill:
     """Claims made through the stores themselves, spread over the pool in a fixed random order."""
 
     def __init__(self, kube_conf: dict, local_conf: dict) -> None:
-        from ipam.config import parse_ipam_config
-        from ipam.kube_config import connect, kube_settings
-        from ipam.location import store_location
-        from ipam.store.kube import ApiClientTransport, KubeStore
-        from ipam.store.local import LocalStore
+        from rdmanet.ipam.config import parse_ipam_config
+        from rdmanet.ipam.kube_config import connect, kube_settings
+        from rdmanet.ipam.location import store_location
+        from rdmanet.ipam.store.kube import ApiClientTransport, KubeStore
+        from rdmanet.ipam.store.local import LocalStore
 
         config = parse_ipam_config(kube_conf)
         self.rs = config.range_sets[0]
@@ -184,7 +184,7 @@ class Prefill:
 
     def to(self, store: str, count: int) -> float:
         """Grow ``store``'s pre-fill to ``count`` claims; returns the seconds it took."""
-        from ipam.store.base import Attachment
+        from rdmanet.ipam.store.base import Attachment
 
         t0 = time.perf_counter()
         for i in range(self.done[store], count):
@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.json else (lambda *a: print(*a, flush=True))
     t_begin = time.perf_counter()
     tmp = tempfile.mkdtemp(prefix="ipam-bench-")
-    policy = os.path.join(tmp, "node-policy.json")  # the node policy (cni.linux.roots): stores, kubeconfig in tmp
+    policy = os.path.join(tmp, "node-policy.json")  # the node policy (rdmanet.cni.linux.roots): stores, kubeconfig in tmp
     with open(policy, "w") as f:
         json.dump({"dataRoots": [tmp], "kubeconfigRoots": [tmp]}, f)
     os.chmod(policy, 0o600)

@@ -3,7 +3,7 @@
 Each simulated node is lease-ipam's real daemon-side store: every verb builds its store with
 ``KubeStore.for_invocation`` (the daemon's path) with the Lease watch cache enabled
 (``use_watch_cache``, as ``rdmanet daemon`` does) and calls ``allocate`` / ``release``. Only the
-connection is simulated: ``ipam.kube_config.connect`` answers an in-process client
+connection is simulated: ``rdmanet.ipam.kube_config.connect`` answers an in-process client
 (``tests/kube_api_server.InProcessApiClient``) under the real ``ApiClientTransport``, so requests
 and answers are real JSON bytes but skip HTTP, and the fake server counts them per node.
 
@@ -105,7 +105,7 @@ class Reasons:
         self._real = None
 
     def install(self) -> None:
-        from ipam.store.kube import KubeStore
+        from rdmanet.ipam.store.kube import KubeStore
 
         real = self._real = KubeStore._call
         reasons = self
@@ -118,7 +118,7 @@ class Reasons:
         KubeStore._call = _call
 
     def uninstall(self) -> None:
-        from ipam.store.kube import KubeStore
+        from rdmanet.ipam.store.kube import KubeStore
 
         if self._real is not None:
             KubeStore._call = self._real
@@ -175,7 +175,7 @@ def network_config(size: int, block_size: Optional[int] = None) -> dict:
 
 def effective_block_size(block_size: Optional[int]) -> int:
     """The IPv4 block size the stores use (the sim's network is IPv4)."""
-    from ipam.store.kube_blocks import DEFAULT_BLOCK_SIZE
+    from rdmanet.ipam.store.kube_blocks import DEFAULT_BLOCK_SIZE
 
     return block_size or DEFAULT_BLOCK_SIZE[4]
 
@@ -280,11 +280,11 @@ class Cluster:
     real = False
 
     def __init__(self, nodes: int, size: int, shared: bool, cache_settings: dict, block_size: Optional[int] = None) -> None:
-        from ipam import kube_config
-        from ipam.config import parse_ipam_config
-        from ipam.kube_config import Connection, KubeSettings
-        from ipam.location import store_location
-        from ipam.store import lease_cache
+        from rdmanet.ipam import kube_config
+        from rdmanet.ipam.config import parse_ipam_config
+        from rdmanet.ipam.kube_config import Connection, KubeSettings
+        from rdmanet.ipam.location import store_location
+        from rdmanet.ipam.store import lease_cache
 
         self.server = RealServer() if self.real else KubeAPIServer(start=False, max_events=20_000)
         if not self.real:
@@ -326,8 +326,8 @@ class Cluster:
         return InProcessApiClient(self.server, name, who=who)
 
     def close(self) -> None:
-        from ipam import kube_config
-        from ipam.store import lease_cache
+        from rdmanet.ipam import kube_config
+        from rdmanet.ipam.store import lease_cache
 
         lease_cache.enable(False)
         kube_config.connect = self._real_connect
@@ -337,7 +337,7 @@ class Cluster:
     # -- verbs -----------------------------------------------------------------------------------
 
     def _store(self, node: str, cid: str) -> Any:
-        from ipam.store.kube import KubeStore
+        from rdmanet.ipam.store.kube import KubeStore
 
         inv = SimpleNamespace(env={"RDMANET_NODE_NAME": node},
                               args={"K8S_POD_NAMESPACE": "sim", "K8S_POD_NAME": cid, "K8S_POD_UID": f"uid-{cid}"},
@@ -345,8 +345,8 @@ class Cluster:
         return KubeStore.for_invocation(self._settings[node], self.domain, inv)
 
     def add(self, node: str, cid: str) -> bool:
-        from cni.core.errors import CNIError
-        from ipam.store.base import Attachment
+        from rdmanet.cni.core.errors import CNIError
+        from rdmanet.ipam.store.base import Attachment
 
         _local.node = node
         try:
@@ -363,8 +363,8 @@ class Cluster:
         return True
 
     def delete(self, node: str, cid: str) -> bool:
-        from cni.core.errors import CNIError
-        from ipam.store.base import Attachment
+        from rdmanet.cni.core.errors import CNIError
+        from rdmanet.ipam.store.base import Attachment
 
         _local.node = node
         try:
@@ -389,7 +389,7 @@ class Cluster:
     # -- informers ---------------------------------------------------------------------------
 
     def informers(self) -> list[Any]:
-        from ipam.store import lease_cache
+        from rdmanet.ipam.store import lease_cache
 
         return lease_cache.informers()
 
@@ -506,13 +506,13 @@ def network_bytes(cl: Cluster) -> int:
 
 def plan_blocks(cl: Cluster, block_size: Optional[int], log: Any) -> dict:
     """``rdmanet ipam plan`` before the ADDs: the nodes are registered at the fake server, the
-    planner (``ipam.block_planner.run_plan``, its requests counted under ``PLANNER``) gives each
+    planner (``rdmanet.ipam.block_planner.run_plan``, its requests counted under ``PLANNER``) gives each
     its share of the free blocks as planned records, and the sim waits until every node's
     informer has seen its own (a real plan runs well before a job). One row: its requests per
     record written, and the watch events its records caused."""
-    from ipam.block_planner import run_plan
-    from ipam.reconcile import KubeAPI, KubeTarget
-    from ipam.store.kube import ApiClientTransport
+    from rdmanet.ipam.block_planner import run_plan
+    from rdmanet.ipam.reconcile import KubeAPI, KubeTarget
+    from rdmanet.ipam.store.kube import ApiClientTransport
 
     for n in cl.nodes:
         cl.server.add_node(n)

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/kube_inproc_bench.py [--calls N] [--json]
 
-The lease-ipam shim of install.sh (written by shim.launcher.write_shim) is exec'd with its daemon
+The lease-ipam shim of install.sh (written by rdmanet.node.launcher.write_shim) is exec'd with its daemon
 socket pointing nowhere, so every call runs the plugin in its own process: interpreter start,
 imports, kubeconfig, one TLS connection, the API requests (ADD: List + create; DEL: List +
 delete). The API server is tests/kube_api_server.py in this process, serving HTTPS with a
@@ -33,8 +33,8 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from kube_api_server import KubeAPIServer  # noqa: E402
-from shim.launcher import write_shim  # noqa: E402
-from shim.testing import plain_site_dir  # noqa: E402
+from rdmanet.node.launcher import write_shim  # noqa: E402
+from rdmanet.node.testing import plain_site_dir  # noqa: E402
 
 TARGET_CPU_MS = 100.0
 NS = "bench"

@@ -18,7 +18,7 @@ Root only (network namespaces, veth pairs). Implementations, interleaved cycle b
 
 Then: 100 concurrent ADDs through the daemon against 100 concurrent Go ADDs, the -X importtime
 breakdown of the shim and of the in-process path, and a soak of a fresh daemon (ADD/DEL cycles
-sent to its socket with shim.launcher.exchange, the request a shim sends) recording RSS, fds,
+sent to its socket with rdmanet.node.launcher.exchange, the request a shim sends) recording RSS, fds,
 threads and netns handles. Verdicts against the targets are printed, never asserted; the exit code
 is 1 only when a call failed. See bench/README.md for the columns and the targets.
 """
@@ -47,8 +47,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from shim.launcher import DaemonLost, NoDaemon, call as daemon_call, write_shim  # noqa: E402  (stdlib only)
-from shim.testing import plain_site_dir  # noqa: E402
+from rdmanet.node.launcher import DaemonLost, NoDaemon, call as daemon_call, write_shim  # noqa: E402  (stdlib only)
+from rdmanet.node.testing import plain_site_dir  # noqa: E402
 
 GO_DIR = "/usr/lib/cni"
 BARE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -89,7 +89,7 @@ class Host:
 
     def __init__(self) -> None:
         self.tmp = tempfile.mkdtemp(prefix=f"{PREFIX}-bench-")
-        # The node policy (cni.linux.roots) the runtime's environment names: stores and
+        # The node policy (rdmanet.cni.linux.roots) the runtime's environment names: stores and
         # host-device-rdma's state under this run's directory.
         policy = os.path.join(self.tmp, "node-policy.json")
         with open(policy, "w") as f:
@@ -122,7 +122,7 @@ class Host:
             ip("link", "set", end, "up")
 
     def daemon(self, socket_path: str, log_path: str):
-        from shim.testing import Daemon
+        from rdmanet.node.testing import Daemon
 
         d = Daemon(socket_path, log_path=log_path)
         self.daemons.append(d)

@@ -159,7 +159,7 @@ def cni_bin() -> Iterator[pathlib.Path]:
             for script in (nt.PLUGIN, "host-device-rdma", "ipoib-rdma", "lease-ipam"):
                 shutil.copy2(venv_bin / script, path / script)
         else:
-            from shim.testing import Daemon, write_shims
+            from rdmanet.node.testing import Daemon, write_shims
 
             socket_path = str(path / "daemon.sock")
             write_shims(path, socket_path, python=str(venv_bin / "python"))
@@ -275,7 +275,7 @@ class CniEnv:
     def __post_init__(self) -> None:
         for d in (self.netconfpath, self.cache_dir, self.host_local_dir, self.data_dir):
             d.mkdir(parents=True, exist_ok=True)
-        # The node policy (cni.linux.roots) the runtime hands the plugins: every root is this
+        # The node policy (rdmanet.cni.linux.roots) the runtime hands the plugins: every root is this
         # test's directory, and host-device-rdma's state lives in hd-state under it.
         self.policy_env = nt.node_policy_env(self.root)
 

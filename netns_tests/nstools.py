@@ -130,7 +130,7 @@ def macvlan_mode(entry: dict) -> Optional[str]:
 
 
 def node_policy_env(root: pathlib.Path) -> dict[str, str]:
-    """Write a node policy (cni.linux.roots) whose every root is ``root``, host-device-rdma's
+    """Write a node policy (rdmanet.cni.linux.roots) whose every root is ``root``, host-device-rdma's
     state in ``root/hd-state``; returns the environment a runtime hands the plugins for it."""
     policy = root / "node-policy.json"
     policy.write_text(json.dumps({
@@ -372,11 +372,11 @@ def lease_ipam_missing() -> Optional[str]:
     import importlib.util
 
     try:
-        spec = importlib.util.find_spec("ipam.__main__")
+        spec = importlib.util.find_spec("rdmanet.ipam.__main__")
     except (ImportError, ValueError):
         spec = None
     if spec is None:
-        return "lease-ipam is not available yet: module ipam.__main__ (console script lease-ipam) does not exist"
+        return "lease-ipam is not available yet: module rdmanet.ipam.__main__ (console script lease-ipam) does not exist"
     return None
 
 

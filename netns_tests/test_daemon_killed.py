@@ -39,8 +39,8 @@ try:
 except ImportError:  # pragma: no cover
     from test_host_device_rdma import ORIGINAL_MAC, assert_restored, nothing_recorded  # type: ignore[no-redef]
 
-from shim.launcher import write_shim
-from shim.testing import Daemon
+from rdmanet.node.launcher import write_shim
+from rdmanet.node.testing import Daemon
 
 SEED = int(os.environ.get("RDMANET_KILL_SEED") or secrets.randbits(32))
 BURST = 12
@@ -58,7 +58,7 @@ def node():
         import sys
         import sysconfig
 
-        from shim.launcher import PLUGINS
+        from rdmanet.node.launcher import PLUGINS
 
         for name in PLUGINS:
             write_shim(str(root / "bin" / name), name, sys.executable,
@@ -70,7 +70,7 @@ def node():
         return daemons[-1]
 
     (root / "bin").mkdir()
-    nt.node_policy_env(root)  # the node policy the calls name (cni.linux.roots): the store under root
+    nt.node_policy_env(root)  # the node policy the calls name (rdmanet.cni.linux.roots): the store under root
     try:
         yield shims, start
     finally:

@@ -60,7 +60,7 @@ from typing import Any
 import pytest
 import yaml
 
-from shim import launcher
+from rdmanet.node import launcher
 
 try:
     from netns_tests import cnitool_client as cc
@@ -455,7 +455,7 @@ def test_the_image_holds_the_locked_venv_and_no_build_inputs(image):
               "$py -c \"import $m\" 2>/dev/null && echo $py:$m; done; done; echo ---; "
               "ls -A /usr/src /usr/src/rdmanet; echo ---; ls -A /run/secrets 2>/dev/null; echo ---; "
               "rdmanet version -o json; echo ---; /opt/rdmanet/bin/python -c 'import kubernetes.client, "
-              "kubernetes.config, kubernetes.watch, pyroute2, pydantic, shim.daemon, ipam.store.kube' && echo imports ok")
+              "kubernetes.config, kubernetes.watch, pyroute2, pydantic, rdmanet.node.daemon, rdmanet.ipam.store.kube' && echo imports ok")
     proc = run("/bin/sh", "-c", script)
     importable, listing, secrets, version, imports = proc.stdout.split("---\n")
     assert importable == "", f"pip/setuptools in the image: {importable}"
@@ -518,7 +518,7 @@ def test_daemonset_pod_serves_a_pod_attach_stops_restarts_and_uninstalls(image, 
         args = dict(zip(ds["spec"]["template"]["spec"]["containers"][0]["args"][::2],
                         ds["spec"]["template"]["spec"]["containers"][0]["args"][1::2]))
         bin_dir, conf_dir, socket_path = (node.path(args[k]) for k in ("--bin-dir", "--conf-dir", "--socket"))
-        # each shim and its hot path compiled by the node's python3 (install.sh's VERSION check: shim/boot.py)
+        # each shim and its hot path compiled by the node's python3 (install.sh's VERSION check: rdmanet/node/boot.py)
         assert sorted(os.listdir(bin_dir)) == sorted([*PLUGINS, *(f".{p}.code" for p in PLUGINS)])
         for plugin in PLUGINS:
             assert (bin_dir / plugin).read_text().startswith(f"#!{args['--host-python']} -IS\n")

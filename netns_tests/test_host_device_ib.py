@@ -31,7 +31,7 @@ except ImportError:  # pragma: no cover
     import ib_trees  # type: ignore[no-redef]
     import nstools as nt  # type: ignore[no-redef]
 
-from cni.core.infiniband import derive_guid, guid_text
+from rdmanet.cni.core.infiniband import derive_guid, guid_text
 
 PLUGIN = "host-device-rdma"
 PF_PCI, VF_PCI = "0000:3b:00.0", "0000:3b:00.2"

@@ -46,8 +46,8 @@ except ImportError:  # pragma: no cover
                                        exec_err, exec_ok, fake_vf, hd, nothing_recorded, prepared, staging_left,
                                        state_dir, state_files)
 
-from cni.host_device_rdma.moves import CRASH_ENV
-from shim.testing import Daemon, write_shims
+from rdmanet.plugins.host_device_rdma.moves import CRASH_ENV
+from rdmanet.node.testing import Daemon, write_shims
 
 PLUGIN = "host-device-rdma"
 SLOW_IPAM = """#!/bin/sh
@@ -543,7 +543,7 @@ def test_a_device_an_earlier_version_left_in_its_staging_netns_comes_home(cni, n
     an upgrade, that attachment's DEL (or repeat ADD) sends the device home as it was and removes
     the staging netns. Built here as such a call left it: the device moved from the pod into a
     netns bind-mounted at the derived path, the path recorded in the state."""
-    from cni.host_device_rdma.plugin import staging_path
+    from rdmanet.plugins.host_device_rdma.plugin import staging_path
 
     ns, fixture = netns(), netns()
     m = master(peer_ns=fixture)
@@ -585,9 +585,9 @@ def test_an_add_whose_caller_went_away_leaves_the_finished_attachment_alone(cni,
     retry's attachment as an earlier ADD to replace (found by the kill-at-random soak through the
     daemon: the pod was left without its device after a successful repeat ADD). Served here in
     this process with a caller that is gone, as the daemon serves it."""
-    from cni.core import deadline as call_deadline
-    from cni.core import skel
-    from cni.host_device_rdma.plugin import HostDeviceRdma
+    from rdmanet.cni.core import deadline as call_deadline
+    from rdmanet.cni.core import skel
+    from rdmanet.plugins.host_device_rdma.plugin import HostDeviceRdma
 
     ns = netns()
     m, _ = prepared(master)

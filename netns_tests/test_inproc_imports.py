@@ -22,13 +22,13 @@ try:
 except ImportError:  # pragma: no cover
     import nstools as nt  # type: ignore[no-redef]
 
-from shim.launcher import write_shim
+from rdmanet.node.launcher import write_shim
 
 # Never on these verbs' in-process paths (see tests/test_plugin_imports.py for the module level).
 NEVER = ("pyroute2.iproute", "pyroute2.netlink.nlsocket", "pyroute2.netlink.rtnl.tcmsg", "pyroute2.netlink.rtnl.marshal",
          "asyncio", "ssl", "unittest", "kubernetes", "urllib3", "yaml", "http.client", "subprocess",
          "importlib.metadata")
-# DEL validates no config and its netlink requests are all plain (cni.linux.rtnl._plain): neither
+# DEL validates no config and its netlink requests are all plain (rdmanet.cni.linux.rtnl._plain): neither
 # pydantic nor pyroute2's request filters (and the iproute2 rt_* file readers they bring).
 NOT_ON_DEL = ("pydantic", "pydantic_core", "annotated_types", "pyroute2.requests", "pyroute2.netlink.rt_files")
 
@@ -83,7 +83,7 @@ def test_add_and_del_import_only_what_they_use(inproc_bin, netns, master, tmp_pa
                                tmp_path)
     assert delete.returncode == 0, delete.stdout
     assert nt.link(ns.name, "net1") is None
-    assert "cni.core.skel" in del_modules
+    assert "rdmanet.cni.core.skel" in del_modules
     assert unwanted(del_modules, NEVER + NOT_ON_DEL) == []
     if plugin == "host-device-rdma":
         assert nt.link(None, m.name) is not None  # back in the host namespace
@@ -91,7 +91,7 @@ def test_add_and_del_import_only_what_they_use(inproc_bin, netns, master, tmp_pa
 
 def test_add_on_a_master_with_an_rdma_device_asks_rdma_netlink_without_asyncio(inproc_bin, netns, master, tmp_path):
     """A master with an RDMA device (fake sysfs): the ADD asks the kernel's RDMA netlink for the
-    netns mode (cni.linux.rdma_netlink, a plain socket; refused on this kernel without the RDMA
+    netns mode (rdmanet.cni.linux.rdma_netlink, a plain socket; refused on this kernel without the RDMA
     core, so "auto" goes on without it) and imports none of pyroute2's socket machinery."""
     ns, m = netns(), master()
     prefix, cidr = nt.random_subnet()
@@ -102,7 +102,7 @@ def test_add_on_a_master_with_an_rdma_device_asks_rdma_netlink_without_asyncio(i
     add, add_modules = call(inproc_bin, "macvlan-rdma", "ADD", conf, ns.path, tmp_path, env)
     assert add.returncode == 0, add.stdout
     assert json.loads(add.stdout)["ips"][0]["address"].startswith(prefix + ".")
-    assert "cni.linux.rdma_netlink" in add_modules
+    assert "rdmanet.cni.linux.rdma_netlink" in add_modules
     assert unwanted(add_modules, NEVER) == []
     delete, _ = call(inproc_bin, "macvlan-rdma", "DEL", dict(conf, prevResult=json.loads(add.stdout)), ns.path,
                      tmp_path, env)
@@ -126,5 +126,5 @@ def test_lease_ipam_local_store_verbs_import_no_api_client(inproc_bin, netns, tm
     delete, del_modules = call(inproc_bin, "lease-ipam", "DEL", conf, ns.path, tmp_path)
     assert delete.returncode == 0, delete.stdout
     assert nt.owners(data) == {}
-    assert "ipam.store.local" in del_modules
+    assert "rdmanet.ipam.store.local" in del_modules
     assert unwanted(del_modules, NEVER + NOT_ON_DEL) == []

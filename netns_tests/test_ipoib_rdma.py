@@ -46,7 +46,7 @@ def ipoib(master=None, ipam=None, **extra) -> dict:
 
 
 def marker(cid: str, ifname: str = "net1", done: bool = True) -> str:
-    """The attachment's IFLA_IFALIAS (cni.linux.attachment_link): ``rdmanet:`` + 32 hex digits of
+    """The attachment's IFLA_IFALIAS (rdmanet.cni.linux.attachment_link): ``rdmanet:`` + 32 hex digits of
     SHA-256 of ``<containerID>/<ifname>``, + `` done`` once ADD finished."""
     return "rdmanet:" + hashlib.sha256(f"{cid}/{ifname}".encode()).hexdigest()[:32] + (" done" if done else "")
 

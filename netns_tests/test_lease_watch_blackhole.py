@@ -1,7 +1,7 @@
 """The node daemon's Lease watch notices a silently dead API server within seconds (issue 17 item 8).
 
 A real network path: the fake API server (tests/kube_api_server.py) runs in its own netns behind
-a veth pair; the daemon's informer (ipam/store/lease_cache.py over the kubernetes client's
+a veth pair; the daemon's informer (rdmanet/ipam/store/lease_cache.py over the kubernetes client's
 transport, as the daemon builds it) watches from the host. Then the path goes dark without a FIN
 or RST (the netns end of the veth is set down: packets are dropped, nothing answers), as in a
 partition or when the API server's host dies. Without keepalive the quiet watch would wait for
@@ -16,9 +16,9 @@ import subprocess
 import sys
 import time
 
-from ipam.store import lease_cache
-from ipam.store.kube import LEASES_PATH
-from ipam.store.kube_transport import KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES, ApiClientTransport
+from rdmanet.ipam.store import lease_cache
+from rdmanet.ipam.store.kube import LEASES_PATH
+from rdmanet.ipam.store.kube_transport import KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES, ApiClientTransport
 
 try:
     from netns_tests import nstools as nt

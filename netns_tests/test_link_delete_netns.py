@@ -1,4 +1,4 @@
-"""cni.linux.link_delete against the real kernel: a deletion the daemon answers at the link's
+"""rdmanet.cni.linux.link_delete against the real kernel: a deletion the daemon answers at the link's
 RTM_DELLINK notification leaves what links.delete leaves (the link gone from its namespace, its
 name free at once) and raises what links.delete raises."""
 
@@ -12,8 +12,8 @@ import pytest
 
 pytest.importorskip("pyroute2")
 
-from cni.core.errors import CNIError  # noqa: E402
-from cni.linux import link_delete, links  # noqa: E402
+from rdmanet.cni.core.errors import CNIError  # noqa: E402
+from rdmanet.cni.linux import link_delete, links  # noqa: E402
 
 try:
     from netns_tests import nstools as nt

@@ -211,7 +211,7 @@ def test_what_a_killed_add_left_is_removed_by_del_or_repeat_add(cni, netns, mast
     the link under the temporary name derived from the attachment, and the link already renamed
     to CNI_IFNAME with the attachment's in-progress marker. DEL removes it (nothing but lo is
     left, the reservation is free); a repeat ADD replaces it and ends as one clean ADD."""
-    from cni.linux import attachment_link as al
+    from rdmanet.cni.linux import attachment_link as al
 
     ns, m = netns(), master()
     prefix, _ = nt.random_subnet()
@@ -235,7 +235,7 @@ def test_what_a_killed_add_left_is_removed_by_del_or_repeat_add(cni, netns, mast
 
 def test_del_leaves_a_macvlan_another_attachment_marked(cni, netns, master):
     """A macvlan under CNI_IFNAME that carries another attachment's marker is not this DEL's."""
-    from cni.linux import attachment_link as al
+    from rdmanet.cni.linux import attachment_link as al
 
     ns, m = netns(), master()
     prefix, _ = nt.random_subnet()

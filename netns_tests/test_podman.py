@@ -203,7 +203,7 @@ class Podman:
         self.rootfs = self.root / "rootfs"
         self.net_dir = self.root / "net.d"
         # Under the default data root: podman's cleanup process (conmon's exit command) runs the
-        # DEL without our environment, so the node policy is the built-in one (cni.linux.roots).
+        # DEL without our environment, so the node policy is the built-in one (rdmanet.cni.linux.roots).
         self.data_dir = pathlib.Path("/var/lib/cni") / f"{self.root.name}-lease-ipam"
         self.networks: list[str] = []
         self.sandboxes: set[str] = set()

@@ -25,8 +25,8 @@ import warnings
 
 import pytest
 
-from cni.linux import rdma_netlink as rn
-from cni.linux.sysfs import pci_address_of_netdev, rdma_devices_for_netdev
+from rdmanet.cni.linux import rdma_netlink as rn
+from rdmanet.cni.linux.sysfs import pci_address_of_netdev, rdma_devices_for_netdev
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="needs root: creates a network namespace and calls setns(2)"

@@ -1,4 +1,4 @@
-"""cni.linux.rtnl.Rtnl answers what pyroute2's IPRoute answers, in a real network namespace: the
+"""rdmanet.cni.linux.rtnl.Rtnl answers what pyroute2's IPRoute answers, in a real network namespace: the
 dumps it serves itself (links, addresses by link and family) and the links it decodes (Link);
 links.find_basics (netdevice ioctls) answers what a netlink lookup answers."""
 
@@ -10,8 +10,8 @@ pytest.importorskip("pyroute2")
 
 from pyroute2.iproute.linux import IPRoute  # noqa: E402
 
-from cni.linux import links, netns as netns_mod  # noqa: E402
-from cni.linux.rtnl import Rtnl  # noqa: E402
+from rdmanet.cni.linux import links, netns as netns_mod  # noqa: E402
+from rdmanet.cni.linux.rtnl import Rtnl  # noqa: E402
 
 try:
     from netns_tests import nstools as nt

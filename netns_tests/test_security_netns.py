@@ -184,7 +184,7 @@ def test_daemon_refuses_a_non_root_peer(cni, netns, master, tmp_path_factory):
     """A shim run by uid 65534, with the socket made reachable (0666, dirs 0711): the daemon
     closes the connection unanswered (SO_PEERCRED), serves nothing, and says so in its log; the
     shim's in-process fallback, as nobody, cannot touch root's store either."""
-    from shim.testing import Daemon, health, write_shims
+    from rdmanet.node.testing import Daemon, health, write_shims
 
     base = pathlib.Path(tempfile.mkdtemp(prefix=f"{nt.PREFIX}-peer-"))
     try:

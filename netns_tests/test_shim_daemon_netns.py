@@ -20,7 +20,7 @@ try:
 except ImportError:  # pragma: no cover
     import nstools as nt  # type: ignore[no-redef]
 
-from shim.testing import Daemon, health, write_shims
+from rdmanet.node.testing import Daemon, health, write_shims
 
 PREFIX = nt.PREFIX
 

@@ -1,6 +1,6 @@
 """macvlan-rdma + lease-ipam through the CNI shims and a socket-activated ``rdmanet daemon`` (root).
 
-systemd is not PID 1 here, so shim.testing.SocketActivation plays its part of install.sh's
+systemd is not PID 1 here, so rdmanet.node.testing.SocketActivation plays its part of install.sh's
 rdmanet.socket + rdmanet.service: it listens on the shims' socket (0600, root's) before any
 daemon runs and starts ``rdmanet daemon`` with that socket passed (fd 3, LISTEN_FDS=1, LISTEN_PID)
 when a call waits. The daemon accepts root only, as installed (no --allow-uid).
@@ -23,7 +23,7 @@ try:
 except ImportError:  # pragma: no cover
     import nstools as nt  # type: ignore[no-redef]
 
-from shim.testing import SocketActivation, health, write_shims
+from rdmanet.node.testing import SocketActivation, health, write_shims
 
 NOBODY = 65534
 

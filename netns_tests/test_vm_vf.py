@@ -1,4 +1,4 @@
-"""SR-IOV VF settings (cni/linux/vf_settings.py) against a real kernel: netdevsim VFs in the test VM.
+"""SR-IOV VF settings (rdmanet/cni/linux/vf_settings.py) against a real kernel: netdevsim VFs in the test VM.
 
 Debian's kernel has no netdevsim, so prepare.sh builds netdevsim.ko out of tree once per kernel;
 in the SAME boot as the rxe checks (vm/shared_boot.py, shared with test_vm_rdma.py) the guest loads

@@ -6,7 +6,7 @@ real kube-apiserver + etcd (tests/kube_real_server.py, one per session, built on
 behind a fault-injecting proxy that gives it the fake's test controls. A test marked
 ``fake_only(reason)`` runs on the fake alone (a control the real server cannot have).
 
-The node policy (cni.linux.roots): the tests put stores, state, log and device-info files in
+The node policy (rdmanet.cni.linux.roots): the tests put stores, state, log and device-info files in
 temporary directories, so the session runs under a policy whose roots are the temporary
 directory besides the built-in ones (``RDMANET_NODE_POLICY``, as a runtime would set it for the
 plugins it runs; child processes inherit it). Tests of the policy itself write their own (``policy_file.write_policy``).
@@ -19,7 +19,7 @@ import tempfile
 
 import pytest
 
-from cni.linux import roots
+from rdmanet.cni.linux import roots
 from kube_real_server import KubeCluster
 from kube_servers import api_server
 from policy_file import write_policy

@@ -72,7 +72,7 @@ The same controls are reachable over HTTP for other processes (not counted):
 In-process access (benchmarks simulating thousands of clients in one process, no HTTP):
 ``handle(method, path, query, body_bytes, client)`` serves one request (a watch answers an
 :class:`InProcessWatch` whose ``lines()`` yield the event lines); :class:`InProcessApiClient`
-puts it under ``ipam.store.kube.ApiClientTransport`` in place of the ``kubernetes`` ApiClient.
+puts it under ``rdmanet.ipam.store.kube.ApiClientTransport`` in place of the ``kubernetes`` ApiClient.
 Bodies are real JSON bytes. ``client_stats()`` counts per client: requests by verb, bytes in and
 out, watch events and bytes delivered (HTTP requests too, under the ``X-Rdmanet-Client`` header,
 else ``http``). In-process watches with the same selectors form one group, indexed by one of the
@@ -747,7 +747,7 @@ class InProcessApiClient:
     """A stand-in for ``kubernetes.client.ApiClient`` that calls :meth:`KubeAPIServer.handle`:
     the request and answer bodies are real JSON bytes (counted per client), but there is no
     HTTP, socket or thread per request. Only ``param_serialize`` and ``call_api`` are provided
-    (what ``ipam.store.kube.ApiClientTransport`` uses). ``client`` names the caller in the
+    (what ``rdmanet.ipam.store.kube.ApiClientTransport`` uses). ``client`` names the caller in the
     server's per-client accounting; ``who``, when given, is called per request and, when it
     answers a name, attributes that request to it instead (a shared connection used by many
     simulated nodes)."""

@@ -14,8 +14,8 @@ import sys
 
 import kubernetes
 
-from shim.launcher import write_shim
-from shim.testing import Daemon
+from rdmanet.node.launcher import write_shim
+from rdmanet.node.testing import Daemon
 
 from kube_real_server import REPO
 from lease_objects import claim_leases

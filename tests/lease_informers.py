@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from ipam.store import lease_cache
+from rdmanet.ipam.store import lease_cache
 
 
 def informer_of(node: str):

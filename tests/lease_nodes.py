@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 
-from cni.core import skel
-from cni.core.errors import POOL_EXHAUSTED
-from ipam.kube_config import connect, kube_settings
-from ipam.location import CLUSTER_DOMAIN
-from ipam.plugin import LeaseIPAM
-from ipam.store.kube import ApiClientTransport, KubeStore
+from rdmanet.cni.core import skel
+from rdmanet.cni.core.errors import POOL_EXHAUSTED
+from rdmanet.ipam.kube_config import connect, kube_settings
+from rdmanet.ipam.location import CLUSTER_DOMAIN
+from rdmanet.ipam.plugin import LeaseIPAM
+from rdmanet.ipam.store.kube import ApiClientTransport, KubeStore
 
 NS = "ipam"
 

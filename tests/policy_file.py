@@ -1,4 +1,4 @@
-"""Writing node policy files (cni.linux.roots) for the unit tests.
+"""Writing node policy files (rdmanet.cni.linux.roots) for the unit tests.
 
 A module of its own rather than part of ``conftest.py``: the whole suite runs ``tests`` and
 ``netns_tests`` in one pytest session, where the name ``conftest`` means whichever conftest was
@@ -21,7 +21,7 @@ def write_policy(path: pathlib.Path, **keys) -> pathlib.Path:
 
 def with_keys(path: pathlib.Path, **keys) -> pathlib.Path:
     """The policy in force (``RDMANET_NODE_POLICY``, else none) with ``keys`` added, written to ``path``."""
-    from cni.linux import roots
+    from rdmanet.cni.linux import roots
 
     current = os.environ.get(roots.POLICY_ENV)
     doc = json.loads(pathlib.Path(current).read_text()) if current else {}

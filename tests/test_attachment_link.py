@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cni.linux import attachment_link as al
+from rdmanet.cni.linux import attachment_link as al
 
 
 def test_temporary_name_is_a_valid_interface_name_derived_from_the_attachment():

@@ -1,4 +1,4 @@
-"""Attachment locks between the daemon's threads (cni.linux.attachment_lock): a second call on the
+"""Attachment locks between the daemon's threads (rdmanet.cni.linux.attachment_lock): a second call on the
 same lock file waits for the first and no longer; a wait ends with CNI error 11 at the deadline."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from cni.core import deadline as call_deadline
-from cni.core.errors import TRY_AGAIN_LATER, CNIError
-from cni.linux import attachment_lock
+from rdmanet.cni.core import deadline as call_deadline
+from rdmanet.cni.core.errors import TRY_AGAIN_LATER, CNIError
+from rdmanet.cni.linux import attachment_lock
 
 
 def test_a_thread_waits_for_the_holder_and_gets_the_lock_when_it_lets_go(tmp_path):

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from cni.core import skel
-from cni.core.args import parse_cni_args
-from cni.core.errors import CNIError
-from cni.core.result import Interface, IPConfig, Result
+from rdmanet.cni.core import skel
+from rdmanet.cni.core.args import parse_cni_args
+from rdmanet.cni.core.errors import CNIError
+from rdmanet.cni.core.result import Interface, IPConfig, Result
 
 BASE_ENV = {
     "CNI_COMMAND": "ADD",

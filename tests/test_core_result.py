@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cni.core.errors import CNIError
-from cni.core.result import Result
+from rdmanet.cni.core.errors import CNIError
+from rdmanet.cni.core.result import Result
 
 GO_040 = {
     "cniVersion": "0.4.0",

@@ -16,14 +16,14 @@ import time
 
 import pytest
 
-from cni.core import deadline as call_deadline
-from cni.core import skel
-from cni.core.errors import CNIError
-from cni.core.invocation import parse_invocation
-from cni.core.ipam_exec import exec_plugin
-from shim import daemon as daemon_mod
-from shim.launcher import call
-from shim.testing import Daemon, health, shim_env
+from rdmanet.cni.core import deadline as call_deadline
+from rdmanet.cni.core import skel
+from rdmanet.cni.core.errors import CNIError
+from rdmanet.cni.core.invocation import parse_invocation
+from rdmanet.cni.core.ipam_exec import exec_plugin
+from rdmanet.node import daemon as daemon_mod
+from rdmanet.node.launcher import call
+from rdmanet.node.testing import Daemon, health, shim_env
 
 BARE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 

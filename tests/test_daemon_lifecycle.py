@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from ipam.plugin import LeaseIPAM
-from shim import daemon as daemon_mod
-from shim.launcher import JSON_PROTOCOL, PROTOCOL, NoDaemon, call, exchange, read_line, unb64
-from shim.testing import Daemon, shim_env
+from rdmanet.ipam.plugin import LeaseIPAM
+from rdmanet.node import daemon as daemon_mod
+from rdmanet.node.launcher import JSON_PROTOCOL, PROTOCOL, NoDaemon, call, exchange, read_line, unb64
+from rdmanet.node.testing import Daemon, shim_env
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_api_server import KubeAPIServer, write_kubeconfig  # noqa: E402

@@ -1,4 +1,4 @@
-"""The daemon's worker pool (shim.workers) and allocator settings (shim.memory): calls one at a
+"""The daemon's worker pool (rdmanet.node.workers) and allocator settings (rdmanet.node.memory): calls one at a
 time stay on one warm thread, a burst gets as many workers as it needs and no more, the waiting
 room is bounded, a stop serves what was accepted; ``rdmanet daemon`` runs without glibc's
 per-thread malloc cache, as the same process."""
@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from shim.testing import Daemon, health, shim_env
-from shim.workers import WorkerPool
+from rdmanet.node.testing import Daemon, health, shim_env
+from rdmanet.node.workers import WorkerPool
 
 
 def wait_for(predicate, what: str, seconds: float = 10.0) -> None:

@@ -28,12 +28,12 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from cni.core.invocation import parse_invocation
-from ipam.config import IPAMConf, parse_ipam_config
-from ipam.kube_config import kube_settings
-from ipam.location import CLUSTER_DOMAIN, uses_kubernetes
-from ipam.store.kube import NODE_ENV
-from rdmanet import cli, ipam_cli
+from rdmanet.cni.core.invocation import parse_invocation
+from rdmanet.ipam.config import IPAMConf, parse_ipam_config
+from rdmanet.ipam.kube_config import kube_settings
+from rdmanet.ipam.location import CLUSTER_DOMAIN, uses_kubernetes
+from rdmanet.ipam.store.kube import NODE_ENV
+from rdmanet.cli import ipam_cli, main as cli
 from lease_objects import claim_leases
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -248,13 +248,13 @@ def invocation_of(config: dict, extra: dict | None = None):
 
 def plugin_model(plugin_type: str):
     if plugin_type == "macvlan-rdma":
-        from cni.macvlan_rdma.config import MacvlanConf, load_conf
+        from rdmanet.plugins.macvlan_rdma.config import MacvlanConf, load_conf
         return MacvlanConf, load_conf
     if plugin_type == "host-device-rdma":
-        from cni.host_device_rdma.config import HostDeviceConf, load_conf
+        from rdmanet.plugins.host_device_rdma.config import HostDeviceConf, load_conf
         return HostDeviceConf, load_conf
     if plugin_type == "ipoib-rdma":
-        from cni.ipoib_rdma.config import IpoibConf, load_conf
+        from rdmanet.plugins.ipoib_rdma.config import IpoibConf, load_conf
         return IpoibConf, load_conf
     raise AssertionError(f"unexpected plugin type {plugin_type!r}")
 
@@ -434,7 +434,7 @@ def test_daemonset_container():
 
 
 def test_install_arguments_are_the_interface():
-    from shim.launcher import DEFAULT_SOCKET, SOCKET_ENV
+    from rdmanet.node.launcher import DEFAULT_SOCKET, SOCKET_ENV
 
     args = install_args()
     assert args == INSTALL_FLAGS  # the shipped manifest spells out the defaults
@@ -466,7 +466,7 @@ def test_host_paths_are_mounted_at_the_same_path():
 def test_the_default_node_policy_roots_are_the_hosts():
     """What the daemon writes under its built-in policy's roots lands on the node, not in the
     container's filesystem (a log_file of lease-ipam, state, the device-info files)."""
-    from cni.linux.roots import NodePolicy
+    from rdmanet.cni.linux.roots import NodePolicy
 
     policy, m = NodePolicy(), mounts()
 
@@ -480,10 +480,10 @@ def test_the_default_node_policy_roots_are_the_hosts():
 
 
 def test_probes_run_the_daemon_health_check(monkeypatch):
-    import shim.daemon
+    import rdmanet.node.daemon
 
     asked = []
-    monkeypatch.setattr(shim.daemon, "check", lambda path: asked.append(path) or 0)
+    monkeypatch.setattr(rdmanet.node.daemon, "check", lambda path: asked.append(path) or 0)
     monkeypatch.setenv("RDMANET_DAEMON_SOCKET", install_args()["--socket"])
     for probe in ("livenessProbe", "readinessProbe"):
         p = container()[probe]
@@ -498,7 +498,7 @@ def test_probes_run_the_daemon_health_check(monkeypatch):
 # --------------------------------------------------------------------------- (c) RBAC
 
 
-LEASE_VERBS_USED = {"get", "list", "create", "update", "delete"}  # ipam/store/kube.py, ipam/reconcile.py
+LEASE_VERBS_USED = {"get", "list", "create", "update", "delete"}  # rdmanet/ipam/store/kube.py, rdmanet/ipam/reconcile.py
 
 
 def test_rbac_grants_leases_in_our_namespace_pod_reads_and_node_lists_only():
@@ -515,7 +515,7 @@ def test_rbac_grants_leases_in_our_namespace_pod_reads_and_node_lists_only():
             assert rule["apiGroups"] == [""] and rule["resources"] in (["pods"], ["nodes"]), f"{rel(path)}: {rule}"
             if rule["resources"] == ["pods"]:
                 assert set(rule["verbs"]) <= {"get", "list"} and "get" in rule["verbs"]
-            else:  # rdmanet ipam plan Lists the nodes (ipam/block_planner.py): nothing more
+            else:  # rdmanet ipam plan Lists the nodes (rdmanet/ipam/block_planner.py): nothing more
                 assert rule["verbs"] == ["list"]
             granted.add((rule["resources"][0], *sorted(rule["verbs"])))
     assert objects("Role") and granted == {("pods", "get", "list"), ("nodes", "list")}
@@ -584,8 +584,8 @@ def test_cronjob_reconciles_every_network_of_its_namespace(tmp_path, monkeypatch
     (the namespace install.sh's node kubeconfig names), here over the fake API server."""
     sys.path.insert(0, str(ROOT / "tests"))
     from kube_api_server import KubeAPIServer, write_kubeconfig
-    from cni.core import skel
-    from ipam.plugin import LeaseIPAM
+    from rdmanet.cni.core import skel
+    from rdmanet.ipam.plugin import LeaseIPAM
 
     with KubeAPIServer() as server:
         kubeconfig = write_kubeconfig(tmp_path / "kc", server.url, namespace=NAMESPACE)

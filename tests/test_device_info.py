@@ -8,8 +8,8 @@ import stat
 
 import pytest
 
-from cni.core.errors import INVALID_CONFIG, IO_FAILURE, CNIError
-from cni.linux.device_info import read_device_info, write_rdma_device_info
+from rdmanet.cni.core.errors import INVALID_CONFIG, IO_FAILURE, CNIError
+from rdmanet.cni.linux.device_info import read_device_info, write_rdma_device_info
 
 # what the SR-IOV device plugin writes and Multus copies (mode 0444) before calling us
 DP_FILE = {

@@ -29,11 +29,11 @@ import time
 
 import pytest
 
-from rdmanet import cli
-from rdmanet.doctor import Options, diagnose, nic_models
-from rdmanet.doctor.findings import render_table
-from rdmanet.doctor.host_facts import ModeReading
-from shim.launcher import write_shim
+from rdmanet.cli import main as cli
+from rdmanet.cli.doctor import Options, diagnose, nic_models
+from rdmanet.cli.doctor.findings import render_table
+from rdmanet.cli.doctor.host_facts import ModeReading
+from rdmanet.node.launcher import write_shim
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_api_server import KubeAPIServer, write_kubeconfig  # noqa: E402
@@ -331,7 +331,7 @@ def test_connectx6dx_host_table(env):
 
 
 def test_sysfs_inventory_lookups(tmp_path):
-    from cni.linux import sysfs
+    from rdmanet.cni.linux import sysfs
 
     t = cx6dx_host(tmp_path)
     sf = f"{PF0}/mlx5_core.sf.4"
@@ -687,7 +687,7 @@ def test_daemon_absent_stale_and_daemon_only_shims(env, tmp_path):
 
 
 def test_daemon_health_from_a_real_daemon(env, tmp_path):
-    from shim.testing import Daemon
+    from rdmanet.node.testing import Daemon
 
     no_rdma_host(env["root"])
     sock = str(tmp_path / "d" / "daemon.sock")
@@ -764,8 +764,8 @@ def test_kubernetes_is_imported_only_for_a_kubernetes_store(env, tmp_path):
     write_conf(env["conf"], "20-local.conf", macvlan_net(data_dir=str(tmp_path / "data")))
     code = (
         "import sys\n"
-        "from rdmanet.doctor import Options, diagnose\n"
-        "from rdmanet.doctor.host_facts import ModeReading\n"
+        "from rdmanet.cli.doctor import Options, diagnose\n"
+        "from rdmanet.cli.doctor.host_facts import ModeReading\n"
         f"r = diagnose(Options(sysfs_root={str(env['root'])!r}, proc_root={str(env['root'])!r}, "
         f"dev_root={str(env['root'])!r}, cni_bin_dir={env['bin']!r}, cni_conf_dir={env['conf']!r}, "
         f"socket={env['socket']!r}, netns_mode_reader=lambda: ModeReading('ok', 'shared')))\n"
@@ -828,7 +828,7 @@ def test_bad_timeout_is_a_usage_error(env, capsys):
 
 
 def test_a_failing_check_is_a_finding_not_a_traceback(env, monkeypatch, capsys):
-    from rdmanet.doctor import host_checks
+    from rdmanet.cli.doctor import host_checks
 
     no_rdma_host(env["root"])
 
@@ -846,7 +846,7 @@ def test_a_failing_check_is_a_finding_not_a_traceback(env, monkeypatch, capsys):
 
 def systemd_root(tmp_path, socket_path=None, running=True):
     """A root for --systemd-root: systemd running (/run/systemd/system), rdmanet.socket when a socket is given."""
-    from rdmanet import systemd_units
+    from rdmanet.cli import systemd_units
 
     root = tmp_path / "sysroot"
     if running:
@@ -857,7 +857,7 @@ def systemd_root(tmp_path, socket_path=None, running=True):
 
 
 def test_daemon_socket_activated_is_healthy_and_says_so(env, tmp_path):
-    from shim.testing import SocketActivation
+    from rdmanet.node.testing import SocketActivation
 
     no_rdma_host(env["root"])
     activation = SocketActivation(env["socket"], allow_uids=[os.getuid()])

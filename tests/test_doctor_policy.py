@@ -1,13 +1,13 @@
 """``rdmanet doctor`` and the node policy: files others may write under the roots, and networks
-whose paths the plugins will refuse or ignore (rdmanet.doctor.policy_checks)."""
+whose paths the plugins will refuse or ignore (rdmanet.cli.doctor.policy_checks)."""
 
 from __future__ import annotations
 
 import os
 
-from cni.linux import roots
-from rdmanet.doctor import policy_checks
-from rdmanet.doctor.cni_checks import NetworkUse
+from rdmanet.cni.linux import roots
+from rdmanet.cli.doctor import policy_checks
+from rdmanet.cli.doctor.cni_checks import NetworkUse
 
 
 def policy_in(tmp_path) -> roots.NodePolicy:
@@ -78,7 +78,7 @@ def test_networks_paths_outside_the_roots(tmp_path):
 def test_doctor_cli_judges_by_the_node_policy_it_is_given(tmp_path, capsys):
     import json
 
-    from rdmanet.cli import main
+    from rdmanet.cli.main import main
 
     root = tmp_path / "roots" / "data"
     (root / "store").mkdir(parents=True)

@@ -21,15 +21,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cni.core import skel
-from cni.core.errors import (ADDRESS_UNAVAILABLE, CHECK_FAILED, DEVICE_BUSY, IPAM_FAILURE, LINK_FAILURE,
+from rdmanet.cni.core import skel
+from rdmanet.cni.core.errors import (ADDRESS_UNAVAILABLE, CHECK_FAILED, DEVICE_BUSY, IPAM_FAILURE, LINK_FAILURE,
                              POOL_EXHAUSTED, RDMA_MISMATCH)
-from cni.host_device_rdma.plugin import HostDeviceRdma
-from cni.ipoib_rdma.plugin import IpoibRdma
-from cni.linux import roots
-from cni.macvlan_rdma.plugin import MacvlanRdma
+from rdmanet.plugins.host_device_rdma.plugin import HostDeviceRdma
+from rdmanet.plugins.ipoib_rdma.plugin import IpoibRdma
+from rdmanet.cni.linux import roots
+from rdmanet.plugins.macvlan_rdma.plugin import MacvlanRdma
 from policy_file import write_policy
-from ipam.plugin import LeaseIPAM
+from rdmanet.ipam.plugin import LeaseIPAM
 
 SPEC_CODES = set(range(1, 12)) | {50, 51}
 RDMANET_CODES = {LINK_FAILURE, RDMA_MISMATCH, POOL_EXHAUSTED, ADDRESS_UNAVAILABLE, IPAM_FAILURE, CHECK_FAILED, DEVICE_BUSY}

@@ -4,11 +4,11 @@ import itertools
 
 import pytest
 
-from cni.core.errors import CNIError
-from cni.core.invocation import Invocation
-from cni.core.rdma_policy import EXCLUSIVE, EXCLUSIVE_MODE_FIX, SHARED, decide_exclusive
-from cni.host_device_rdma.config import DEFAULT_STATE_DIR, effective_mac, load_conf
-from cni.linux import roots
+from rdmanet.cni.core.errors import CNIError
+from rdmanet.cni.core.invocation import Invocation
+from rdmanet.cni.core.rdma_policy import EXCLUSIVE, EXCLUSIVE_MODE_FIX, SHARED, decide_exclusive
+from rdmanet.plugins.host_device_rdma.config import DEFAULT_STATE_DIR, effective_mac, load_conf
+from rdmanet.cni.linux import roots
 from policy_file import write_policy
 
 

@@ -12,8 +12,8 @@ import dataclasses
 
 import pytest
 
-from cni.core.errors import CNIError
-from cni.host_device_rdma.selection import DeviceRef, select_device
+from rdmanet.cni.core.errors import CNIError
+from rdmanet.plugins.host_device_rdma.selection import DeviceRef, select_device
 from test_sysfs import H_BARE, H_PF, build_sriov_host
 
 MACS = {"0c:42:a1:00:00:02": "ens2f0v0", "0c:42:a1:00:00:00": "ens2f0np0"}

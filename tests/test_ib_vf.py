@@ -13,13 +13,13 @@ import sys
 
 import pytest
 
-from cni.core import env
-from cni.core.errors import CNIError
-from cni.core.invocation import parse_invocation
-from cni.host_device_rdma import ib_vf
-from cni.host_device_rdma.config import load_conf
-from cni.host_device_rdma.selection import DeviceRef
-from cni.linux import vf_guid
+from rdmanet.cni.core import env
+from rdmanet.cni.core.errors import CNIError
+from rdmanet.cni.core.invocation import parse_invocation
+from rdmanet.plugins.host_device_rdma import ib_vf
+from rdmanet.plugins.host_device_rdma.config import load_conf
+from rdmanet.plugins.host_device_rdma.selection import DeviceRef
+from rdmanet.cni.linux import vf_guid
 from netns_tests import ib_trees
 
 RTM_NEWLINK = 16

@@ -25,9 +25,9 @@ from typing import Optional
 
 import pytest
 
-from cni.linux import roots
-from shim import launcher
-from shim.testing import health
+from rdmanet.cni.linux import roots
+from rdmanet.node import launcher
+from rdmanet.node.testing import health
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_api_server import KubeAPIServer  # noqa: E402
@@ -39,7 +39,7 @@ INSTALL = ROOT / "install.sh"
 PREFIX = pathlib.Path(sys.prefix)  # this venv: rdmanet is installed in it, as in the image's /opt/rdmanet
 HOST_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 PLUGINS = sorted(launcher.PLUGINS)
-# beside each shim, its hot path compiled by its first exec (install.sh's VERSION check): shim/boot.py
+# beside each shim, its hot path compiled by its first exec (install.sh's VERSION check): rdmanet/node/boot.py
 CODE_FILES = sorted(os.path.basename(launcher.code_path(p)) for p in PLUGINS)
 BARE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 NAMESPACE = "rdmanet-system"
@@ -493,7 +493,7 @@ def test_uninstall_removes_only_what_it_wrote(node):
     node.stop(node.start())
     assert set(os.listdir(node.bin)) == {"bridge", *PLUGINS, *CODE_FILES}
     (node.bin / f".{PLUGINS[0]}.code.1234.abcd1234.tmp").write_bytes(b"")  # a shim killed while writing it
-    (node.bin / f".{PLUGINS[0]}.texts").write_bytes(b"")  # an in-process call's (shim/compiled_texts.py)
+    (node.bin / f".{PLUGINS[0]}.texts").write_bytes(b"")  # an in-process call's (rdmanet/node/compiled_texts.py)
     proc = node.run("--uninstall")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert snapshot(node.bin, node.conf, foreign) == others
@@ -718,13 +718,13 @@ ls -A /etc/systemd/system > {out}/units-after
     assert not prefix.exists()
 
 
-# --------------------------------------------------------------------------- ipam.kube_config's cache
+# --------------------------------------------------------------------------- rdmanet.ipam.kube_config's cache
 
 
 def test_connect_sees_a_same_size_rewrite_within_one_mtime_tick(tmp_path):
     """A token rotated to one of the same length, rewritten with the same mtime (and even in place,
     same inode): connect() must not hand out the client with the old token."""
-    from ipam.kube_config import KubeSettings, connect
+    from rdmanet.ipam.kube_config import KubeSettings, connect
 
     path = tmp_path / "kubeconfig"
 

@@ -1,4 +1,4 @@
-"""ipam.config: whereabouts and host-local forms normalised to range sets; errors name field and fix."""
+"""rdmanet.ipam.config: whereabouts and host-local forms normalised to range sets; errors name field and fix."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import ipaddress
 
 import pytest
 
-from cni.core.errors import INVALID_CONFIG, CNIError
-from ipam.config import parse_ipam_config
-from ipam.location import DEFAULT_DATA_DIR, store_location
+from rdmanet.cni.core.errors import INVALID_CONFIG, CNIError
+from rdmanet.ipam.config import parse_ipam_config
+from rdmanet.ipam.location import DEFAULT_DATA_DIR, store_location
 
 
 def conf(ipam: dict, name: str = "net-a") -> dict:
@@ -108,7 +108,7 @@ def test_network_name_routes_dns_and_whereabouts_keys():
 def test_dns_lists_left_out_are_empty_and_never_shared():
     """dns.nameservers/search/options default to [] (not a factory): every parsed dns block gets
     lists of its own, so one network's DNS never shows in another's in the daemon's process."""
-    from ipam.config import DNSConf
+    from rdmanet.ipam.config import DNSConf
 
     first = DNSConf.model_validate({"domain": "a.example"})
     for name in ("nameservers", "search", "options"):

@@ -1,4 +1,4 @@
-"""ipam.intervals against a brute-force model on small ranges, plus huge-range timing."""
+"""rdmanet.ipam.intervals against a brute-force model on small ranges, plus huge-range timing."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ipam import intervals
-from ipam.ranges import Range, RangeSet
+from rdmanet.ipam import intervals
+from rdmanet.ipam.ranges import Range, RangeSet
 
 import ipaddress
 

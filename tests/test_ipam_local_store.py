@@ -1,4 +1,4 @@
-"""ipam.store.local: layout, modes, idempotency, all-or-nothing, ownership rules, GC, STATUS."""
+"""rdmanet.ipam.store.local: layout, modes, idempotency, all-or-nothing, ownership rules, GC, STATUS."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import stat
 
 import pytest
 
-from cni.core.errors import ADDRESS_UNAVAILABLE, NOT_AVAILABLE, POOL_EXHAUSTED, TRY_AGAIN_LATER, CNIError
-from ipam.config import parse_ipam_config
-from ipam.store.base import Attachment
-from ipam.store.local import LocalStore, index_name
-from ipam.store.files import GARBAGE, read_json
+from rdmanet.cni.core.errors import ADDRESS_UNAVAILABLE, NOT_AVAILABLE, POOL_EXHAUSTED, TRY_AGAIN_LATER, CNIError
+from rdmanet.ipam.config import parse_ipam_config
+from rdmanet.ipam.store.base import Attachment
+from rdmanet.ipam.store.local import LocalStore, index_name
+from rdmanet.ipam.store.files import GARBAGE, read_json
 
 A = Attachment("ctr-a", "net1")
 B = Attachment("ctr-b", "net1")
@@ -236,7 +236,7 @@ def test_flock_threads_exclude_each_other_and_time_out(tmp_path):
     import threading
     import time
 
-    from ipam.store.flock import LockTimeout, exclusive
+    from rdmanet.ipam.store.flock import LockTimeout, exclusive
 
     path = str(tmp_path / "lock")
     inside, overlap = [0], []

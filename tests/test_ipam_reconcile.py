@@ -12,11 +12,11 @@ import sys
 
 import pytest
 
-from cni.core import skel
-from ipam import reconcile
-from ipam.plugin import LeaseIPAM
-from ipam.store.kube import domain_hash
-from rdmanet.cli import main
+from rdmanet.cni.core import skel
+from rdmanet.ipam import reconcile
+from rdmanet.ipam.plugin import LeaseIPAM
+from rdmanet.ipam.store.kube import domain_hash
+from rdmanet.cli.main import main
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_api_server import write_kubeconfig  # noqa: E402

@@ -13,9 +13,9 @@ import struct
 
 import pytest
 
-from cni.core import env
-from cni.core.errors import CNIError
-from cni.core.infiniband import (
+from rdmanet.cni.core import env
+from rdmanet.cni.core.errors import CNIError
+from rdmanet.cni.core.infiniband import (
     connected_capable,
     derive_guid,
     guid_of_hwaddr,
@@ -25,12 +25,12 @@ from cni.core.infiniband import (
     parse_pkey,
     pkey_text,
 )
-from cni.core.invocation import parse_invocation
-from cni.ipoib_rdma import plugin as ipoib_plugin
-from cni.ipoib_rdma.config import load_conf
-from cni.linux import infiniband as ib
-from cni.linux import ipoib
-from cni.linux.links import Link
+from rdmanet.cni.core.invocation import parse_invocation
+from rdmanet.plugins.ipoib_rdma import plugin as ipoib_plugin
+from rdmanet.plugins.ipoib_rdma.config import load_conf
+from rdmanet.cni.linux import infiniband as ib
+from rdmanet.cni.linux import ipoib
+from rdmanet.cni.linux.links import Link
 from netns_tests import ib_trees
 
 RTM_NEWLINK = 16

@@ -1,4 +1,4 @@
-"""The in-process Lease store's standard-library client (ipam.kube_credentials + ipam.store.http_transport)
+"""The in-process Lease store's standard-library client (rdmanet.ipam.kube_credentials + rdmanet.ipam.store.http_transport)
 against the fake API server over real HTTP(S): the kubeconfig's credentials as the official client
 uses them (bearer token, token file, exec plugin, client certificates from files and data, CA file
 and data, insecure-skip-tls-verify, tls-server-name, the context's namespace, in-cluster), and
@@ -17,13 +17,13 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from cni.core import skel
-from cni.linux import roots
-from cni.core.errors import INVALID_CONFIG, IO_FAILURE, TRY_AGAIN_LATER
-from ipam import kube_credentials
-from ipam.kube_config import connect, kube_settings
-from ipam.plugin import LeaseIPAM
-from ipam.store.http_transport import HTTPTransport
+from rdmanet.cni.core import skel
+from rdmanet.cni.linux import roots
+from rdmanet.cni.core.errors import INVALID_CONFIG, IO_FAILURE, TRY_AGAIN_LATER
+from rdmanet.ipam import kube_credentials
+from rdmanet.ipam.kube_config import connect, kube_settings
+from rdmanet.ipam.plugin import LeaseIPAM
+from rdmanet.ipam.store.http_transport import HTTPTransport
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_api_server import KubeAPIServer  # noqa: E402
@@ -82,8 +82,8 @@ def test_add_and_del_with_a_token_in_the_kubeconfig_never_import_the_kubernetes_
         code = textwrap.dedent(f"""
             import json, sys
             sys.path.insert(0, {ROOT!r})
-            from cni.core import skel
-            from ipam.plugin import LeaseIPAM
+            from rdmanet.cni.core import skel
+            from rdmanet.ipam.plugin import LeaseIPAM
             conf = {json.dumps(netconf(path))!r}.encode()
             env = {env("ADD")!r}
             print(json.dumps(skel.handle(LeaseIPAM(), env, conf)))

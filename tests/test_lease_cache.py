@@ -1,7 +1,7 @@
-"""lease-ipam's Lease watch cache (ipam/store/lease_cache.py), as the node daemon uses it.
+"""lease-ipam's Lease watch cache (rdmanet/ipam/store/lease_cache.py), as the node daemon uses it.
 
 Everything runs against the fake API server over real HTTP, with the cache enabled in this
-test process (``use_watch_cache(True)``, as shim/daemon.py does) and stopped after each test.
+test process (``use_watch_cache(True)``, as rdmanet/node/daemon.py does) and stopped after each test.
 "Another process" is a KubeStore without a cache (what the in-process plugin uses), direct
 POST/DELETE requests, or worker processes of test_lease_ipam_kube_race.py. Assertions are on
 request counts and outcomes, never on timing; waits are bounded polls.
@@ -20,15 +20,15 @@ import time
 
 import pytest
 
-from cni.core import skel
-from cni.core.errors import POOL_EXHAUSTED
-from ipam.config import parse_ipam_config
-from ipam.kube_config import connect, kube_settings
-from ipam.location import CLUSTER_DOMAIN
-from ipam.plugin import LeaseIPAM
-from ipam.store import lease_cache
-from ipam.store.base import Attachment
-from ipam.store.kube import (
+from rdmanet.cni.core import skel
+from rdmanet.cni.core.errors import POOL_EXHAUSTED
+from rdmanet.ipam.config import parse_ipam_config
+from rdmanet.ipam.kube_config import connect, kube_settings
+from rdmanet.ipam.location import CLUSTER_DOMAIN
+from rdmanet.ipam.plugin import LeaseIPAM
+from rdmanet.ipam.store import lease_cache
+from rdmanet.ipam.store.base import Attachment
+from rdmanet.ipam.store.kube import (
     L_ATTACHMENT,
     L_NODE,
     LEASES_PATH,

@@ -1,4 +1,4 @@
-"""The block index of lease-ipam's watch cache (ipam/store/lease_cache.py) against a fold.
+"""The block index of lease-ipam's watch cache (rdmanet/ipam/store/lease_cache.py) against a fold.
 
 A daemon's ADD looks only at the blocks the cache's index calls open (some address no Lease
 holds) and reads the used addresses within them, instead of every claim of the node (issue 17:
@@ -22,10 +22,10 @@ from bisect import bisect_left, bisect_right
 
 import pytest
 
-from ipam.config import parse_ipam_config
-from ipam.store import lease_cache
-from ipam.store.kube import LEASES_PATH, ApiClientTransport, KubeStore, domain_hash, lease_name, node_selector, parse_lease
-from ipam.store.lease_names import block_id, block_name
+from rdmanet.ipam.config import parse_ipam_config
+from rdmanet.ipam.store import lease_cache
+from rdmanet.ipam.store.kube import LEASES_PATH, ApiClientTransport, KubeStore, domain_hash, lease_name, node_selector, parse_lease
+from rdmanet.ipam.store.lease_names import block_id, block_name
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_api_server import InProcessApiClient, KubeAPIServer, parse_label_selector  # noqa: E402
@@ -237,7 +237,7 @@ def test_the_candidate_is_the_one_a_search_of_every_block_gives(window, monkeypa
     window of them first (``KubeStore._search``, SEARCH_WINDOW open blocks beyond the creates in
     flight), return the address a search over every block of the node (the store before the
     index) returns, for random fills, cursors and creates in flight."""
-    from ipam.store import kube
+    from rdmanet.ipam.store import kube
 
     monkeypatch.setattr(kube, "SEARCH_WINDOW", window)
     conf = {"cniVersion": "1.0.0", "name": "n", "type": "x",

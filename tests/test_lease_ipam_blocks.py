@@ -18,13 +18,13 @@ import time
 
 import pytest
 
-from cni.core.errors import POOL_EXHAUSTED, CNIError
-from ipam.config import parse_ipam_config
-from ipam.kube_config import connect, kube_settings
-from ipam.location import CLUSTER_DOMAIN
-from ipam.store import kube_blocks, lease_cache
-from ipam.store.base import Attachment
-from ipam.store.kube import (
+from rdmanet.cni.core.errors import POOL_EXHAUSTED, CNIError
+from rdmanet.ipam.config import parse_ipam_config
+from rdmanet.ipam.kube_config import connect, kube_settings
+from rdmanet.ipam.location import CLUSTER_DOMAIN
+from rdmanet.ipam.store import kube_blocks, lease_cache
+from rdmanet.ipam.store.base import Attachment
+from rdmanet.ipam.store.kube import (
     L_DOMAIN,
     L_KIND,
     L_NODE,
@@ -34,9 +34,9 @@ from ipam.store.kube import (
     lease_name,
     use_watch_cache,
 )
-from ipam.store.kube_blocks import free_record_body
-from ipam.store.lease_names import L_PLANNED, block_id
-from rdmanet import cli
+from rdmanet.ipam.store.kube_blocks import free_record_body
+from rdmanet.ipam.store.lease_names import L_PLANNED, block_id
+from rdmanet.cli import main as cli
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_api_server import RESOURCES, write_kubeconfig  # noqa: E402
@@ -540,8 +540,8 @@ def test_the_node_gc_releases_a_block_left_empty_by_the_nodes_last_del(server, k
     """The DEL that emptied a block was the node's last call: the daemon's node GC gives the
     block back once two of its runs, ``grace`` apart, found it empty; a block holding a claim
     stays, and another node's block is never touched."""
-    from ipam import node_gc
-    from ipam.reconcile import KubeTarget
+    from rdmanet.ipam import node_gc
+    from rdmanet.ipam.reconcile import KubeTarget
 
     conf = netconf(kubeconfig, "10.9.11.0/24")
     assert add(conf, "a", "node-a") is not None
@@ -602,8 +602,8 @@ def test_a_node_fills_the_blocks_a_plan_gave_it_at_one_request_per_add_and_keeps
 
 
 def test_cni_gc_and_the_node_gc_release_an_empty_acquired_block_but_never_a_planned_one(server, kubeconfig):
-    from ipam import node_gc
-    from ipam.reconcile import KubeTarget
+    from rdmanet.ipam import node_gc
+    from rdmanet.ipam.reconcile import KubeTarget
 
     conf = netconf(kubeconfig, "10.9.41.0/24", block_size=4, block_release_seconds=0)
     plan_blocks(server, conf, "node-a", ["10.9.41.4"])

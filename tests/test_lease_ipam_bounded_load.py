@@ -21,11 +21,11 @@ import time
 
 import pytest
 
-from cni.core import skel
-from ipam.location import CLUSTER_DOMAIN
-from ipam.plugin import LeaseIPAM
-from ipam.store import lease_cache
-from ipam.store.kube import (
+from rdmanet.cni.core import skel
+from rdmanet.ipam.location import CLUSTER_DOMAIN
+from rdmanet.ipam.plugin import LeaseIPAM
+from rdmanet.ipam.store import lease_cache
+from rdmanet.ipam.store.kube import (
     GROUP,
     L_ATTACHMENT,
     L_DOMAIN,
@@ -39,7 +39,7 @@ from ipam.store.kube import (
     lease_name,
     use_watch_cache,
 )
-from ipam.store.base import Attachment
+from rdmanet.ipam.store.base import Attachment
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_api_server import RESOURCES, write_kubeconfig  # noqa: E402
@@ -161,7 +161,7 @@ class CompactAfterFirstPage(Transport):
 def test_an_expired_continue_token_starts_the_list_over(server, kubeconfig, monkeypatch):
     seed_claims(server, 1100, node="node-a")  # the in-process ADD reads its node's objects
     conf = netconf(kubeconfig)
-    from ipam.store import kube as kube_mod
+    from rdmanet.ipam.store import kube as kube_mod
 
     made = []
     orig_for = kube_mod.KubeStore.for_invocation.__func__
@@ -197,7 +197,7 @@ def test_the_reconciler_lists_pods_once_per_namespace_and_writes_only_what_chang
     computed, not timed: the claims' List in pages of 500, one paginated pod List per namespace,
     a GET + PUT per miss recorded, and nothing per claim whose pod is there. At 100,000 claims
     the same arithmetic gives 200 + pod pages + writes (docs/lease-ipam.md)."""
-    from ipam import reconcile
+    from rdmanet.ipam import reconcile
 
     namespaces = ("ns-a", "ns-b", "ns-c", "ns-d")
     made = seed_claims(server, 3000, pod_ns=namespaces, age_seconds=3600)
@@ -225,8 +225,8 @@ def test_the_reconciler_lists_pods_once_per_namespace_and_writes_only_what_chang
 
 @pytest.mark.fake_only("it seeds thousands of claims with backdated creation times and pod UIDs of its own; a real server sets both itself")
 def test_the_node_gc_lists_only_the_pods_bound_to_its_node(server, kubeconfig):
-    from ipam import reconcile
-    from ipam.kube_config import kube_settings
+    from rdmanet.ipam import reconcile
+    from rdmanet.ipam.kube_config import kube_settings
 
     made = seed_claims(server, 600, node="node-a", pod_ns=("ns-a", "ns-b", "ns-c"), age_seconds=3600)
     for ns, cid, _ in made[1:]:
@@ -244,7 +244,7 @@ def test_the_node_gc_lists_only_the_pods_bound_to_its_node(server, kubeconfig):
 
 @pytest.mark.fake_only("it seeds thousands of claims with backdated creation times and pod UIDs of its own; a real server sets both itself")
 def test_the_reconciler_leaves_what_it_could_not_judge_by_its_deadline(server, kubeconfig):
-    from ipam import reconcile
+    from rdmanet.ipam import reconcile
 
     seed_claims(server, 20, age_seconds=3600)
     target = reconcile.KubeTarget.from_config(_reconcile_conf(kubeconfig))
@@ -389,7 +389,7 @@ class PagedDomain(Transport):
                 "spec": {"holderIdentity": f"{cid}/net1", "acquireTime": "2026-01-01T00:00:00.000000Z"}}
 
     def request(self, method, path, query, body, timeout):
-        from ipam.store.kube import Response
+        from rdmanet.ipam.store.kube import Response
 
         if method == "POST":
             doc = json.loads(json.dumps(body))
@@ -422,8 +422,8 @@ def test_an_add_over_a_domain_of_20k_claims_holds_one_page_at_a_time():
     """The in-process ADD's List of a 20,000-claim domain: the client's peak memory stays near one
     page's worth: ~5 MiB (one answer of the whole domain, as main parsed it: ~78 MiB here; ~97 MiB for 10k claims
     in the daemon as reported)."""
-    from ipam.config import parse_ipam_config
-    from ipam.store.kube import KubeStore
+    from rdmanet.ipam.config import parse_ipam_config
+    from rdmanet.ipam.store.kube import KubeStore
 
     count = 20_000
     transport = PagedDomain(count)
@@ -440,7 +440,7 @@ def test_an_add_over_a_domain_of_20k_claims_holds_one_page_at_a_time():
 
 @pytest.mark.fake_only("it seeds thousands of claims with backdated creation times and pod UIDs of its own; a real server sets both itself")
 def test_the_reconcile_command_takes_a_deadline(server, kubeconfig, tmp_path, capsys):
-    from rdmanet.cli import main
+    from rdmanet.cli.main import main
 
     seed_claims(server, 3, age_seconds=3600)
     path = tmp_path / "net.json"

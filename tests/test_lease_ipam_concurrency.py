@@ -14,12 +14,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from cni.core import skel
-from cni.core.errors import POOL_EXHAUSTED
-from ipam.plugin import LeaseIPAM
-from ipam.store.base import Attachment
-from ipam.store.files import GARBAGE, read_json
-from ipam.store.local import CRASH_ENV, CRASH_EXIT_CODE, INDEX_DIR, LocalStore
+from rdmanet.cni.core import skel
+from rdmanet.cni.core.errors import POOL_EXHAUSTED
+from rdmanet.ipam.plugin import LeaseIPAM
+from rdmanet.ipam.store.base import Attachment
+from rdmanet.ipam.store.files import GARBAGE, read_json
+from rdmanet.ipam.store.local import CRASH_ENV, CRASH_EXIT_CODE, INDEX_DIR, LocalStore
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -39,7 +39,7 @@ def spawn(tmp_path, command, conf, cid, extra_env=None):
     conf_file.write_text(json.dumps(conf))
     env = dict(os.environ, PYTHONPATH=ROOT, **cni_env(command, cid), **(extra_env or {}))
     with open(conf_file, "rb") as stdin:
-        return subprocess.Popen([sys.executable, "-m", "ipam"], stdin=stdin, stdout=subprocess.PIPE,
+        return subprocess.Popen([sys.executable, "-m", "rdmanet.ipam"], stdin=stdin, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, env=env, cwd=ROOT)
 
 

@@ -40,14 +40,14 @@ import time
 
 import pytest
 
-from cni.core import skel
-from cni.core.errors import POOL_EXHAUSTED, TRY_AGAIN_LATER
-from ipam.config import parse_ipam_config
-from ipam.plugin import LeaseIPAM
-from ipam.store.base import Attachment
-from ipam.store import kube as kube_store
-from ipam.store import lease_cache
-from ipam.store.kube import use_watch_cache
+from rdmanet.cni.core import skel
+from rdmanet.cni.core.errors import POOL_EXHAUSTED, TRY_AGAIN_LATER
+from rdmanet.ipam.config import parse_ipam_config
+from rdmanet.ipam.plugin import LeaseIPAM
+from rdmanet.ipam.store.base import Attachment
+from rdmanet.ipam.store import kube as kube_store
+from rdmanet.ipam.store import lease_cache
+from rdmanet.ipam.store.kube import use_watch_cache
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_servers import api_server  # noqa: E402
@@ -346,8 +346,8 @@ def settle_and_check(server, ledger, confs, seed, log, free_by):
             code, out, _ = gc(conf, node, valid)
             assert code == 0, f"GC on {node}: {out} {about}"
     else:  # or the reconciler (the CronJob; the daemon's node GC runs the same), by pod UID
-        from ipam import reconcile
-        from ipam.kube_config import kube_settings
+        from rdmanet.ipam import reconcile
+        from rdmanet.ipam.kube_config import kube_settings
 
         for cid in live:
             if POD_UIDS["server"] is None:
@@ -513,8 +513,8 @@ def test_another_node_claims_while_this_nodes_watch_is_broken(server, kubeconfig
 
 def node_b_store(conf):
     """Node B as the in-process plugin runs it: a store without a watch cache (the stdlib transport)."""
-    from ipam.kube_config import connect, kube_settings
-    from ipam.location import CLUSTER_DOMAIN
+    from rdmanet.ipam.kube_config import connect, kube_settings
+    from rdmanet.ipam.location import CLUSTER_DOMAIN
 
     conn = connect(kube_settings(conf), stdlib=True)
     return kube_store.KubeStore(conn.transport(), conn.namespace, CLUSTER_DOMAIN, node="node-b",

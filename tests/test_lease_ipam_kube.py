@@ -16,15 +16,15 @@ import time
 
 import pytest
 
-from cni.core import skel
-from cni.linux import roots
-from cni.core.errors import (ADDRESS_UNAVAILABLE, CHECK_FAILED, INVALID_CONFIG, NOT_AVAILABLE, POOL_EXHAUSTED,
+from rdmanet.cni.core import skel
+from rdmanet.cni.linux import roots
+from rdmanet.cni.core.errors import (ADDRESS_UNAVAILABLE, CHECK_FAILED, INVALID_CONFIG, NOT_AVAILABLE, POOL_EXHAUSTED,
                              TRY_AGAIN_LATER)
-from ipam.kube_config import DEFAULT_NAMESPACE, kube_settings
-from ipam.location import CLUSTER_DOMAIN
-from ipam.plugin import LeaseIPAM
-from ipam.store.http_transport import HTTPTransport
-from ipam.store.kube import ApiClientTransport, block_first, block_id, domain_hash, lease_name
+from rdmanet.ipam.kube_config import DEFAULT_NAMESPACE, kube_settings
+from rdmanet.ipam.location import CLUSTER_DOMAIN
+from rdmanet.ipam.plugin import LeaseIPAM
+from rdmanet.ipam.store.http_transport import HTTPTransport
+from rdmanet.ipam.store.kube import ApiClientTransport, block_first, block_id, domain_hash, lease_name
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_api_server import KubeAPIServer, write_kubeconfig  # noqa: E402
@@ -161,7 +161,7 @@ def test_dual_stack_ipv6_64_and_check(server, kubeconfig):
 
 def ApiClientTransport_request(server, kubeconfig, method, name=None, body=None):
     """A raw request by a second client (as another node or an admin would make)."""
-    from ipam.kube_config import connect
+    from rdmanet.ipam.kube_config import connect
 
     conn = connect(kube_settings(netconf(kubeconfig)))
     path = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases" + (f"/{name}" if name else "")
@@ -431,7 +431,7 @@ def test_status_counts_free_and_reports_full(server, kubeconfig):
 # -- config and imports ----------------------------------------------------------------------------
 
 def test_namespace_resolution(server, tmp_path):
-    from ipam.kube_config import connect
+    from rdmanet.ipam.kube_config import connect
 
     explicit = write_kubeconfig(tmp_path / "a", server.url, namespace="ctx-ns")
     assert connect(kube_settings(netconf(explicit))).namespace == "ctx-ns"
@@ -499,8 +499,8 @@ def test_k8s_api_root_elsewhere_never_receives_the_credentials(server, tmp_path)
 def test_local_store_never_imports_kubernetes(tmp_path):
     script = (
         "import json, sys\n"
-        "from cni.core import skel\n"
-        "from ipam.plugin import LeaseIPAM\n"
+        "from rdmanet.cni.core import skel\n"
+        "from rdmanet.ipam.plugin import LeaseIPAM\n"
         f"conf = {{'cniVersion': '1.1.0', 'name': 'n', 'type': 'x', 'ipam': {{'type': 'lease-ipam', 'range': '10.0.0.0/24', 'dataDir': '{tmp_path}'}}}}\n"
         "for cmd in ('ADD', 'CHECK', 'STATUS', 'DEL'):\n"
         "    e = {'CNI_COMMAND': cmd, 'CNI_CONTAINERID': 'c', 'CNI_NETNS': '/x', 'CNI_IFNAME': 'eth1', 'CNI_PATH': '/o'}\n"
@@ -519,7 +519,7 @@ def test_exec_through_python_m_ipam(server, kubeconfig, tmp_path):
     conf_file.write_text(json.dumps(netconf(kubeconfig)))
     e = dict(os.environ, PYTHONPATH=ROOT, **env("ADD"))
     with open(conf_file, "rb") as stdin:
-        out = subprocess.run([sys.executable, "-m", "ipam"], stdin=stdin, capture_output=True, env=e, cwd=ROOT, timeout=60)
+        out = subprocess.run([sys.executable, "-m", "rdmanet.ipam"], stdin=stdin, capture_output=True, env=e, cwd=ROOT, timeout=60)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["ips"][0]["address"].startswith("10.0.0.")
     assert counts(server) == {"list leases": 1, "create leases": 1}  # the claim, which records the node's block

@@ -1,7 +1,7 @@
 """8 OS processes acting as 8 nodes race for one /24 through the Kubernetes Lease store.
 
 Each process imports the plugin once and runs its ADDs through ``skel.handle`` (the code path of
-``python -m ipam`` without 400 interpreter starts). Run as a script, this file is that worker:
+``python -m rdmanet.ipam`` without 400 interpreter starts). Run as a script, this file is that worker:
 ``python tests/test_lease_ipam_kube_race.py <conf.json> <node> <count>``; it prints ``ready``,
 waits for a line on stdin, runs the ADDs, prints their outcomes as one JSON line, waits for a
 second line, DELs its successes and prints those outcomes.
@@ -29,9 +29,9 @@ def _env(command, cid, node):
 
 
 def worker(conf_path: str, node: str, count: int) -> None:
-    from cni.core import skel
-    from ipam.kube_config import connect, kube_settings
-    from ipam.plugin import LeaseIPAM
+    from rdmanet.cni.core import skel
+    from rdmanet.ipam.kube_config import connect, kube_settings
+    from rdmanet.ipam.plugin import LeaseIPAM
 
     stdin = json.load(open(conf_path))
     conf = json.dumps(stdin).encode()
@@ -60,7 +60,7 @@ def test_8_nodes_race_for_a_24(tmp_path):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from kube_api_server import KubeAPIServer, write_kubeconfig
 
-    from cni.core.errors import POOL_EXHAUSTED
+    from rdmanet.cni.core.errors import POOL_EXHAUSTED
 
     server = KubeAPIServer()
     try:

@@ -19,12 +19,12 @@ import time
 
 import pytest
 
-from cni.core import skel
-from ipam.plugin import LeaseIPAM
-from shim import del_journal
-from shim.daemon import parse_binary
-from shim.launcher import journal_del, journal_path, write_shim
-from shim.testing import Daemon, ScriptedDaemon
+from rdmanet.cni.core import skel
+from rdmanet.ipam.plugin import LeaseIPAM
+from rdmanet.node import del_journal
+from rdmanet.node.daemon import parse_binary
+from rdmanet.node.launcher import journal_del, journal_path, write_shim
+from rdmanet.node.testing import Daemon, ScriptedDaemon
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_api_server import write_kubeconfig  # noqa: E402

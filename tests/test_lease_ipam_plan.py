@@ -1,7 +1,7 @@
 """``rdmanet ipam plan`` (issue 17): blocks handed to nodes before the ADDs, so that a node finds
 its space without spending requests (docs/lease-ipam.md "Planned blocks").
 
-The pure plan (:mod:`ipam.block_plan`) on real range sets; the runner (:mod:`ipam.block_planner`)
+The pure plan (:mod:`rdmanet.ipam.block_plan`) on real range sets; the runner (:mod:`rdmanet.ipam.block_planner`)
 and the CLI against the fake API server over HTTP, and the node daemons' ADDs through the real
 store landing in their planned blocks.
 """
@@ -16,17 +16,17 @@ import sys
 
 import pytest
 
-from cni.core.errors import INVALID_CONFIG, CNIError
-from ipam import block_planner
-from ipam.block_plan import PlanError, Record, block_sets, make_plan
-from ipam.config import parse_ipam_config
-from ipam.location import CLUSTER_DOMAIN
-from ipam.reconcile import KubeTarget
-from ipam.store.base import Attachment
-from ipam.store.kube import L_DOMAIN, L_NODE, ApiClientTransport, domain_hash, lease_name, use_watch_cache
-from ipam.store.kube_blocks import free_record_body
-from ipam.store.lease_names import L_PLANNED
-from rdmanet.cli import main
+from rdmanet.cni.core.errors import INVALID_CONFIG, CNIError
+from rdmanet.ipam import block_planner
+from rdmanet.ipam.block_plan import PlanError, Record, block_sets, make_plan
+from rdmanet.ipam.config import parse_ipam_config
+from rdmanet.ipam.location import CLUSTER_DOMAIN
+from rdmanet.ipam.reconcile import KubeTarget
+from rdmanet.ipam.store.base import Attachment
+from rdmanet.ipam.store.kube import L_DOMAIN, L_NODE, ApiClientTransport, domain_hash, lease_name, use_watch_cache
+from rdmanet.ipam.store.kube_blocks import free_record_body
+from rdmanet.ipam.store.lease_names import L_PLANNED
+from rdmanet.cli.main import main
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_api_server import RESOURCES, write_kubeconfig  # noqa: E402
@@ -289,7 +289,7 @@ def test_the_node_selector_picks_the_nodes_and_a_plan_for_no_node_is_refused(ser
 
 
 def test_nodes_and_records_are_listed_page_by_page(server, kubeconfig, monkeypatch):
-    from ipam import reconcile
+    from rdmanet.ipam import reconcile
 
     monkeypatch.setattr(reconcile, "LIST_PAGE", 2)
     for i in range(5):
@@ -310,7 +310,7 @@ def test_the_runner_entry_point_takes_any_api_client(server, kubeconfig):
     server's in-process client, its requests counted under the client's name)."""
     from kube_api_server import InProcessApiClient
 
-    from ipam.reconcile import KubeAPI
+    from rdmanet.ipam.reconcile import KubeAPI
 
     server.add_node("node-a")
     conf = netconf(kubeconfig, block_size=4)

@@ -1,4 +1,4 @@
-"""lease-ipam through cni.core.skel.handle and as a real ``python -m ipam`` exec."""
+"""lease-ipam through rdmanet.cni.core.skel.handle and as a real ``python -m rdmanet.ipam`` exec."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from cni.core import skel
-from cni.core.errors import (ADDRESS_UNAVAILABLE, CHECK_FAILED, INVALID_CONFIG, NOT_AVAILABLE, POOL_EXHAUSTED)
-from ipam.plugin import LeaseIPAM
+from rdmanet.cni.core import skel
+from rdmanet.cni.core.errors import (ADDRESS_UNAVAILABLE, CHECK_FAILED, INVALID_CONFIG, NOT_AVAILABLE, POOL_EXHAUSTED)
+from rdmanet.ipam.plugin import LeaseIPAM
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -270,7 +270,7 @@ def test_log_settings_belong_to_their_call(tmp_path):
 
 def run(command, conf, extra_env=None, **kw):
     e = dict(os.environ, **env(command, **kw), PYTHONPATH=ROOT, **(extra_env or {}))
-    proc = subprocess.run([sys.executable, "-m", "ipam"], input=json.dumps(conf).encode(), env=e,
+    proc = subprocess.run([sys.executable, "-m", "rdmanet.ipam"], input=json.dumps(conf).encode(), env=e,
                           capture_output=True, cwd=ROOT, timeout=60)
     return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else None, proc.stderr.decode()
 
@@ -296,5 +296,5 @@ def test_exec_error_json_on_stdout(tmp_path):
 
 def test_exec_version():
     e = dict(os.environ, CNI_COMMAND="VERSION", PYTHONPATH=ROOT)
-    proc = subprocess.run([sys.executable, "-m", "ipam"], env=e, capture_output=True, cwd=ROOT, stdin=subprocess.DEVNULL)
+    proc = subprocess.run([sys.executable, "-m", "rdmanet.ipam"], env=e, capture_output=True, cwd=ROOT, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0 and "1.1.0" in json.loads(proc.stdout)["supportedVersions"]

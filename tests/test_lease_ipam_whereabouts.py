@@ -18,10 +18,10 @@ import sys
 
 import pytest
 
-from cni.core import skel
-from cni.core.errors import INVALID_CONFIG
-from ipam import location
-from ipam.plugin import LeaseIPAM
+from rdmanet.cni.core import skel
+from rdmanet.cni.core.errors import INVALID_CONFIG
+from rdmanet.ipam import location
+from rdmanet.ipam.plugin import LeaseIPAM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_api_server import write_kubeconfig  # noqa: E402

@@ -1,4 +1,4 @@
-"""Bounded work per call (cni.core.limits): a NAD cannot make a plugin, or the daemon, hang or grow."""
+"""Bounded work per call (rdmanet.cni.core.limits): a NAD cannot make a plugin, or the daemon, hang or grow."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from cni.core import limits, skel
-from ipam.plugin import LeaseIPAM
+from rdmanet.cni.core import limits, skel
+from rdmanet.ipam.plugin import LeaseIPAM
 
 ENV = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/var/run/netns/x", "CNI_IFNAME": "net1",
        "CNI_PATH": "/opt/cni/bin"}

@@ -2,10 +2,10 @@
 
 import pytest
 
-from cni.core.errors import CNIError
-from cni.core.invocation import Invocation
-from cni.core.rdma_policy import decide_shared
-from cni.macvlan_rdma.config import effective_mac, load_conf
+from rdmanet.cni.core.errors import CNIError
+from rdmanet.cni.core.invocation import Invocation
+from rdmanet.cni.core.rdma_policy import decide_shared
+from rdmanet.plugins.macvlan_rdma.config import effective_mac, load_conf
 
 
 def inv(config=None, args=None):

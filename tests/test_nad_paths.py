@@ -1,6 +1,6 @@
 """A NAD is tenant input: every path and credential it names stays inside the node's roots.
 
-Each test runs a plugin as a runtime would (cni.core.skel.handle with the call's env and stdin)
+Each test runs a plugin as a runtime would (rdmanet.cni.core.skel.handle with the call's env and stdin)
 under a node policy whose roots are ``root/`` of a temporary tree, and tries what a tenant can
 write in a NAD: paths outside, symlinks planted inside, another namespace. It checks what a user
 sees (the CNI error: code, key, path, allowed root) and that nothing outside the roots changed.
@@ -15,11 +15,11 @@ import stat
 
 import pytest
 
-from cni.core import skel
-from cni.linux import roots
+from rdmanet.cni.core import skel
+from rdmanet.cni.linux import roots
 from policy_file import write_policy
 from lease_objects import claim_leases
-from ipam.plugin import LeaseIPAM
+from rdmanet.ipam.plugin import LeaseIPAM
 
 
 def mode_of(path) -> int:
@@ -156,8 +156,8 @@ def test_lease_namespace_is_limited_by_the_node_owner(tree, tmp_path):
 
 
 def test_device_info_file_only_under_the_device_info_dir(tree):
-    from cni.core import env as request_env
-    from cni.linux.device_info import check_path, write_rdma_device_info
+    from rdmanet.cni.core import env as request_env
+    from rdmanet.cni.linux.device_info import check_path, write_rdma_device_info
 
     root, outside, victim, penv = tree
     with request_env.scoped(penv):
@@ -182,7 +182,7 @@ def test_device_info_file_only_under_the_device_info_dir(tree):
 
 
 def test_macvlan_add_refuses_a_device_info_path_outside_before_touching_anything(tree):
-    from cni.macvlan_rdma.plugin import MacvlanRdma
+    from rdmanet.plugins.macvlan_rdma.plugin import MacvlanRdma
 
     _, outside, _, penv = tree
     conf = {"cniVersion": "1.0.0", "name": "n", "type": "macvlan-rdma", "master": "rdt-nonexist0",
@@ -193,7 +193,7 @@ def test_macvlan_add_refuses_a_device_info_path_outside_before_touching_anything
 
 
 def test_ipoib_add_refuses_a_device_info_path_outside_before_touching_anything(tree):
-    from cni.ipoib_rdma.plugin import IpoibRdma
+    from rdmanet.plugins.ipoib_rdma.plugin import IpoibRdma
 
     _, outside, _, penv = tree
     conf = {"cniVersion": "1.0.0", "name": "n", "type": "ipoib-rdma", "master": "rdt-nonexist0",
@@ -204,7 +204,7 @@ def test_ipoib_add_refuses_a_device_info_path_outside_before_touching_anything(t
 
 
 def test_host_device_add_refuses_a_state_dir_and_device_info_path_from_the_nad(tree):
-    from cni.host_device_rdma.plugin import HostDeviceRdma
+    from rdmanet.plugins.host_device_rdma.plugin import HostDeviceRdma
 
     root, outside, _, penv = tree
     conf = {"cniVersion": "1.0.0", "name": "n", "type": "host-device-rdma", "device": "rdt-nonexist0",
@@ -228,8 +228,8 @@ def test_example_nads_and_a_whereabouts_nad_pass_the_default_roots():
 
     import yaml
 
-    from rdmanet.doctor import policy_checks
-    from rdmanet.doctor.cni_checks import network_uses
+    from rdmanet.cli.doctor import policy_checks
+    from rdmanet.cli.doctor.cni_checks import network_uses
 
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     nads = 0
@@ -255,8 +255,8 @@ def test_example_nads_and_a_whereabouts_nad_pass_the_default_roots():
 def test_daemon_logs_an_ignored_log_file_on_its_own_log(tree, tmp_path):
     """In the daemon the warning reaches the node owner: the daemon's own log (JSON events),
     whatever log level the call asked for."""
-    from shim.launcher import call as daemon_call
-    from shim.testing import Daemon
+    from rdmanet.node.launcher import call as daemon_call
+    from rdmanet.node.testing import Daemon
 
     root, outside, _, penv = tree
     d = Daemon(str(tmp_path / "run" / "daemon.sock"), allow_uids=[os.getuid()])

@@ -9,8 +9,8 @@ import sysconfig
 
 import pytest
 
-from cni.core import ipam_exec
-from cni.core.invocation import parse_invocation
+from rdmanet.cni.core import ipam_exec
+from rdmanet.cni.core.invocation import parse_invocation
 
 SITE = sysconfig.get_path("purelib")
 
@@ -23,7 +23,7 @@ def _run(code: str) -> str:
 
 
 # What pyroute2's IPRoute brings along (its asyncio core, ssl, multiprocessing's pickling, the
-# unittest.mock of its ipmock, every tc plugin): cni.linux.rtnl uses pyroute2's message classes and
+# unittest.mock of its ipmock, every tc plugin): rdmanet.cni.linux.rtnl uses pyroute2's message classes and
 # request filters without it. A plugin's verbs open an IPRoute only for requests Rtnl does not serve.
 IPROUTE_MACHINERY = ("pyroute2.iproute", "pyroute2.netlink.nlsocket", "pyroute2.netlink.rtnl.tcmsg",
                      "pyroute2.netlink.rtnl.marshal", "asyncio", "ssl", "unittest")
@@ -31,7 +31,7 @@ IPROUTE_MACHINERY = ("pyroute2.iproute", "pyroute2.netlink.nlsocket", "pyroute2.
 
 def test_plugins_import_only_the_pyroute2_parts_they_use():
     out = _run(
-        "import cni.macvlan_rdma.plugin, cni.host_device_rdma.plugin, cni.ipoib_rdma.plugin, ipam.plugin\n"
+        "import rdmanet.plugins.macvlan_rdma.plugin, rdmanet.plugins.host_device_rdma.plugin, rdmanet.plugins.ipoib_rdma.plugin, rdmanet.ipam.plugin\n"
         "heavy = ('ndb', 'ipdb', 'conntrack', 'nftables', 'ipset', 'ipvs', 'nslink', 'plan9')\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pyroute2' and m.split('.')[1:2] and m.split('.')[1] in heavy))\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'kubernetes'))\n"
@@ -45,7 +45,7 @@ def test_rdma_netlink_imports_and_asks_without_the_socket_machinery():
     host-device-rdma ADD does) loads no asyncio nor pyroute2's socket classes: the answer is
     whatever this kernel says (None without the RDMA core)."""
     out = _run(
-        "from cni.linux import rdma_netlink\n"
+        "from rdmanet.cni.linux import rdma_netlink\n"
         "print(rdma_netlink.netns_mode() in (None, 'shared', 'exclusive'))\n"
         f"print(sorted(m for m in sys.modules if any(m == p or m.startswith(p + '.') for p in {IPROUTE_MACHINERY!r})))\n"
     )
@@ -54,7 +54,7 @@ def test_rdma_netlink_imports_and_asks_without_the_socket_machinery():
 
 def test_pyroute2_package_names_still_work_after_the_partial_import():
     out = _run(
-        "import cni.linux.links\n"
+        "import rdmanet.cni.linux.links\n"
         "from pyroute2 import IPRoute, NDB\n"
         "import pyroute2\n"
         "print(IPRoute.__module__, NDB.__module__, pyroute2.__version__ != 'unknown')\n"
@@ -107,8 +107,8 @@ def _lease_ipam_modules(tmp_path, verbs: tuple[str, ...], roots: tuple[str, ...]
                                 "dataDir": str(tmp_path / "data")}})
     out = _run(
         "import json\n"
-        "from cni.core import skel\n"
-        "from ipam.plugin import LeaseIPAM\n"
+        "from rdmanet.cni.core import skel\n"
+        "from rdmanet.ipam.plugin import LeaseIPAM\n"
         f"env = {{'CNI_CONTAINERID': 'c1', 'CNI_NETNS': '/run/netns/x', 'CNI_IFNAME': 'net1', 'CNI_PATH': '/nowhere'}}\n"
         f"for verb in {verbs!r}:\n"
         "    env['CNI_COMMAND'] = verb\n"
@@ -132,13 +132,13 @@ def test_local_store_verbs_import_no_api_client(tmp_path):
 
 
 def test_local_store_del_imports_no_config_models(tmp_path):
-    """DEL reads the ipam block without pydantic (ipam.location): a DEL pays no model building."""
+    """DEL reads the ipam block without pydantic (rdmanet.ipam.location): a DEL pays no model building."""
     answers, modules = _lease_ipam_modules(tmp_path, ("DEL",), ("pydantic", "pydantic_core", "netaddr",
                                                                  *NOT_FOR_THE_LOCAL_STORE))
     assert answers == ["[0, null]"] and modules == []
 
 
-@pytest.mark.parametrize("plugin", ["cni.macvlan_rdma.plugin:MacvlanRdma", "cni.host_device_rdma.plugin:HostDeviceRdma"])
+@pytest.mark.parametrize("plugin", ["rdmanet.plugins.macvlan_rdma.plugin:MacvlanRdma", "rdmanet.plugins.host_device_rdma.plugin:HostDeviceRdma"])
 def test_plugin_del_builds_no_config_models(tmp_path, plugin):
     """DEL needs the IPAM's type and what ADD recorded, not the config's models: no pydantic."""
     (tmp_path / "bin").mkdir()
@@ -151,7 +151,7 @@ def test_plugin_del_builds_no_config_models(tmp_path, plugin):
            "CNI_PATH": str(tmp_path / "bin")}
     out = _run(
         "import json\n"
-        "from cni.core import skel\n"
+        "from rdmanet.cni.core import skel\n"
         f"from {module} import {cls}\n"
         f"print(json.dumps(skel.handle({cls}(), {env!r}, {conf!r}.encode())))\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pydantic', 'pydantic_core')))\n"
@@ -162,7 +162,7 @@ def test_plugin_del_builds_no_config_models(tmp_path, plugin):
 def test_config_validation_loads_no_pydantic_plugins(tmp_path):
     """pydantic looks up plugins (entry points of group ``pydantic`` of every installed
     distribution) before building a validator, through importlib.metadata (~10-15 ms of CPU per
-    exec'd call). A config validated through cni.core.netconf runs none and imports neither; the
+    exec'd call). A config validated through rdmanet.cni.core.netconf runs none and imports neither; the
     same distribution's plugin is loaded by plain pydantic (the control: the plugin is real)."""
     site = tmp_path / "site"
     (site / "loudplugin-1.0.dist-info").mkdir(parents=True)
@@ -177,7 +177,7 @@ def test_config_validation_loads_no_pydantic_plugins(tmp_path):
     prelude = f"sys.path.insert(0, {str(site)!r})\n"
     ours = _run(
         prelude +
-        "from cni.core import netconf\n"
+        "from rdmanet.cni.core import netconf\n"
         "print(netconf.load(netconf.NetConf, {'name': 'n', 'type': 't'}).name)\n"
         "print(sorted(m for m in sys.modules if m.startswith(('importlib.metadata', 'email', 'zipfile', 'loudplugin'))))\n"
     )

@@ -15,7 +15,7 @@ import threading
 
 import pytest
 
-from cni.linux import rdma_netlink as rn
+from rdmanet.cni.linux import rdma_netlink as rn
 
 NLM_F_REQUEST = 0x1
 NLM_F_MULTI = 0x2

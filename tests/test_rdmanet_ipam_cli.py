@@ -8,10 +8,10 @@ import os
 
 import pytest
 
-from cni.core import skel
-from ipam.plugin import LeaseIPAM
-from rdmanet import ipam_cli
-from rdmanet.cli import main
+from rdmanet.cni.core import skel
+from rdmanet.ipam.plugin import LeaseIPAM
+from rdmanet.cli import ipam_cli
+from rdmanet.cli.main import main
 
 
 def netconf(data_dir, name="net-a", **ipam):
@@ -182,7 +182,7 @@ def _check_ls_as_nobody(tmp_path):
 
 
 def test_read_local_unlocked_matches_store_list(tmp_path):
-    from ipam.store.local import LocalStore
+    from rdmanet.ipam.store.local import LocalStore
 
     data = tmp_path / "data"
     conf = netconf(data, ipRanges=[{"range": "fd00::/120"}])

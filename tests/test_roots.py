@@ -1,4 +1,4 @@
-"""Node-owned roots (cni.linux.roots): where a network config may steer a path, and how it is opened.
+"""Node-owned roots (rdmanet.cni.linux.roots): where a network config may steer a path, and how it is opened.
 
 Fake trees in temporary directories; the attacks are the ones a tenant's NAD can try: a path
 outside the roots, ``..``, a symlink planted at the file or at a directory on the way, a directory
@@ -13,8 +13,8 @@ import stat
 
 import pytest
 
-from cni.core.errors import INVALID_CONFIG, CNIError
-from cni.linux import roots
+from rdmanet.cni.core.errors import INVALID_CONFIG, CNIError
+from rdmanet.cni.linux import roots
 from policy_file import write_policy
 
 
@@ -225,7 +225,7 @@ def test_a_policy_file_of_another_user_or_through_a_symlink_is_refused(tmp_path)
 
 
 def test_a_call_reads_the_policy_its_runtime_names_and_a_bad_one_is_a_cni_error(tmp_path, monkeypatch):
-    from cni.core import env as request_env
+    from rdmanet.cni.core import env as request_env
 
     mine = write_policy(tmp_path / "mine.json", dataRoots=["/srv/mine"])
     with request_env.scoped({roots.POLICY_ENV: str(mine)}):
@@ -241,7 +241,7 @@ def test_a_call_reads_the_policy_its_runtime_names_and_a_bad_one_is_a_cni_error(
 def test_daemon_flags_build_the_policy(tmp_path, monkeypatch):
     import argparse
 
-    from rdmanet.node_policy import from_args, register
+    from rdmanet.cli.node_policy import from_args, register
 
     parser = argparse.ArgumentParser()
     register(parser)

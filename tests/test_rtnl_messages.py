@@ -1,4 +1,4 @@
-"""cni.linux.rtnl sends the bytes pyroute2's IPRoute would send for the same call: each request it
+"""rdmanet.cni.linux.rtnl sends the bytes pyroute2's IPRoute would send for the same call: each request it
 serves itself is built here both ways and compared (IPRoute's is caught before it is sent)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ pytest.importorskip("pyroute2")
 from pyroute2.iproute.linux import IPRoute  # noqa: E402
 from pyroute2.netlink import NLMSG_DONE, nlsocket  # noqa: E402
 
-from cni.linux import rtnl  # noqa: E402
-from cni.linux.netlink_exchange import RECV  # noqa: E402
+from rdmanet.cni.linux import rtnl  # noqa: E402
+from rdmanet.cni.linux.netlink_exchange import RECV  # noqa: E402
 
 CALLS = [
     ("link", "get", {"index": 1}),

@@ -1,4 +1,4 @@
-"""The shim's compiled hot path beside it, ``.<name>.code`` (shim/boot.py): the shim's first exec
+"""The shim's compiled hot path beside it, ``.<name>.code`` (rdmanet/node/boot.py): the shim's first exec
 writes it, later execs run from it, and a file that was not made by this interpreter from this
 shim's source, or is not whole, is never run: the shim answers the same and writes a good one."""
 
@@ -18,8 +18,8 @@ import tempfile
 
 import pytest
 
-from shim import boot, codecache, fast, launcher
-from shim.testing import ScriptedDaemon
+from rdmanet.node import boot, codecache, fast, launcher
+from rdmanet.node.testing import ScriptedDaemon
 
 PLUGIN = "lease-ipam"
 ANSWER = b"3 4 5\nout\nerr!\n"  # the daemon's answer: exit code 3, stdout "out\n", stderr "err!\n"
@@ -66,11 +66,11 @@ def code_file(start: bytes, code) -> bytes:
 
 
 def is_the_shims_own(path: pathlib.Path, data: bytes) -> bool:
-    """A whole code file for this shim under this interpreter, holding shim/fast.py's code."""
+    """A whole code file for this shim under this interpreter, holding rdmanet/node/fast.py's code."""
     start = head(path)
     body = data[len(start) + 8:]
     return (data.startswith(start) and data[len(start):len(start) + 8] == b"%08x" % binascii.crc32(body)
-            and marshal.loads(body).co_filename == "<rdmanet shim: shim/fast.py>")
+            and marshal.loads(body).co_filename == "<rdmanet shim: rdmanet/node/fast.py>")
 
 
 def test_the_first_exec_writes_the_code_file_and_the_next_ones_run_it(shim):
@@ -145,7 +145,7 @@ def test_a_new_shim_source_rewrites_the_code_file(shim):
 
 
 def test_the_cold_start_code_parses_as_python_36():
-    """shim.boot's cold start is a string in the shim, compiled on the node's python3."""
+    """rdmanet.node.boot's cold start is a string in the shim, compiled on the node's python3."""
     ast.parse(boot._REBUILD, feature_version=(3, 6))
     text = launcher.render_shim(PLUGIN, "/usr/bin/python3", None, "/run/x.sock")
     assert 'exec(_REBUILD, ' in text and "_REBUILD = " in text
@@ -175,7 +175,7 @@ def test_the_shim_ends_once_the_whole_answer_is_in_without_waiting_for_the_close
     import socket
     import threading
 
-    from shim.testing import read_request
+    from rdmanet.node.testing import read_request
 
     path = tmp_path / PLUGIN
     sock_path = str(tmp_path / "d.sock")
@@ -204,7 +204,7 @@ def test_the_shim_ends_once_the_whole_answer_is_in_without_waiting_for_the_close
 
 
 def test_a_call_the_daemon_does_not_answer_runs_the_launcher_from_the_code_file(tmp_path):
-    """The code file holds shim/launcher.py's code after shim/fast.py's, so a call that runs
+    """The code file holds rdmanet/node/launcher.py's code after rdmanet/node/fast.py's, so a call that runs
     in-process compiles nothing: a file whose launcher part is other code is what answers."""
     import io
     import json
@@ -217,14 +217,14 @@ def test_a_call_the_daemon_does_not_answer_runs_the_launcher_from_the_code_file(
     start = head(path)
     stream = io.BytesIO(code.read_bytes()[len(start) + 8:])
     fast_code, launcher_code = marshal.load(stream), marshal.load(stream)
-    assert (fast_code.co_filename, launcher_code.co_filename) == ("<rdmanet shim: shim/fast.py>",
-                                                                  "<rdmanet shim: shim/launcher.py>")
-    assert fast.LAUNCHER_FILENAME == codecache.LAUNCHER_FILENAME  # what shim.fast looks for is what was written
+    assert (fast_code.co_filename, launcher_code.co_filename) == ("<rdmanet shim: rdmanet/node/fast.py>",
+                                                                  "<rdmanet shim: rdmanet/node/launcher.py>")
+    assert fast.LAUNCHER_FILENAME == codecache.LAUNCHER_FILENAME  # what rdmanet.node.fast looks for is what was written
     version = call(path)  # no daemon: the plugin answers in-process
     assert version.returncode == 0 and "1.0.0" in json.loads(version.stdout)["supportedVersions"]
 
     other = compile('def resume(*args):\n    import sys\n    sys.stdout.write("ran the code file\'s launcher\\n")\n'
-                    '    return 0\ndef finish(code):\n    return code\n', "<rdmanet shim: shim/launcher.py>", "exec")
+                    '    return 0\ndef finish(code):\n    return code\n', "<rdmanet shim: rdmanet/node/launcher.py>", "exec")
     body = marshal.dumps(fast_code) + marshal.dumps(other)
     code.write_bytes(start + b"%08x" % binascii.crc32(body) + body)
     assert call(path).stdout == b"ran the code file's launcher\n"

@@ -1,5 +1,5 @@
 """The code an in-process call compiles from text (dataclass methods, forward references), kept
-beside the shim (``.<name>.texts``, shim/compiled_texts.py): the first in-process call writes the
+beside the shim (``.<name>.texts``, rdmanet/node/compiled_texts.py): the first in-process call writes the
 file, the next ones compile none of what it holds and answer the same, and a file that is not
 whole or not made by this interpreter is never run."""
 
@@ -19,8 +19,8 @@ import typing
 
 import pytest
 
-from shim import compiled_texts, launcher
-from shim.testing import plain_site_dir
+from rdmanet.node import compiled_texts, launcher
+from rdmanet.node.testing import plain_site_dir
 from policy_file import write_policy
 
 SOURCE = '''

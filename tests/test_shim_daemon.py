@@ -1,4 +1,4 @@
-"""The CNI shims (shim.launcher) and the node daemon (shim.daemon): same bytes both ways."""
+"""The CNI shims (rdmanet.node.launcher) and the node daemon (rdmanet.node.daemon): same bytes both ways."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ import time
 
 import pytest
 
-from cni.core import env as request_env
-from cni.core import ipam_exec, version
-from cni.core.invocation import parse_invocation
-from cni.linux import sysfs
-from shim import launcher
-from shim.testing import Daemon, ScriptedDaemon, health, shim_env
+from rdmanet.cni.core import env as request_env
+from rdmanet.cni.core import ipam_exec, version
+from rdmanet.cni.core.invocation import parse_invocation
+from rdmanet.cni.linux import sysfs
+from rdmanet.node import launcher
+from rdmanet.node.testing import Daemon, ScriptedDaemon, health, shim_env
 
 BARE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -68,10 +68,10 @@ def test_launcher_constants_match_core():
 
 
 def test_launcher_module_imports_only_stdlib():
-    code = ("import sys; before = set(sys.modules); import shim.launcher; "
+    code = ("import sys; before = set(sys.modules); import rdmanet.node.launcher; "
             "print('\\n'.join(sorted(set(sys.modules) - before)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    new = {m.split(".")[0] for m in out} - {"shim"}
+    new = {m.split(".")[0] for m in out} - {"rdmanet"}
     assert new <= set(sys.stdlib_module_names), new - set(sys.stdlib_module_names)
 
 

@@ -19,10 +19,10 @@ import tokenize
 
 import pytest
 
-from cni.core import version
-from shim import launcher
-from shim.__main__ import main as shim_main
-from shim.testing import Daemon, ScriptedDaemon, health, read_request, write_shims
+from rdmanet.cni.core import version
+from rdmanet.node import launcher
+from rdmanet.node.__main__ import main as shim_main
+from rdmanet.node.testing import Daemon, ScriptedDaemon, health, read_request, write_shims
 
 BARE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 VENV_BIN = pathlib.Path(sys.executable).parent
@@ -276,9 +276,9 @@ def test_a_full_accept_queue_is_waited_for_not_taken_for_absence(root):
                                          "//d.sock", "/run/rdmanet/"])
 @pytest.mark.parametrize("cid", [b"c1", b"x" * 150, b""])
 def test_hot_path_journal_path_is_the_launchers(socket_path, cid):
-    """The shim's hot path (shim.fast) removes the journaled DEL an ADD supersedes by its own copy
+    """The shim's hot path (rdmanet.node.fast) removes the journaled DEL an ADD supersedes by its own copy
     of journal_path (it does not import os): the same file the launcher writes."""
-    from shim import fast
+    from rdmanet.node import fast
 
     environb = {b"CNI_CONTAINERID": cid, b"CNI_IFNAME": b"net1"}
     assert fast.journal_path(socket_path, "macvlan-rdma", environb) == launcher.journal_path(socket_path, "macvlan-rdma", environb)

@@ -1,4 +1,4 @@
-"""How a shim's process ends after a call that ran in it (no daemon): shim.launcher.finish skips
+"""How a shim's process ends after a call that ran in it (no daemon): rdmanet.node.launcher.finish skips
 the interpreter's teardown of the call's modules but keeps what an exit does for the call."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ SHIM_DIR = str(pathlib.Path(__file__).resolve().parent.parent)
 
 
 def _run(code: str) -> subprocess.CompletedProcess[str]:
-    prelude = f"import sys; sys.path.insert(0, {SHIM_DIR!r})\nfrom shim import launcher\n"
+    prelude = f"import sys; sys.path.insert(0, {SHIM_DIR!r})\nfrom rdmanet.node import launcher\n"
     return subprocess.run([sys.executable, "-IS", "-c", prelude + code], capture_output=True, text=True, timeout=60,
                           check=False)
 

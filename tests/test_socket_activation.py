@@ -1,5 +1,5 @@
 """``rdmanet daemon`` started by systemd's socket activation (rdmanet.socket), with the handshake
-done here as systemd does it (shim.testing.activated_popen: the listening socket at fd 3,
+done here as systemd does it (rdmanet.node.testing.activated_popen: the listening socket at fd 3,
 LISTEN_FDS=1, LISTEN_PID set after the fork): what it serves, what it refuses, and that the
 socket outlives the daemon. No root needed: the daemons accept this user (--allow-uid).
 """
@@ -17,9 +17,9 @@ import time
 
 import pytest
 
-from shim import socket_activation
-from shim.launcher import call, exchange
-from shim.testing import SocketActivation, activated_popen, daemon_argv, health
+from rdmanet.node import socket_activation
+from rdmanet.node.launcher import call, exchange
+from rdmanet.node.testing import SocketActivation, activated_popen, daemon_argv, health
 
 
 @pytest.fixture

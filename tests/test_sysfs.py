@@ -25,7 +25,7 @@ import os
 
 import pytest
 
-from cni.linux.sysfs import (
+from rdmanet.cni.linux.sysfs import (
     DPDK_DRIVERS,
     device_exists,
     device_id_of_netdev,
@@ -666,7 +666,7 @@ def test_new_lookups_stay_in_root(host, tmp_path):
 # netdev moved into a pod as net1 with 198.18.5.2 and 2001:db8::5.
 # ---------------------------------------------------------------------------------------------
 
-from cni.linux.sysfs import roce_gid_index
+from rdmanet.cni.linux.sysfs import roce_gid_index
 
 ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 MAPPED = "0000:0000:0000:0000:0000:ffff:c612:0502"  # 198.18.5.2

@@ -1,4 +1,4 @@
-"""The systemd units install.sh writes (rdmanet/systemd_units.py), read back as systemd reads them:
+"""The systemd units install.sh writes (rdmanet/cli/systemd_units.py), read back as systemd reads them:
 parsed section by section, and checked by ``systemd-analyze verify`` (Debian's ``systemd``
 package, installed by scripts/test.sh).
 """
@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from rdmanet import systemd_units
+from rdmanet.cli import systemd_units
 
 RDMANET = str(pathlib.Path(sys.prefix) / "bin" / "rdmanet")  # this venv's: ExecStart= must exist for verify
 SOCKET = "/run/rdmanet/daemon.sock"
@@ -60,7 +60,7 @@ def test_a_socket_path_a_unit_cannot_name_is_refused(path, says):
 
 def test_write_then_systemd_analyze_verify(tmp_path):
     unit_dir = tmp_path / "etc" / "systemd" / "system"
-    proc = subprocess.run([sys.executable, "-I", "-m", "rdmanet.systemd_units", "write", str(unit_dir), "--rdmanet",
+    proc = subprocess.run([sys.executable, "-I", "-m", "rdmanet.cli.systemd_units", "write", str(unit_dir), "--rdmanet",
                            RDMANET, "--socket", SOCKET], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == [str(unit_dir / "rdmanet.socket"), str(unit_dir / "rdmanet.service")]
@@ -93,7 +93,7 @@ def test_systemd_analyze_verify_catches_what_this_test_relies_on(tmp_path):
 
 
 def test_cli_refuses_a_bad_path_and_writes_nothing(tmp_path):
-    proc = subprocess.run([sys.executable, "-I", "-m", "rdmanet.systemd_units", "write", str(tmp_path / "units"),
+    proc = subprocess.run([sys.executable, "-I", "-m", "rdmanet.cli.systemd_units", "write", str(tmp_path / "units"),
                            "--rdmanet", RDMANET, "--socket", "/run/my sockets/d.sock"], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 1 and proc.stdout == ""

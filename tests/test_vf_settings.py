@@ -1,4 +1,4 @@
-"""cni.linux.vf_settings without root: sriov-cni's validation rules, the diff/plan, the snapshot's
+"""rdmanet.cni.linux.vf_settings without root: sriov-cni's validation rules, the diff/plan, the snapshot's
 JSON form, and apply/restore against a fake PF that speaks real pyroute2 messages (requests are
 built by pyroute2's own link("set") argument processing, encoded and decoded; answers are encoded
 IFLA_VFINFO_LIST messages), so the attribute layout is checked as well as the logic.
@@ -18,9 +18,9 @@ from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl import RTM_NEWLINK
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 
-from cni.core.errors import INVALID_CONFIG, LINK_FAILURE, CNIError
-from cni.linux import vf_settings as vs
-from cni.linux.vf_settings import VfSettings
+from rdmanet.cni.core.errors import INVALID_CONFIG, LINK_FAILURE, CNIError
+from rdmanet.cni.linux import vf_settings as vs
+from rdmanet.cni.linux.vf_settings import VfSettings
 
 PF_INDEX = 7
 

@@ -162,7 +162,7 @@ def hd_state(conf: dict) -> str:
 
 
 def node_policy(conf: dict) -> dict:
-    """The node policy (cni.linux.roots) the runtime's environment names for a call of ``conf``:
+    """The node policy (rdmanet.cni.linux.roots) the runtime's environment names for a call of ``conf``:
     stores in /tmp, device-info files in RESULTS/devinfo, host-device state in hd_state(conf)."""
     path = f"/tmp/rdmanet-vm-policy-{conf['name']}.json"
     with open(path, "w") as f:
@@ -326,8 +326,8 @@ def _setup(entry):
 # Imported after setup: importing pyroute2 costs seconds under TCG, and a failing import must
 # still leave the setup facts in the report.
 try:
-    from cni.linux import rdma_netlink as rn
-    from cni.linux import sysfs
+    from rdmanet.cni.linux import rdma_netlink as rn
+    from rdmanet.cni.linux import sysfs
 except BaseException:  # each section below then records its NameError
     out["import_error"] = traceback.format_exc()[-3000:]
 
@@ -567,9 +567,9 @@ try:
     from pyroute2.netlink.exceptions import NetlinkError as _NetlinkError
     from pyroute2.netlink.rtnl import RTM_NEWLINK
 
-    from cni.core.errors import CNIError as _CNIError
-    from cni.linux import ipoib, vf_guid
-    from cni.linux.netlink_request import send as nl_send
+    from rdmanet.cni.core.errors import CNIError as _CNIError
+    from rdmanet.cni.linux import ipoib, vf_guid
+    from rdmanet.cni.linux.netlink_request import send as nl_send
     from netns_tests import ib_trees
 except BaseException:  # each InfiniBand section then records its NameError
     out["ib_import_error"] = traceback.format_exc()[-3000:]
@@ -757,8 +757,8 @@ try:
     from pyroute2 import IPRoute
     from pyroute2.netlink.exceptions import NetlinkError
 
-    from cni.core.errors import CNIError
-    from cni.linux import vf_settings as vfs
+    from rdmanet.cni.core.errors import CNIError
+    from rdmanet.cni.linux import vf_settings as vfs
 except BaseException:  # each VF section then records its NameError
     out["vf_import_error"] = traceback.format_exc()[-3000:]
 

@@ -1,1 +1,0 @@
-"""rdmanet CNI plugins: the protocol core, host operations and the plugins themselves."""

@@ -1,0 +1,1 @@
+"""The operator CLI, ``rdmanet``: demo, daemon, doctor, ipam ls/reconcile/plan, version."""

@@ -1,0 +1,2 @@
+"""The CNI protocol core (:mod:`rdmanet.cni.core`) and the host operations (:mod:`rdmanet.cni.linux`)
+the plugins are built from."""

@@ -1,0 +1,395 @@
+"""The embedded file store: one file per address, an attachment index, a flock, crash-safe ordering.
+
+Layout under ``<dataDir>/<domain>/`` (directories 0700, files 0600)::
+
+    lock                         flock'ed for the whole of every operation (see flock.py)
+    <ip>                         one per reserved address (``10.1.1.5``, ``fd00::5``), created
+                                 O_EXCL; JSON {containerID, ifname, network, time}
+    last_reserved.<i>            round-robin cursor of range set i: the last address picked
+    attachments/<cid>:<ifname>   index per attachment (``sha256-<hex>`` when the name is too
+                                 long); JSON {containerID, ifname, network, time, addresses}
+    .tmp.*                       temp files of atomic writes; garbage once no one holds the lock
+
+Why no kill (SIGKILL of the plugin or the daemon at any instant) can give an address twice or
+leak one (a power loss ends every attachment of the node: files.py says why nothing is fsynced):
+1. ADD writes the index first, as an intent listing every address it is about to create.
+   Address files are created afterwards with O_EXCL (a name exists at most once), their content
+   written before ADD answers.
+2. An address file is removed only (a) by DEL/GC of the attachment its content names, or
+   (b) when it is empty or unparsable: DEL/GC of an attachment whose index lists it, any GC,
+   the repeat ADD of that attachment, or an ADD that requests exactly that address. (b) is
+   safe: every writer holds the lock from create to write, so under the lock such a file is
+   the claim of a crashed ADD, which never answered: the address was never handed out.
+3. So after a crash at any point, every address file the crashed ADD made is listed in its
+   index: a later DEL or GC of that attachment removes it, and a repeat ADD adopts a complete
+   one and reclaims an empty one.
+The cursor is overwritten in place (files.overwrite_padded), without fsync or rename: losing or
+tearing it only changes where round-robin resumes.
+
+``LEASE_IPAM_TEST_CRASH_AT=<step>`` is a TEST-ONLY hook: the process os._exit()s at that step,
+to prove the above. Steps, in order: after-intent, after-create (an address file exists but is
+still empty), after-address (one address file complete), before-cursor, after-cursor (ADD);
+after-release (DEL: address files removed, index not yet).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import time
+from bisect import insort
+from contextlib import ExitStack, contextmanager
+from datetime import datetime, timezone
+from typing import Any, Iterator, Mapping, Optional, Sequence
+
+from rdmanet.cni.core.errors import (
+    ADDRESS_UNAVAILABLE,
+    IO_FAILURE,
+    NOT_AVAILABLE,
+    POOL_EXHAUSTED,
+    TRY_AGAIN_LATER,
+    CNIError,
+)
+
+from ..ranges import IPAddress, RangeSet
+from .base import Attachment, Reservation, Store, place_held, refuse_other_request
+from .files import (
+    FILE_MODE,
+    GARBAGE,
+    TMP_PREFIX,
+    atomic_write,
+    create_exclusive,
+    encode,
+    ensure_dir,
+    overwrite_padded,
+    sync_dir,
+    read_bytes,
+    read_json,
+    remove,
+)
+from .flock import LockTimeout, exclusive
+from .layout import (
+    CURSOR_PREFIX,
+    INDEX_DIR,
+    LOCK_NAME,
+    address_name,
+    index_name,
+    listed_addresses,
+    owner_of,
+    reservations_of,
+)
+
+log = logging.getLogger("rdmanet.ipam")
+
+CRASH_ENV = "LEASE_IPAM_TEST_CRASH_AT"
+CRASH_EXIT_CODE = 86
+# Seconds to wait for the lock, then TRY_AGAIN_LATER. An operation holds it for a few ms, but on an
+# overloaded node (200 concurrent ADD execs on 2 busy cores) waits of 12 s were measured; kubelet
+# gives a whole ADD 4 minutes and whereabouts 2.
+LOCK_TIMEOUT = 60.0
+# Bytes of a cursor file: an IPv6 address (at most 39 characters) and its newline, padded; also
+# more than any cursor an earlier version wrote (the address and a newline, replaced by rename).
+CURSOR_WIDTH = 48
+
+
+class _Raced(Exception):
+    """An address that looked free under the lock existed at create time (a writer ignoring the lock)."""
+
+    def __init__(self, ip: IPAddress) -> None:
+        super().__init__(str(ip))
+        self.ip = ip
+
+
+class LocalStore(Store):
+    def __init__(self, data_dir: str, domain: str, *, lock_timeout: float = LOCK_TIMEOUT,
+                 crash_at: Optional[str] = None) -> None:
+        self.root = os.path.join(data_dir, domain)
+        self.index_dir = os.path.join(self.root, INDEX_DIR)
+        self.lock_timeout = lock_timeout
+        self.crash_at = crash_at or None
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _crash(self, step: str) -> None:
+        if self.crash_at == step:  # test-only: see the module docstring
+            os._exit(CRASH_EXIT_CODE)
+
+    def _addr_path(self, ip: IPAddress) -> str:
+        return os.path.join(self.root, str(ip))
+
+    def _index_path(self, attachment: Attachment) -> str:
+        return os.path.join(self.index_dir, index_name(attachment))
+
+    def _io_error(self, exc: OSError) -> CNIError:
+        return CNIError(IO_FAILURE, f"lease-ipam store {self.root}: {exc.strerror or exc}",
+                        "check that the store directory (ipam.dataDir) is on a writable, non-full local filesystem")
+
+    @contextmanager
+    def _locked(self, create: bool) -> Iterator[bool]:
+        """Hold the domain's flock; yields False (without locking) when the store is absent and not to be made."""
+        if not create and not os.path.isdir(self.root):
+            yield False
+            return
+        with ExitStack() as stack:
+            try:
+                ensure_dir(self.root)
+                ensure_dir(self.index_dir)
+                waited = time.monotonic()
+                stack.enter_context(exclusive(os.path.join(self.root, LOCK_NAME), self.lock_timeout, FILE_MODE))
+                waited = time.monotonic() - waited
+                if waited > 1.0:
+                    log.info("waited %.1f s for the lock of %s", waited, self.root)
+            except LockTimeout:
+                raise CNIError(TRY_AGAIN_LATER, f"lease-ipam store {self.root} stayed locked for {self.lock_timeout:.0f} s",
+                               "another IPAM operation holds the lock; retry") from None
+            except OSError as exc:
+                raise self._io_error(exc) from None
+            try:
+                yield True
+            except OSError as exc:
+                raise self._io_error(exc) from None
+
+    def _claim(self, attachment: Attachment, network: str, now: str) -> dict:
+        return {"containerID": attachment.container_id, "ifname": attachment.ifname, "network": network, "time": now}
+
+    def _read_cursor(self, index: int) -> Optional[IPAddress]:
+        try:
+            return ipaddress.ip_address(read_bytes(os.path.join(self.root, f"{CURSOR_PREFIX}{index}"), 4096).decode().strip())
+        except (OSError, ValueError):  # UnicodeDecodeError is a ValueError: a torn cursor only moves round-robin
+            return None
+
+    def _remove_if_ours(self, ip: IPAddress, attachment: Attachment) -> bool:
+        """Remove an address file naming ``attachment`` or holding garbage (see rule 2 above)."""
+        doc = read_json(self._addr_path(ip))
+        if doc is GARBAGE or (doc is not None and owner_of(doc) == attachment):
+            return remove(self._addr_path(ip))
+        return False
+
+    def _scan(self) -> list[tuple[IPAddress, Any]]:
+        """Every address file with its parsed content (GARBAGE for an interrupted claim)."""
+        out = []
+        for name in os.listdir(self.root):
+            ip = address_name(name)
+            if ip is not None:
+                doc = read_json(os.path.join(self.root, name))
+                if doc is not None:
+                    out.append((ip, doc))
+        return out
+
+    # -- allocate -----------------------------------------------------------------------------
+
+    def allocate(self, attachment: Attachment, network: str, range_sets: Sequence[RangeSet],
+                 requested: Mapping[int, IPAddress]) -> list[IPAddress]:
+        with self._locked(create=True):
+            surprises: set[IPAddress] = set()
+            for _ in range(3):
+                try:
+                    return self._allocate_locked(attachment, network, range_sets, requested, surprises)
+                except _Raced as raced:
+                    log.warning("address %s appeared under the lock; is another writer ignoring %s?", raced.ip, self.root)
+                    surprises.add(raced.ip)
+        raise CNIError(TRY_AGAIN_LATER, f"lease-ipam store {self.root}: addresses kept appearing during ADD",
+                       "something other than lease-ipam writes to the store directory; retry")
+
+    def _probe(self, rs: RangeSet, avoid: set[IPAddress]) -> Optional[IPAddress]:
+        """The next free address of ``rs`` after its cursor, checked against the directory."""
+        cursor = self._read_cursor(rs.index)
+        used = sorted(int(ip) for ip in avoid if ip.version == rs.family)
+        while True:
+            candidate = rs.next_free(used, cursor)
+            if candidate is None:
+                return None
+            ip = rs.ranges[0].address(candidate)
+            if not os.path.lexists(self._addr_path(ip)):
+                return ip
+            insort(used, candidate)
+
+    def _held(self, attachment: Attachment, listed: list[IPAddress]) -> tuple[list[IPAddress], list[IPAddress]]:
+        """Split the index's addresses into (held: claim names us, leftovers: interrupted claims)."""
+        held, leftovers = [], []
+        for ip in listed:
+            doc = read_json(self._addr_path(ip))
+            if doc is GARBAGE:
+                leftovers.append(ip)
+            elif doc is not None and owner_of(doc) == attachment:
+                held.append(ip)
+        return held, leftovers
+
+    def _allocate_locked(self, attachment: Attachment, network: str, range_sets: Sequence[RangeSet],
+                         requested: Mapping[int, IPAddress], surprises: set[IPAddress]) -> list[IPAddress]:
+        index_path = self._index_path(attachment)
+        old_index = read_json(index_path)
+        listed = listed_addresses(old_index)
+        held, leftovers = self._held(attachment, listed)
+        if leftovers:  # our own interrupted claims (rule 2b): free them so they can be picked again
+            for ip in leftovers:
+                remove(self._addr_path(ip))
+            sync_dir(self.root)
+
+        plan, spare = place_held(held, range_sets, lambda ip: ip)  # spare: in no range set of this config
+
+        new: list[tuple[RangeSet, IPAddress, bool]] = []  # (range set, address, picked from the pool)
+        for rs in range_sets:
+            want = requested.get(rs.index)
+            if rs.index in plan:
+                refuse_other_request(attachment, rs, plan[rs.index], want)
+                continue
+            if want is not None:
+                doc = read_json(self._addr_path(want))
+                if doc is not None and owner_of(doc) == attachment:
+                    plan[rs.index] = want  # ours, though the index lost track of it: adopt
+                    continue
+                if doc is GARBAGE:  # a crashed ADD's claim, never handed out (rule 2b)
+                    remove(self._addr_path(want))
+                elif doc is not None:
+                    raise CNIError(ADDRESS_UNAVAILABLE, f"requested address {want} is already reserved by {owner_of(doc) or 'an unknown owner'}",
+                                   "request a free address, or DEL the attachment that holds it")
+                ip = want
+            else:
+                ip = self._probe(rs, set(plan.values()) | surprises)
+                if ip is None:
+                    raise CNIError(POOL_EXHAUSTED, f"no free address in range {rs.describe()}",
+                                   "free addresses (DEL or GC attachments that are gone) or widen the range "
+                                   "(range_start/range_end, or another ipRanges entry)")
+            plan[rs.index] = ip
+            new.append((rs, ip, want is None))
+
+        final = [plan[rs.index] for rs in range_sets]
+        if not new and not spare and listed == final and isinstance(old_index, dict):
+            return final  # repeat ADD: already complete, nothing to write
+
+        now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        intent = dict(self._claim(attachment, network, now), addresses=[str(ip) for ip in final + spare])
+        atomic_write(self.index_dir, os.path.basename(index_path), encode(intent))
+        self._crash("after-intent")
+        created: list[IPAddress] = []
+        try:
+            claim = encode(self._claim(attachment, network, now))
+            for _, ip, _ in new:
+                if not create_exclusive(self._addr_path(ip), claim, after_create=lambda: self._crash("after-create")):
+                    raise _Raced(ip)
+                created.append(ip)
+                self._crash("after-address")
+            sync_dir(self.root)
+        except BaseException:
+            self._undo(created, index_path, old_index)
+            raise
+        self._crash("before-cursor")
+        if spare:
+            for ip in spare:
+                self._remove_if_ours(ip, attachment)
+            sync_dir(self.root)
+            atomic_write(self.index_dir, os.path.basename(index_path),
+                         encode(dict(intent, addresses=[str(ip) for ip in final])))
+        for rs, ip, picked in new:
+            if picked:
+                overwrite_padded(os.path.join(self.root, f"{CURSOR_PREFIX}{rs.index}"), f"{ip}\n", CURSOR_WIDTH)
+        self._crash("after-cursor")
+        return final
+
+    def _undo(self, created: list[IPAddress], index_path: str, old_index: Any) -> None:
+        """Roll a failed ADD back: the new address files, then the index as it was."""
+        for ip in created:
+            remove(self._addr_path(ip))
+        sync_dir(self.root)
+        if isinstance(old_index, dict):
+            atomic_write(self.index_dir, os.path.basename(index_path), encode(old_index))
+        else:
+            remove(index_path)
+            sync_dir(self.index_dir)
+
+    # -- release / find / list ----------------------------------------------------------------
+
+    def release(self, attachment: Attachment) -> list[IPAddress]:
+        with self._locked(create=False) as present:
+            if not present:
+                return []
+            index_path = self._index_path(attachment)
+            index = read_json(index_path)
+            if index is None:
+                return []
+            if index is GARBAGE:  # only after a power loss: fall back to a scan for this attachment
+                listed = [ip for ip, doc in self._scan() if owner_of(doc) == attachment]
+            else:
+                listed = listed_addresses(index)
+            freed = [ip for ip in listed if self._remove_if_ours(ip, attachment)]
+            if freed:
+                sync_dir(self.root)
+            self._crash("after-release")
+            remove(index_path)
+            sync_dir(self.index_dir)
+            return freed
+
+    def find(self, attachment: Attachment) -> Optional[Reservation]:
+        with self._locked(create=False) as present:
+            if not present:
+                return None
+            index = read_json(self._index_path(attachment))
+            if not isinstance(index, dict):
+                return None
+            held, _ = self._held(attachment, listed_addresses(index))
+            return Reservation(attachment, str(index.get("network", "")), tuple(held), str(index.get("time", "")))
+
+    def list(self) -> list[Reservation]:
+        with self._locked(create=False) as present:
+            if not present:
+                return []
+            return reservations_of(self._scan())
+
+    # -- gc / status ----------------------------------------------------------------------------
+
+    def gc(self, network: str, valid: set[Attachment]) -> list[Reservation]:
+        freed: list[Reservation] = []
+        with self._locked(create=False) as present:
+            if not present:
+                return []
+            for name in os.listdir(self.index_dir):
+                path = os.path.join(self.index_dir, name)
+                if name.startswith(TMP_PREFIX):
+                    remove(path)
+                    continue
+                index = read_json(path)
+                who = owner_of(index)
+                if who is None:  # unreadable index: its address files are handled by the scan below
+                    remove(path)
+                    continue
+                if index.get("network") != network or who in valid:
+                    continue
+                ips = [ip for ip in listed_addresses(index) if self._remove_if_ours(ip, who)]
+                remove(path)
+                freed.append(Reservation(who, network, tuple(ips), str(index.get("time", ""))))
+            orphans: dict[Attachment, list[IPAddress]] = {}
+            for name in os.listdir(self.root):
+                if name.startswith(TMP_PREFIX):
+                    remove(os.path.join(self.root, name))
+            for ip, doc in self._scan():
+                who = owner_of(doc)
+                if doc is GARBAGE:
+                    remove(self._addr_path(ip))  # an interrupted ADD's claim: never handed out
+                elif who is not None and doc.get("network") == network and who not in valid:
+                    remove(self._addr_path(ip))
+                    orphans.setdefault(who, []).append(ip)
+            freed += [Reservation(who, network, tuple(ips)) for who, ips in sorted(orphans.items())]
+            sync_dir(self.root)
+            sync_dir(self.index_dir)
+        return freed
+
+    def status(self, range_sets: Sequence[RangeSet]) -> list[int]:
+        try:
+            with self._locked(create=True):
+                probe = os.path.join(self.root, f"{TMP_PREFIX}status.{os.getpid()}")
+                fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+                try:
+                    os.write(fd, b"ok\n")
+                finally:
+                    os.close(fd)
+                    remove(probe)
+                used: dict[int, list[int]] = {4: [], 6: []}
+                for ip, _ in self._scan():
+                    used[ip.version].append(int(ip))
+                for values in used.values():
+                    values.sort()
+                return [rs.count_free(used[rs.family]) for rs in range_sets]
+        except CNIError as err:
+            raise CNIError(NOT_AVAILABLE, f"lease-ipam store {self.root} is unusable: {err.msg}", err.details) from None

@@ -1,6 +1,6 @@
 """Nodes on the real kube-apiserver as the DaemonSet runs them, and what a test reads of the server.
 
-:class:`Node`: install.sh's daemon-only lease-ipam shim (``shim.launcher.write_shim``) and a real
+:class:`Node`: install.sh's daemon-only lease-ipam shim (``rdmanet.node.launcher.write_shim``) and a real
 ``rdmanet daemon`` behind it, on a kubeconfig with a ServiceAccount token that names the real
 server and its CA (no proxy in between). :class:`Objects`: the admin's view of Leases and pods.
 """

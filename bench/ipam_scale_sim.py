@@ -184,7 +184,8 @@ class RealServer:
     """What the simulation uses of the fake server, on a real kube-apiserver (``--server real``):
     per-client connections over HTTPS, per-client request counts from the audit log."""
 
-    cluster: Any = None  # one KubeCluster for the whole run (started on first use)
+    cluster: Any = None  # one KubeCluster for the whole run (started on first use, or handed in)
+    owned = False
 
     def __init__(self) -> None:
         import kubernetes
@@ -192,7 +193,7 @@ class RealServer:
         from kube_real_server import KubeCluster
 
         if RealServer.cluster is None:
-            RealServer.cluster = KubeCluster().start()
+            RealServer.cluster, RealServer.owned = KubeCluster().start(), True
         self.kube = RealServer.cluster
         core = kubernetes.client.CoreV1Api(self.kube.api_client())
         try:
@@ -204,9 +205,9 @@ class RealServer:
 
     @classmethod
     def shutdown(cls) -> None:
-        if cls.cluster is not None:
+        if cls.cluster is not None and cls.owned:
             cls.cluster.stop()
-            cls.cluster = None
+            cls.cluster, cls.owned = None, False
 
     def client(self, name: str, who: Any = None) -> Any:
         """A ``kubernetes`` ApiClient to the server whose requests say ``who()`` (else ``name``)
@@ -241,8 +242,9 @@ class RealServer:
         return out
 
     def restart_watches(self) -> int:
+        """A real restart (the streams that broke are counted by the caller, from its informers)."""
         self.kube.restart_apiserver()
-        return -1  # the streams the server had open are not known here
+        return 0
 
     def handle(self, method: str, path: str, query: Any, body: Any, client: str) -> tuple:
         import http.client
@@ -545,6 +547,7 @@ def simulate(nodes: int, size: int, fills: list[int], batch: int, job: int, thre
     cl = Cluster(nodes, size, shared, cache_settings, block_size)
     rows: list[dict] = []
     out: dict[str, Any] = {"nodes": nodes, "size": cl.allocatable, "informers": "shared" if shared else "per-node",
+                           "server": "real" if cl.real else "fake",
                            "block_size": effective_block_size(block_size), "plan": plan}
     try:
         # 1. daemons start: each node's first verb (a DEL of nothing) starts its informers
@@ -626,6 +629,8 @@ def simulate(nodes: int, size: int, fills: list[int], batch: int, job: int, thre
             time.sleep(0.1)
         else:
             raise SystemExit("informers did not re-List (or, on a real server, re-watch) after the restart")
+        if cl.real:  # the streams that broke: every informer's that opened a new one
+            broken = sum(inf.stats["watches"] > before.get(id(inf), (0, 0))[1] for inf in cl.informers())
         per = cl.per_node()
         node_bytes = sorted(read_bytes(d["informer"]) for d in per.values())
         own = Counter(cl.held.values())

@@ -284,6 +284,30 @@ def test_repeat_add_clears_what_a_killed_add_left(cni, netns, master):
     nothing_left(cni, ns, net)
 
 
+def test_del_removes_the_policy_routing_of_its_interface_only(cni, netns, master):
+    """In a multi-rail pod ADD gives the child a routing table and rules (rdmanet.cni.linux.rail_routing:
+    table and priority 10000 + the ifname's number). DEL removes exactly those of CNI_IFNAME, also
+    when the child is already gone, and never another interface's."""
+    ns, m = netns(), master()
+    net = f"{ns.name}-net"
+    cid = cc.container_id(ns.path)
+    marked_veth(nt.PREFIX + "p1a", marker(cid), ns=ns)
+    ns.ip("link", "set", nt.PREFIX + "p1a", "name", "net1")
+    ns.ip("addr", "add", "198.19.72.5/24", "dev", "net1")
+    ns.ip("link", "set", "net1", "up")
+    ns.ip("route", "add", "198.19.72.0/24", "dev", "net1", "table", "10001")
+    for ifname, table, src in (("net1", "10001", "198.19.72.5"), ("net2", "10002", "198.19.73.5")):
+        ns.ip("rule", "add", "oif", ifname, "table", table, "pref", table)
+        ns.ip("rule", "add", "from", src, "table", table, "pref", table)
+    cni.write(nt.conflist(net, "1.0.0", ipoib(m.name)))
+    assert nt.ok(cni.tool("del", net, ns)).stdout == ""
+    assert pod_links(ns) == []
+    left = [(r.get("priority"), r.get("src"), r.get("oif"), r.get("table")) for r in nt.ip_json("-4", "rule", "show", ns=ns.name)]
+    assert left == [(0, "all", None, "local"), (10002, "all", "net2", "10002"), (10002, "198.19.73.5", None, "10002"),
+                    (32766, "all", None, "main"), (32767, "all", None, "default")], left
+    assert nt.ok(cni.tool("del", net, ns)).stdout == ""
+
+
 def test_del_leaves_an_unmarked_cni_ifname_alone(cni, netns, master):
     ns, m = netns(), master()
     net = f"{ns.name}-net"

@@ -8,6 +8,10 @@ round (or after one clean ADD, for the repeat), and the store holds no reservati
 attachment is DELed. The plugins:
 
 - macvlan-rdma + lease-ipam (local store);
+- a multi-rail pod: eth0 plus four macvlan-rdma rails in one subnet, each with its routing table
+  and rules (rdmanet.cni.linux.rail_routing); one rail's ADD is killed, the rails before it are
+  attached. The pod must end with exactly the rules, tables and main routes it had before (its
+  eth0 default route among them), after the DELs or after a repeat ADD and its DELs;
 - host-device-rdma + lease-ipam (local store, and the Kubernetes store against the fake API
   server, tests/kube_api_server.py). The device is a veth end in the host whose peer sits in a
   netns the test owns: a veth dies with the netns it is in, so a device a killed call left in a
@@ -45,8 +49,10 @@ except ImportError:  # pragma: no cover
 
 try:
     from netns_tests.test_host_device_rdma import ORIGINAL_MAC, assert_restored, nothing_recorded
+    from netns_tests.test_multi_rail import pod_with_eth0, rail
 except ImportError:  # pragma: no cover
     from test_host_device_rdma import ORIGINAL_MAC, assert_restored, nothing_recorded  # type: ignore[no-redef]
+    from test_multi_rail import pod_with_eth0, rail  # type: ignore[no-redef]
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests"))
 from kube_api_server import KubeAPIServer, write_kubeconfig  # noqa: E402
@@ -56,6 +62,7 @@ SEED = int(os.environ.get("RDMANET_KILL_SEED") or secrets.randbits(32))
 # Rounds per case; RDMANET_KILL_ROUNDS sets them all (a soak). The defaults keep the suite short:
 # host-device-rdma has four cases, and an in-process ADD with the Kubernetes client costs more.
 ROUNDS = int(os.environ.get("RDMANET_KILL_ROUNDS") or 12)
+RAIL_ROUNDS = int(os.environ.get("RDMANET_KILL_ROUNDS") or 8)
 HD_ROUNDS = {"local store": int(os.environ.get("RDMANET_KILL_ROUNDS") or 6),
              "Kubernetes store": int(os.environ.get("RDMANET_KILL_ROUNDS") or 3)}
 HD = "host-device-rdma"
@@ -77,8 +84,8 @@ def _host_links(*fixture: str) -> set[tuple[int, str]]:
     return out
 
 
-def _start(cni, command: str, stdin: dict, ns, cid: str, plugin: str = nt.PLUGIN) -> subprocess.Popen:
-    env = nt.bare_env(CNI_COMMAND=command, CNI_CONTAINERID=cid, CNI_NETNS=ns.path, CNI_IFNAME="net1",
+def _start(cni, command: str, stdin: dict, ns, cid: str, plugin: str = nt.PLUGIN, ifname: str = "net1") -> subprocess.Popen:
+    env = nt.bare_env(CNI_COMMAND=command, CNI_CONTAINERID=cid, CNI_NETNS=ns.path, CNI_IFNAME=ifname,
                       CNI_PATH=os.fspath(cni.cni_bin), **cni.policy_env)
     proc = subprocess.Popen([os.fspath(cni.plugin(plugin))], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=env)
@@ -151,6 +158,73 @@ def test_macvlan_rdma_add_killed_at_a_random_instant(cni, netns, master, then):
     nt.ok(cni.exec("ADD", stdin, ns=ns, container_id="rdt-fresh"))
     nt.ok(cni.exec("DEL", stdin, ns=ns, container_id="rdt-fresh"))
     assert nt.owners(cni.data_dir) == {}
+
+
+def _routing(ns) -> dict:
+    """Everything of a pod's routing a rail could leave behind: its rules, and the routes of every
+    table but the kernel's local ones (by family)."""
+    out = {}
+    for family in ("-4", "-6"):
+        out[f"rules{family}"] = sorted(json.dumps(r, sort_keys=True) for r in nt.ip_json(family, "rule", "show", ns=ns.name))
+        routes = nt.ip_json(family, "route", "show", "table", "all", ns=ns.name)
+        out[f"routes{family}"] = sorted(json.dumps({k: v for k, v in r.items() if k not in ("flags", "expires")}, sort_keys=True)
+                                        for r in routes if r.get("table") != "local")
+    return out
+
+
+@pytest.mark.parametrize("then", ["DEL", "ADD"])
+def test_multi_rail_add_killed_at_a_random_instant(cni, netns, master, then):
+    pod, _cluster = pod_with_eth0(netns, master)
+    prefix, _ = nt.random_subnet()
+    rails = []
+    for k in range(1, 5):
+        m, _peer = rail(netns, master, f"{prefix}.{200 + k}/24")
+        ipam = nt.lease_ipam(cni.data_dir, f"{prefix}.0/24", network_name=f"{pod.name}-rails")
+        rails.append((f"net{k}", nt.single(f"{pod.name}-rail{k}", "1.0.0", nt.macvlan(m.name, ipam))))
+    before = _routing(pod)
+
+    def add(ifname: str, stdin: dict, cid: str) -> None:
+        nt.ok(cni.exec("ADD", stdin, ns=pod, ifname=ifname, container_id=cid))
+
+    def delete_all(cid: str, where: str) -> None:
+        for attempt in (1, 2):
+            for ifname, stdin in reversed(rails):
+                proc = cni.exec("DEL", stdin, ns=pod, ifname=ifname, container_id=cid)
+                assert proc.returncode == 0, f"{where}: DEL {ifname} #{attempt} failed: {proc.stdout} {proc.stderr}"
+
+    for ifname, stdin in rails[:2]:  # a daemon's first calls of a network cost more
+        add(ifname, stdin, "rdt-warm-up")
+    delete_all("rdt-warm-up", "warm-up")
+    start = time.monotonic()
+    for ifname, stdin in rails:
+        add(ifname, stdin, "rdt-measure")
+    duration = (time.monotonic() - start) / len(rails)
+    delete_all("rdt-measure", "measure")
+    assert _routing(pod) == before, "a clean ADD + DEL of the four rails changed the pod's routing"
+    rng = random.Random(f"{SEED}/rails/{then}")
+    print(f"kill-at-random seed {SEED}: {RAIL_ROUNDS} rounds over a rail ADD of {duration * 1000:.0f} ms "
+          f"(replay with RDMANET_KILL_SEED={SEED})")
+    for n in range(RAIL_ROUNDS):
+        cid = f"rdt-kill-rail-{n}"
+        killed = rng.randrange(len(rails))
+        delay = rng.uniform(0, duration * 1.2)
+        for ifname, stdin in rails[:killed]:
+            add(ifname, stdin, cid)
+        ifname, stdin = rails[killed]
+        outcome = _kill_after(_start(cni, "ADD", stdin, pod, cid, ifname=ifname), delay)
+        where = f"seed {SEED} (rails, {then}) round {n}: ADD of {ifname} {outcome} after {delay * 1000:.1f} ms"
+        if then == "ADD":
+            for ifname, stdin in rails[killed:]:
+                proc = cni.exec("ADD", stdin, ns=pod, ifname=ifname, container_id=cid)
+                assert proc.returncode == 0, f"{where}: ADD of {ifname} failed: {proc.stdout} {proc.stderr}"
+            rules = nt.ip_json("-4", "rule", "show", ns=pod.name)
+            for k in range(1, 5):
+                mine = [r for r in rules if r.get("table") == str(10_000 + k)]
+                assert len(mine) == 2, f"{where}: net{k} has the rules {mine}, expected its oif and from rules once"
+        delete_all(cid, where)
+        assert {name for _, name in nt.link_names(pod.name)} == {"lo", "eth0"}, f"{where}: {nt.link_names(pod.name)}"
+        assert _routing(pod) == before, f"{where}: the pod's rules or tables changed"
+        assert nt.owners(cni.data_dir) == {}, f"{where}: reservations left {nt.owners(cni.data_dir)}"
 
 
 class _LocalStore:

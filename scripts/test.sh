@@ -10,12 +10,13 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 # Debian packages: the venv module, Go + libcni for the cnitool front end, the Go reference
-# plugins, iproute2 and ping for the netns tests; podman, runc, busybox for the container tests,
+# plugins, iproute2 and ping for the netns tests (arping and nftables for the multi-rail tests: an ARP
+# request from a rail's far end, a packet counter per source address); podman, runc, busybox for the container tests,
 # mmdebstrap (the image test's debian:bookworm-slim base) and openssl (its API server's cert);
 # systemd for systemctl --root and systemd-analyze verify (install.sh's units; podman's recommends
 # pull it in anyway); etcd-server, dpkg-dev and Debian's reflect2 for the real kube-apiserver the
 # Lease-store tests also run against (scripts/build-kube-apiserver.sh).
-packages="python3 python3-venv golang-go golang-github-appc-cni-dev containernetworking-plugins iproute2 iputils-ping podman runc busybox-static mmdebstrap openssl systemd etcd-server dpkg-dev golang-github-modern-go-reflect2-dev"
+packages="python3 python3-venv golang-go golang-github-appc-cni-dev containernetworking-plugins iproute2 iputils-ping iputils-arping nftables podman runc busybox-static mmdebstrap openssl systemd etcd-server dpkg-dev golang-github-modern-go-reflect2-dev"
 missing=""
 for p in $packages; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

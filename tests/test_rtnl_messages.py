@@ -40,6 +40,11 @@ CALLS = [
     ("route", "add", {"dst": "10.9.0.0/16", "oif": 5, "gateway": "10.1.2.1"}),
     ("route", "add", {"dst": "0.0.0.0/0", "oif": 5}),
     ("route", "add", {"dst": "fd01::/64", "oif": 5, "gateway": "fd00::1", "priority": 100, "table": 100, "scope": 0}),
+    ("rule", "add", {"family": 2, "priority": 10003, "table": 10003, "oifname": "net3"}),
+    ("rule", "add", {"family": 2, "priority": 10003, "table": 10003, "src": "10.1.2.3", "src_len": 32}),
+    ("rule", "add", {"family": 10, "priority": 10001, "table": 20001, "src": "fd00::3", "src_len": 128}),
+    ("rule", "del", {"family": 2, "priority": 10003, "table": 10003, "oifname": "net3"}),
+    ("rule", "del", {"family": 10, "priority": 10001, "table": 10001, "src": "fd00::3", "src_len": 128}),
 ]
 
 
@@ -83,17 +88,19 @@ def test_the_same_message_as_iproute(monkeypatch, mode, command, kwarg):
     assert without_seq_and_pid(ours) == without_seq_and_pid(pyroute2_bytes(monkeypatch, mode, command, kwarg))
 
 
-def test_the_same_link_dump_request_as_iproute(monkeypatch):
-    """get_links() (a link dump), the one request Rtnl makes outside :data:`rtnl.FAST`."""
+@pytest.mark.parametrize("dump,mode,kwarg", [("get_links", "link", {}), ("get_rules", "rule", {}),
+                                             ("get_rules", "rule", {"family": 10})], ids=["links", "rules", "ipv6-rules"])
+def test_the_same_dump_request_as_iproute(monkeypatch, dump, mode, kwarg):
+    """get_links() and get_rules() (dumps), requests Rtnl makes outside :data:`rtnl.FAST`."""
     sent = []
     sock = rtnl.Rtnl()
     try:
         monkeypatch.setattr(sock, "_exchange", lambda msg: sent.append(bytes(msg.data)) or [])
-        assert sock.get_links() == []
+        assert getattr(sock, dump)(**kwarg) == []
     finally:
         sock.close()
     [ours] = sent
-    assert without_seq_and_pid(ours) == without_seq_and_pid(pyroute2_bytes(monkeypatch, "link", "dump", {}))
+    assert without_seq_and_pid(ours) == without_seq_and_pid(pyroute2_bytes(monkeypatch, mode, "dump", kwarg))
 
 
 def _kernel_dump(msg_class, msg_type: int) -> bytes:
@@ -120,9 +127,10 @@ def _kernel_dump(msg_class, msg_type: int) -> bytes:
 
 
 @pytest.mark.parametrize("msg_class,msg_type", [(rtnl.ifinfmsg, rtnl.RTM_GETLINK), (rtnl.ifaddrmsg, rtnl.RTM_GETADDR),
-                                                (rtnl.rtmsg, rtnl.RTM_GETROUTE)], ids=["links", "addresses", "routes"])
+                                                (rtnl.rtmsg, rtnl.RTM_GETROUTE), (rtnl.fibmsg, rtnl.RTM_GETRULE)],
+                         ids=["links", "addresses", "routes", "rules"])
 def test_answers_parse_as_iproute_parses_them(msg_class, msg_type):
-    """Rtnl's parser (MarshalLinks) reads the kernel's link, address and route messages exactly
+    """Rtnl's parser (MarshalLinks) reads the kernel's link, address, route and rule messages exactly
     as pyroute2's MarshalRtnl (IPRoute's) does."""
     from pyroute2.netlink.rtnl.marshal import MarshalRtnl
 

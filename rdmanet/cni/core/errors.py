@@ -28,6 +28,8 @@ ADDRESS_UNAVAILABLE = 103  # a requested address is taken or outside every range
 IPAM_FAILURE = 104  # the delegated IPAM plugin failed or returned garbage
 CHECK_FAILED = 105  # CHECK found the attachment differs from what ADD made
 DEVICE_BUSY = 106  # the device is allocated to another live pod
+ADDRESS_CONFLICT = 107  # another host answers for the address (detectAddressConflict)
+GATEWAY_UNREACHABLE = 108  # the gateway does not answer (checkGateway)
 
 
 class CNIError(Exception):

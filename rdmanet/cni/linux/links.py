@@ -324,11 +324,11 @@ def addresses(ipr: IPRoute, index: int) -> list[ipaddress.IPv4Interface | ipaddr
     ]
 
 
-def routes(ipr: IPRoute, index: int) -> list[Route]:
-    """Main-table routes through link ``index`` (dst, gw)."""
+def routes(ipr: IPRoute, index: int, table: int = 254) -> list[Route]:
+    """The routes of ``table`` (the main one by default) through link ``index`` (dst, gw)."""
     out = []
     for family in (2, 10):
-        for r in ipr.get_routes(family=family, oif=index, table=254):
+        for r in ipr.get_routes(family=family, oif=index, table=table):
             dst = r.get("RTA_DST") or ("0.0.0.0" if family == 2 else "::")
             gw = r.get("RTA_GATEWAY")
             out.append(Route(dst=ipaddress.ip_network(f"{dst}/{r['dst_len']}", strict=False),

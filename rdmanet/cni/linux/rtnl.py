@@ -12,7 +12,7 @@ tests/test_rtnl_messages.py); the plain ones are filled directly (:func:`_plain`
 through pyroute2's request filters.
 
 Only the requests the plugins make on their hot path are served this way (see :data:`FAST`, and
-the dumps :meth:`Rtnl.get_links` and :meth:`Rtnl.get_addr`); anything else (``put``/``get`` of a
+the dumps :meth:`Rtnl.get_links`, :meth:`Rtnl.get_addr` and :meth:`Rtnl.get_rules`); anything else (``put``/``get`` of a
 hand-built message, ``get_routes``, ...) goes to a real ``IPRoute`` opened on first use in the
 same network namespace, so the two always agree.
 
@@ -26,23 +26,27 @@ import os
 import socket
 from typing import Any, Optional
 
-from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST
+from pyroute2.netlink import NLM_F_ACK, NLM_F_ATOMIC, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST, NLM_F_ROOT
 from pyroute2.netlink.marshal import Marshal
 from pyroute2.netlink.rtnl import (
     RTM_DELADDR,
     RTM_DELLINK,
     RTM_DELLINKPROP,
     RTM_DELROUTE,
+    RTM_DELRULE,
     RTM_GETADDR,
     RTM_GETLINK,
     RTM_GETROUTE,
+    RTM_GETRULE,
     RTM_NEWADDR,
     RTM_NEWLINK,
     RTM_NEWLINKPROP,
     RTM_NEWROUTE,
+    RTM_NEWRULE,
     RTM_SETLINK,
     RTM_VALUES,
 )
+from pyroute2.netlink.rtnl.fibmsg import fibmsg
 from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
@@ -51,6 +55,7 @@ from . import netns
 from .netlink_exchange import Channel, open_socket
 
 REQ = NLM_F_REQUEST | NLM_F_ACK
+RULE_KEYS = {"family", "priority", "table", "src", "src_len", "oifname"}  # rdmanet.cni.linux.rail_routing's rules
 # (mode, command) -> (message class, type, flags, the keyword arguments served here): as IPRoute's
 # command maps (pyroute2.iproute.linux); other arguments or commands go to IPRoute itself.
 FAST = {
@@ -63,6 +68,8 @@ FAST = {
     ("addr", "add"): (ifaddrmsg, RTM_NEWADDR, REQ | NLM_F_CREATE | NLM_F_EXCL, {"index", "address", "prefixlen"}),
     ("route", "add"): (rtmsg, RTM_NEWROUTE, REQ | NLM_F_CREATE | NLM_F_EXCL,
                        {"dst", "oif", "gateway", "priority", "table", "scope"}),
+    ("rule", "add"): (fibmsg, RTM_NEWRULE, REQ | NLM_F_CREATE | NLM_F_EXCL, RULE_KEYS),
+    ("rule", "del"): (fibmsg, RTM_DELRULE, REQ, RULE_KEYS),
 }
 
 # The requests whose IPRoute encoding is plain (fields plus one NLA per argument, in argument
@@ -119,6 +126,7 @@ def request_filters(mode: str, command: str) -> list:
     from pyroute2.requests.address import AddressFieldFilter, AddressIPRouteFilter
     from pyroute2.requests.link import LinkFieldFilter, LinkIPRouteFilter
     from pyroute2.requests.route import RouteFieldFilter, RouteIPRouteFilter
+    from pyroute2.requests.rule import RuleFieldFilter, RuleIPRouteFilter
 
     if mode == "link":
         return [LinkFieldFilter(), LinkIPRouteFilter(command)]
@@ -126,6 +134,8 @@ def request_filters(mode: str, command: str) -> list:
         return [AddressFieldFilter(), AddressIPRouteFilter(command)]
     if mode == "route":
         return [RouteFieldFilter(add_defaults=command not in ("dump", "show")), RouteIPRouteFilter(command)]
+    if mode == "rule":
+        return [RuleFieldFilter(), RuleIPRouteFilter(command)]
     raise ValueError(f"no request filters here for {mode!r}")
 
 
@@ -143,13 +153,14 @@ def arguments_processor(mode: str, command: str, query: dict, parameters: Option
 
 
 class MarshalLinks(Marshal):
-    """pyroute2's MarshalRtnl for the messages of links, addresses and routes (all that the
+    """pyroute2's MarshalRtnl for the messages of links, addresses, routes and rules (all that the
     requests served here are answered with); other types parse as plain ``nlmsg``."""
 
     msg_map = {
         **dict.fromkeys((RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK, RTM_SETLINK, RTM_NEWLINKPROP, RTM_DELLINKPROP), ifinfmsg),
         **dict.fromkeys((RTM_NEWADDR, RTM_DELADDR, RTM_GETADDR), ifaddrmsg),
         **dict.fromkeys((RTM_NEWROUTE, RTM_DELROUTE, RTM_GETROUTE), rtmsg),
+        **dict.fromkeys((RTM_NEWRULE, RTM_DELRULE, RTM_GETRULE), fibmsg),
     }
 
     def fix_message(self, msg) -> None:  # as MarshalRtnl's
@@ -188,6 +199,9 @@ class Rtnl:
     def route(self, command: str, **kwarg: Any):
         return self._request("route", command, kwarg)
 
+    def rule(self, command: str, **kwarg: Any):
+        return self._request("rule", command, kwarg)
+
     def get_links(self, *argv: Any, **kwarg: Any):
         if argv or kwarg:
             return self._fallback().get_links(*argv, **kwarg)
@@ -203,6 +217,15 @@ class Rtnl:
         index = kwarg.get("index")
         return [msg for msg in self._exchange(dump)
                 if (index is None or msg["index"] == index) and (not family or msg["family"] == family)]
+
+    def get_rules(self, *argv: Any, **kwarg: Any):
+        """``IPRoute.get_rules`` by ``family`` (0: every family): one dump."""
+        if argv or not kwarg.keys() <= {"family"}:
+            return self._fallback().get_rules(*argv, **kwarg)
+        family = kwarg.get("family") or 0
+        # flags as IPRoute's rule dump ("root": NLM_F_ROOT | NLM_F_ATOMIC; the kernel dumps on either bit)
+        dump = self._filled(fibmsg, RTM_GETRULE, NLM_F_REQUEST | NLM_F_ROOT | NLM_F_ATOMIC, {"family": family}, [])
+        return [msg for msg in self._exchange(dump) if not family or msg["family"] == family]
 
     def __getattr__(self, name: str):
         if name.startswith("_"):

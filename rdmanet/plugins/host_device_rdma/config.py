@@ -10,6 +10,7 @@ from rdmanet.cni.core import macaddr
 from rdmanet.cni.core.infiniband import parse_pkey
 from rdmanet.cni.core.invocation import Invocation
 from rdmanet.cni.core.netconf import NetConf, load
+from rdmanet.cni.core.rail_settings import RailSettings
 from rdmanet.cni.linux import roots
 
 from . import state_dir
@@ -17,7 +18,7 @@ from . import state_dir
 DEFAULT_STATE_DIR = roots.NodePolicy().host_device_state_dir  # the node policy's hostDeviceStateDir
 
 
-class HostDeviceConf(NetConf):
+class HostDeviceConf(NetConf, RailSettings):
     device: Optional[str] = Field(None, min_length=1, max_length=15, description="device is a host interface name, e.g. ens1f0")
     hwaddr: Optional[str] = Field(None, description="hwaddr is the MAC address of the host interface to move")
     kernelpath: Optional[str] = Field(None, description="kernelpath is a /sys/devices/... path of the device")

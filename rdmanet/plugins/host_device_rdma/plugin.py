@@ -63,7 +63,8 @@ from rdmanet.cni.core.ipam_exec import IPAM
 from rdmanet.cni.core.rdma_policy import decide_exclusive
 from rdmanet.cni.core.result import DNS, Interface, Result
 from rdmanet.cni.core.rollback import Undo
-from rdmanet.cni.linux import device_info, links, netns, roots, sysfs
+from rdmanet.cni.linux import device_info, links, netns, rail_routing, roots, sysfs
+from rdmanet.cni.linux import pod as pod_ns
 from rdmanet.cni.linux.state import StateDir
 
 from . import device_lock, ib_vf, state_dir
@@ -154,6 +155,8 @@ class HostDeviceRdma:
                     for ip in prev.ips:
                         if ip.address not in present:
                             raise check_failed(f"address {ip.address} is missing from {inv.ifname}")
+                    with _open_pod(inv.netns) as pod_fd:
+                        rail_routing.check(pod, pod_fd, inv.ifname, link.index, list(prev.ips), conf)
             rdma = state.get("rdma")
             if rdma and rdma.get("moved"):
                 from rdmanet.cni.linux import rdma_netlink
@@ -323,8 +326,9 @@ class _Add:
                 IPAM(conf.ipam.type, inv).add_into(result, self.undo)
                 if link is not None:  # DPDK: the addresses are returned for the workload to use, not configured
                     step("configuring the addresses")
+                    self.undo.push(f"remove the policy routing of {inv.ifname}", rail_routing.detach_in, inv.netns, inv.ifname)
                     with links.rtnl_in_fd(pod_fd) as pod:
-                        links.configure_in_pod(pod, pod_fd, moved.index, inv.ifname, result.ips, result.routes)
+                        pod_ns.configure(pod, pod_fd, moved.index, inv.ifname, result.ips, result.routes, conf)
         if conf.dns:
             result.dns = DNS.from_json(conf.dns)
         step("writing the device-info file")
@@ -421,6 +425,8 @@ def undo_attachment(state: dict, netns_path: str, root: str) -> list[CNIError]:
     still this attachment's (its allocation record carries the state's token); returns the errors
     of steps that could not be done. The claim is dropped once everything is undone."""
     ref = DeviceRef.from_dict(state["device"])
+    errors: list[CNIError] = []
+    _collect(errors, _policy_routing_off, state, netns_path)
     with device_lock.held(root, ref.lock_key):
         device_lock.remove_partial_writes_of_record(root, ref.lock_key)
         record = device_lock.read_record(root, ref.lock_key)
@@ -429,11 +435,18 @@ def undo_attachment(state: dict, netns_path: str, root: str) -> list[CNIError]:
                 log.warning("%s/%s: %s is held by %s now (netns %s): the device is left alone, only this attachment's "
                             "own state and IPAM are cleaned up", state.get("containerID"), state.get("ifname"),
                             ref.describe(), record.get("attachment"), record.get("netns"))
-            return []
-        errors = _undo_device(state, ref, netns_path, root)
-        if not errors:
+            return errors
+        device_errors = _undo_device(state, ref, netns_path, root)
+        if not device_errors:
             device_lock.release_allocation(root, ref.lock_key, state)
-        return errors
+        return errors + device_errors
+
+
+def _policy_routing_off(state: dict, netns_path: str) -> None:
+    """The attachment's rules and tables in the pod (rdmanet.cni.linux.rail_routing), while the
+    pod netns is still the one ADD used."""
+    if netns.is_alive(netns_path, state.get("netns_id")):
+        rail_routing.detach_in(netns_path, state["ifname"])
 
 
 def _undo_device(state: dict, ref: DeviceRef, netns_path: str, root: str) -> list[CNIError]:

@@ -11,9 +11,10 @@ from pydantic import Field, field_validator
 from rdmanet.cni.core.infiniband import parse_pkey
 from rdmanet.cni.core.invocation import Invocation
 from rdmanet.cni.core.netconf import NetConf, load
+from rdmanet.cni.core.rail_settings import RailSettings
 
 
-class IpoibConf(NetConf):
+class IpoibConf(NetConf, RailSettings):
     master: str = Field(
         min_length=1, max_length=15,
         description='set "master" to the IPoIB netdev of an InfiniBand port, e.g. "master": "ib0" (the ipoib plugin\'s key)',

@@ -38,7 +38,9 @@ from rdmanet.cni.core.infiniband import MIN_MTU, PKEY_MASK, connected_capable, m
 from rdmanet.cni.core.invocation import Invocation
 from rdmanet.cni.core.ipam_exec import IPAM
 from rdmanet.cni.core.result import DNS, Interface, Result
-from rdmanet.cni.linux import attachment_link, attachment_lock, device_info, infiniband, ipoib, links, netns, shared_rdma, sysctl, sysfs
+from rdmanet.cni.core.rollback import quietly
+from rdmanet.cni.linux import (attachment_link, attachment_lock, device_info, infiniband, ipoib, links, netns, rail_routing,
+                               shared_rdma, sysctl, sysfs)
 from rdmanet.cni.linux import pod as pod_ns
 from rdmanet.cni.linux.links import Link
 from rdmanet.cni.linux.pod import check_addresses, check_routes
@@ -78,7 +80,8 @@ class IpoibRdma:
             link = _rename(conf, inv, pod, pod_fd, link)
             result.interfaces[0].mtu = link.mtu
             if conf.ipam:
-                links.configure_in_pod(pod, pod_fd, link.index, inv.ifname, result.ips, result.routes)
+                undo.callback(quietly, rail_routing.detach, pod, inv.ifname)  # never hides the error that undoes the ADD
+                pod_ns.configure(pod, pod_fd, link.index, inv.ifname, result.ips, result.routes, conf)
             else:
                 links.set_up(pod, link.index, inv.ifname)
             if conf.dns:
@@ -101,6 +104,7 @@ class IpoibRdma:
             netns.refuse_own(inv.netns, inv.env)
             try:
                 with links.rtnl_in(inv.netns) as pod:
+                    rail_routing.detach(pod, inv.ifname)
                     _remove_owned(pod, inv, "pod")
             except netns.NetnsGone:
                 log.info("DEL: netns %s is gone; looking for a refunded child in the host", inv.netns)
@@ -113,13 +117,15 @@ class IpoibRdma:
         if conf.ipam:
             IPAM(conf.ipam.type, inv).check()
         try:
-            with links.rtnl_in() as host, links.rtnl_in(inv.netns) as pod:
+            with links.rtnl_in() as host, links.rtnl_in(inv.netns) as pod, pod_ns.fd(inv.netns) as pod_fd:
                 master = _master(conf, host)
                 pkey, mode = _pkey_and_mode(conf, master, check_table=False)
                 link = links.find_link(pod, inv.ifname)
                 check_link(link, inv.ifname, inv.netns, master, pkey, mode, conf.mtu, expected.mac)
                 check_addresses(pod, link, prev, expected_index=index)
-                check_routes(pod, prev)
+                ips = [ip for ip in prev.ips if ip.interface in (None, index)]
+                routed = rail_routing.check(pod, pod_fd, inv.ifname, link.index, ips, conf)
+                check_routes(pod, prev, rail_routing.tables(inv.ifname, routed))
         except netns.NetnsGone:
             raise check_failed(f"netns {inv.netns} does not exist") from None
 

@@ -10,9 +10,10 @@ from rdmanet.cni.core import macaddr
 from rdmanet.cni.core.invocation import Invocation
 from rdmanet.cni.core.macaddr import normalize_mac
 from rdmanet.cni.core.netconf import NetConf, load
+from rdmanet.cni.core.rail_settings import RailSettings
 
 
-class MacvlanConf(NetConf):
+class MacvlanConf(NetConf, RailSettings):
     master: Optional[str] = Field(
         None, min_length=1, max_length=15,
         description="name an existing host interface (the RDMA NIC port), or omit master to use the default route's interface",

@@ -30,7 +30,9 @@ from rdmanet.cni.core.check import previous
 from rdmanet.cni.core.invocation import Invocation
 from rdmanet.cni.core.ipam_exec import IPAM
 from rdmanet.cni.core.result import DNS, Interface, Result
-from rdmanet.cni.linux import attachment_link, attachment_lock, device_info, link_delete, links, netns, shared_rdma, sysfs
+from rdmanet.cni.core.rollback import quietly
+from rdmanet.cni.linux import (attachment_link, attachment_lock, device_info, link_delete, links, netns, rail_routing,
+                               shared_rdma, sysfs)
 from rdmanet.cni.linux import pod as pod_ns
 from rdmanet.cni.linux.links import Link, LinkBasics
 from rdmanet.cni.linux.pod import check_addresses, check_routes
@@ -72,7 +74,8 @@ class MacvlanRdma:
                             ifalias=attachment_link.marker(inv.container_id, inv.ifname))
             if conf.ipam:
                 pod_fd = stack.enter_context(pod_ns.fd(inv.netns))
-                links.configure_in_pod(pod, pod_fd, link.index, inv.ifname, result.ips, result.routes)
+                undo.callback(quietly, rail_routing.detach, pod, inv.ifname)  # never hides the error that undoes the ADD
+                pod_ns.configure(pod, pod_fd, link.index, inv.ifname, result.ips, result.routes, conf)
             else:
                 links.set_up(pod, link.index, inv.ifname)
             if conf.dns:
@@ -98,6 +101,7 @@ class MacvlanRdma:
                 stale, link = attachment_link.look_up(pod, TEMP_PREFIX, "macvlan", inv.container_id, inv.ifname)
                 _remove_leftovers(pod, inv, stale)
                 if link is None:
+                    rail_routing.detach(pod, inv.ifname)  # what an ADD killed before its link was named left
                     return
                 ours = attachment_link.is_ours(link.alias, inv.container_id, inv.ifname)
                 # A macvlan without any alias was made by an rdmanet before links were marked.
@@ -105,6 +109,7 @@ class MacvlanRdma:
                     what = f"a {link.kind or 'link'}" if link.kind != "macvlan" else f"a macvlan with alias {link.alias!r}"
                     log.warning("DEL: %s in %s is %s, not this attachment's macvlan; leaving it", inv.ifname, inv.netns, what)
                     return
+                rail_routing.detach(pod, inv.ifname)
                 link_delete.delete_until_unlisted(pod, link.index)  # the daemon answers before the kernel frees it
         except netns.NetnsGone:
             log.info("DEL: netns %s is gone; nothing to remove", inv.netns)
@@ -117,12 +122,14 @@ class MacvlanRdma:
         if conf.ipam:
             IPAM(conf.ipam.type, inv).check()
         try:
-            with links.rtnl_in() as host, links.rtnl_in(inv.netns) as pod:
+            with links.rtnl_in() as host, links.rtnl_in(inv.netns) as pod, pod_ns.fd(inv.netns) as pod_fd:
                 master = _master(conf, host, pod)
                 link = links.find_link(pod, inv.ifname)
                 _check_link(conf, link, expected, master, inv)
                 check_addresses(pod, link, prev, expected_index=index)
-                check_routes(pod, prev)
+                ips = [ip for ip in prev.ips if ip.interface in (None, index)]
+                routed = rail_routing.check(pod, pod_fd, inv.ifname, link.index, ips, conf)
+                check_routes(pod, prev, rail_routing.tables(inv.ifname, routed))
         except netns.NetnsGone:
             raise check_failed(f"netns {inv.netns} does not exist") from None
 

@@ -599,6 +599,74 @@ def _fault_error(fault: _Fault, rt: ResourceType, name: str | None) -> ApiError:
     return ApiError(code, msg, details=details, headers=headers)
 
 
+class FaultControls:
+    """The fault controls of the fake server, shared with the real server's proxy
+    (tests/kube_real_server.py): ``inject_latency``, ``fail_next``, ``fail_rate``, ``clear_faults``,
+    and what a request handler asks (``_latency_for``, ``_pick_fault``). Needs ``_stats_lock``."""
+
+    def _init_faults(self) -> None:
+        self._latency = 0.0
+        self._latency_filter: tuple[str | None, str | None] = (None, None)
+        self._faults: list[_Fault] = []
+        self._rng = random.Random()
+
+    def inject_latency(self, seconds: float, verb: str | None = None,
+                       resource: str | None = None) -> None:
+        """Delay every (matching) API request by ``seconds`` before handling it."""
+        with self._stats_lock:
+            self._latency = float(seconds)
+            self._latency_filter = (verb, resource)
+
+    def fail_next(self, n: int = 1, status: int | str = 500, retry_after: float | None = None,
+                  verb: str | None = None, resource: str | None = None) -> None:
+        """Fail the next ``n`` (matching) API requests with ``status``.
+        ``status="drop"`` closes the connection without a response; ``status="lost"`` serves
+        the request (a create is made, a delete done) and then closes the connection without
+        the response (the answer lost on the way back).  429 responses
+        carry ``Retry-After`` (default 1 second)."""
+        with self._stats_lock:
+            self._faults.append(_Fault(int(n), None, status, retry_after, verb, resource))
+
+    def fail_rate(self, p: float, status: int | str = 500, retry_after: float | None = None,
+                  verb: str | None = None, resource: str | None = None,
+                  seed: int | None = None) -> None:
+        """Fail each (matching) API request with probability ``p``; ``p=0`` removes
+        all rate faults."""
+        with self._stats_lock:
+            self._faults = [f for f in self._faults if f.p is None]
+            if seed is not None:
+                self._rng.seed(seed)
+            if p > 0:
+                self._faults.append(_Fault(None, float(p), status, retry_after, verb, resource))
+
+    def clear_faults(self) -> None:
+        with self._stats_lock:
+            self._faults.clear()
+            self._latency = 0.0
+            self._latency_filter = (None, None)
+
+    def _pick_fault(self, verb: str, resource: str) -> _Fault | None:
+        with self._stats_lock:
+            for f in self._faults:
+                if not f.matches(verb, resource):
+                    continue
+                if f.remaining is not None:
+                    f.remaining -= 1
+                    if f.remaining <= 0:
+                        self._faults.remove(f)
+                    return f
+                if self._rng.random() < f.p:
+                    return f
+            return None
+
+    def _latency_for(self, verb: str, resource: str) -> float:
+        with self._stats_lock:
+            v, r = self._latency_filter
+            if (v is None or v == verb) and (r is None or r == resource):
+                return self._latency
+            return 0.0
+
+
 # --------------------------------------------------------------------------
 # In-process access: many simulated clients in one process, without HTTP
 # --------------------------------------------------------------------------
@@ -801,7 +869,7 @@ class _HTTPServer(ThreadingHTTPServer):
         self.server_port = port
 
 
-class KubeAPIServer:
+class KubeAPIServer(FaultControls):
     """Fake Kubernetes API server.  Starts serving on construction.
 
     :param port: TCP port on 127.0.0.1 (0 = pick a free one).
@@ -835,10 +903,7 @@ class KubeAPIServer:
         self._stats_lock = threading.Lock()
         self._counts: Counter = Counter()
         self._log: deque[dict] = deque(maxlen=10_000)
-        self._latency = 0.0
-        self._latency_filter: tuple[str | None, str | None] = (None, None)
-        self._faults: list[_Fault] = []
-        self._rng = random.Random()
+        self._init_faults()
         self._connections: set[socket.socket] = set()
         self._active_watches = 0
         self._watch_sockets: set[socket.socket] = set()
@@ -964,64 +1029,6 @@ class KubeAPIServer:
         with self._cond:
             self._cond.notify_all()
         return len(socks)
-
-    # -- fault injection -----------------------------------------------------
-
-    def inject_latency(self, seconds: float, verb: str | None = None,
-                       resource: str | None = None) -> None:
-        """Delay every (matching) API request by ``seconds`` before handling it."""
-        with self._stats_lock:
-            self._latency = float(seconds)
-            self._latency_filter = (verb, resource)
-
-    def fail_next(self, n: int = 1, status: int | str = 500, retry_after: float | None = None,
-                  verb: str | None = None, resource: str | None = None) -> None:
-        """Fail the next ``n`` (matching) API requests with ``status``.
-        ``status="drop"`` closes the connection without a response; ``status="lost"`` serves
-        the request (a create is made, a delete done) and then closes the connection without
-        the response (the answer lost on the way back).  429 responses
-        carry ``Retry-After`` (default 1 second)."""
-        with self._stats_lock:
-            self._faults.append(_Fault(int(n), None, status, retry_after, verb, resource))
-
-    def fail_rate(self, p: float, status: int | str = 500, retry_after: float | None = None,
-                  verb: str | None = None, resource: str | None = None,
-                  seed: int | None = None) -> None:
-        """Fail each (matching) API request with probability ``p``; ``p=0`` removes
-        all rate faults."""
-        with self._stats_lock:
-            self._faults = [f for f in self._faults if f.p is None]
-            if seed is not None:
-                self._rng.seed(seed)
-            if p > 0:
-                self._faults.append(_Fault(None, float(p), status, retry_after, verb, resource))
-
-    def clear_faults(self) -> None:
-        with self._stats_lock:
-            self._faults.clear()
-            self._latency = 0.0
-            self._latency_filter = (None, None)
-
-    def _pick_fault(self, verb: str, resource: str) -> _Fault | None:
-        with self._stats_lock:
-            for f in self._faults:
-                if not f.matches(verb, resource):
-                    continue
-                if f.remaining is not None:
-                    f.remaining -= 1
-                    if f.remaining <= 0:
-                        self._faults.remove(f)
-                    return f
-                if self._rng.random() < f.p:
-                    return f
-            return None
-
-    def _latency_for(self, verb: str, resource: str) -> float:
-        with self._stats_lock:
-            v, r = self._latency_filter
-            if (v is None or v == verb) and (r is None or r == resource):
-                return self._latency
-            return 0.0
 
     # -- direct object access --------------------------------------------------
 

@@ -24,7 +24,6 @@ import contextlib
 import http.client
 import json
 import os
-import random
 import shutil
 import socket
 import ssl
@@ -41,7 +40,7 @@ from urllib.parse import parse_qs, urlsplit
 import kubernetes
 import yaml
 
-from kube_api_server import _ROUTES, NAMESPACES, RESOURCES, ApiError, _Fault, _fault_error, _Handler
+from kube_api_server import _ROUTES, NAMESPACES, RESOURCES, ApiError, FaultControls, _fault_error, _Handler
 
 REPO = Path(__file__).resolve().parent.parent
 BUILD = REPO / "scripts" / "build-kube-apiserver.sh"
@@ -349,7 +348,7 @@ _HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgra
         "authorization", "host", "content-length"}
 
 
-class FaultProxy:
+class FaultProxy(FaultControls):
     """Plain HTTP on loopback → the real server over TLS as the admin, with the fake server's
     faults (``fail_next``/``fail_rate``: a status, ``"drop"`` or ``"lost"``; latency) and watch
     controls (pause, drop), matched by the same (verb, resource) as the fake's."""
@@ -358,12 +357,9 @@ class FaultProxy:
         self.cluster = cluster
         self._upstream = urlsplit(cluster.url)
         self._ctx = cluster.ssl_context()
-        self._lock = threading.Lock()
+        self._lock = self._stats_lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
-        self._faults: list[_Fault] = []
-        self._latency = 0.0
-        self._latency_filter: tuple[str | None, str | None] = (None, None)
-        self._rng = random.Random()
+        self._init_faults()
         self._paused = False
         self._watch_socks: set[socket.socket] = set()
         self.injected: dict[tuple[str, str], int] = {}
@@ -388,49 +384,6 @@ class FaultProxy:
     def upstream(self) -> http.client.HTTPSConnection:
         return http.client.HTTPSConnection(self._upstream.hostname, self._upstream.port, context=self._ctx,
                                            timeout=3600)
-
-    # controls, as KubeAPIServer's
-    def inject_latency(self, seconds: float, verb: str | None = None, resource: str | None = None) -> None:
-        with self._lock:
-            self._latency, self._latency_filter = float(seconds), (verb, resource)
-
-    def fail_next(self, n: int = 1, status: int | str = 500, retry_after: float | None = None,
-                  verb: str | None = None, resource: str | None = None) -> None:
-        with self._lock:
-            self._faults.append(_Fault(int(n), None, status, retry_after, verb, resource))
-
-    def fail_rate(self, p: float, status: int | str = 500, retry_after: float | None = None,
-                  verb: str | None = None, resource: str | None = None, seed: int | None = None) -> None:
-        with self._lock:
-            self._faults = [f for f in self._faults if f.p is None]
-            if seed is not None:
-                self._rng.seed(seed)
-            if p > 0:
-                self._faults.append(_Fault(None, float(p), status, retry_after, verb, resource))
-
-    def clear_faults(self) -> None:
-        with self._lock:
-            self._faults.clear()
-            self._latency, self._latency_filter = 0.0, (None, None)
-
-    def pick_fault(self, verb: str, resource: str) -> _Fault | None:
-        with self._lock:
-            for f in self._faults:
-                if not f.matches(verb, resource):
-                    continue
-                if f.remaining is not None:
-                    f.remaining -= 1
-                    if f.remaining <= 0:
-                        self._faults.remove(f)
-                    return f
-                if self._rng.random() < f.p:
-                    return f
-            return None
-
-    def latency_for(self, verb: str, resource: str) -> float:
-        with self._lock:
-            v, r = self._latency_filter
-            return self._latency if (v is None or v == verb) and (r is None or r == resource) else 0.0
 
     def pause_watches(self) -> None:
         with self._cond:
@@ -493,10 +446,10 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         with proxy._lock:
             proxy.log.append(entry)  # now: a watch's entry is there while it streams
         try:
-            delay = proxy.latency_for(verb, resource)
+            delay = proxy._latency_for(verb, resource)
             if delay > 0:
                 time.sleep(delay)
-            fault = proxy.pick_fault(verb, resource) if rt is not None else None
+            fault = proxy._pick_fault(verb, resource) if rt is not None else None
             lost = False
             if fault is not None:
                 entry["injected"] = True
@@ -752,8 +705,10 @@ class RealServer:
         spec: dict[str, Any] = {"containers": [{"name": "main", "image": "pause"}]}
         if node:
             spec["nodeName"] = node
-        _, pod = self._raw("POST", self._path("pods", namespace),
-                           {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec})
+        code, pod = self._raw("POST", self._path("pods", namespace),
+                              {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}, ok=(201, 409))
+        if code == 409:  # our own create, retried after its answer was lost (a kube-apiserver restart)
+            _, pod = self._raw("GET", self._path("pods", namespace, name))
         status = {"phase": phase, **({"podIP": pod_ip} if pod_ip else {})}
         pod["status"] = status
         _, pod = self._raw("PUT", self._path("pods", namespace, name) + "/status", pod)

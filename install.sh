@@ -15,7 +15,7 @@ UNITS="rdmanet.socket rdmanet.service"
 usage() {
     cat <<'USAGE'
 Usage: install.sh [--prefix DIR] [--bin-dir DIR] [--socket PATH] [--link-dir DIR] [--no-systemd]
-                  [--systemd-root DIR] [--uninstall]
+                  [--systemd-root DIR] [--node-name NAME] [--kubeconfig FILE] [--uninstall]
        install.sh --daemonset [--prefix DIR] [--bin-dir DIR] [--conf-dir DIR] [--socket PATH]
                   [--host-python PATH] [--host-root DIR] [--serviceaccount-dir DIR] [--uninstall]
 
@@ -39,12 +39,23 @@ Host mode (default): from this checkout, on Debian 12.
     (`rdmanet daemon`, which serves root's calls only), so an idle node runs no daemon. An
     upgrade restarts a running daemon on the new code. Extra environment for the daemon
     (RDMANET_NODE_NAME, RDMANET_NODE_POLICY) goes in /etc/default/rdmanet.
+  - The Node name (RDMANET_NODE_NAME in /etc/default/rdmanet, under --systemd-root): --node-name
+    NAME, or by default the Node that matches this host (its hostname, lower-cased, its FQDN,
+    its short name) confirmed by a GET of the Node with --kubeconfig (default $KUBECONFIG, else
+    the kubelet's /etc/kubernetes/kubelet.conf). The daemon's node GC, which frees the claims of
+    this node's gone pods, runs only for a Node name the API confirms, never for the hostname:
+    when none is confirmed the file is left as it is and install.sh says so (rdmanet doctor too).
     Opt out: --no-systemd (or RDMANET_SYSTEMD=no): no units; start the daemon yourself.
     Without systemd it prints the command that starts the daemon; until one runs, the shims
     run the plugins in-process (slower: every call pays the imports).
   What it wrote is listed in PREFIX/installed-files; --uninstall removes those files (shims only
   while they are rdmanet shims, their .<name>.code and .<name>.texts always, the link only while it points into the venv, the units only
-  while they are the ones install.sh writes, disabled and stopped first) and the venv.
+  while they are the ones install.sh writes, disabled and stopped first), then what the plugins
+  and `rdmanet demo` left (the demo's store /var/lib/cni/lease-ipam/rdmanet-demo, the lock files
+  in /run/rdmanet/locks, an empty DEL journal and /run/rdmanet), the directories it created
+  (e.g. an empty --bin-dir; listed in PREFIX/created-dirs), and the venv. It keeps, and says so,
+  what is still in use: claims (the demo's, other networks'), DELs not replayed yet,
+  host-device-rdma's state, a lock a call holds (rdmanet/cli/leftovers.py).
 
 DaemonSet mode (--daemonset, or RDMANET_INSTALL_MODE=daemonset): the entry point of the rdmanet
 DaemonSet's container (privileged, hostPID; the node's --bin-dir, --conf-dir and the directory of
@@ -97,6 +108,10 @@ Options (an environment variable, where named, sets the same; a flag wins):
   --link-dir DIR             host mode: where the rdmanet link goes (default /usr/local/bin)
   --no-systemd               host mode: no systemd units, even when systemd runs
                                                                           RDMANET_SYSTEMD=no
+  --node-name NAME           host mode: this host's Kubernetes Node name (default: the Node that
+                             matches this host, confirmed through the API)
+  --kubeconfig FILE          host mode: credentials that may get nodes, to confirm the Node name
+                             (default $KUBECONFIG, else /etc/kubernetes/kubelet.conf)
   --systemd-root DIR         host mode: the root whose systemd gets the units (default /): they
                              go in DIR/etc/systemd/system, systemd counts as running when
                              DIR/run/systemd/system exists, and with a DIR other than / they
@@ -210,6 +225,8 @@ NODE_POLICY=
 LINK_DIR=/usr/local/bin
 SYSTEMD=${RDMANET_SYSTEMD:-auto}
 SYSTEMD_ROOT=${RDMANET_SYSTEMD_ROOT:-/}
+NODE_NAME=
+NODE_KUBECONFIG=
 UNINSTALL=0
 HOST_ONLY=     # flags given that only host mode takes
 DS_ONLY=       # flags given that only DaemonSet mode takes
@@ -224,7 +241,15 @@ while [ $# -gt 0 ]; do
     case "$opt" in
         --daemonset|--uninstall|--no-systemd|-h|--help)
             [ "$inline" -eq 0 ] || usage_error "$opt takes no value" ;;
-        --prefix|--bin-dir|--socket|--link-dir|--systemd-root|--conf-dir|--host-python|--host-root|--serviceaccount-dir|--node-policy)
+        --node-name)
+            if [ "$inline" -eq 0 ]; then
+                [ $# -ge 2 ] || usage_error "$opt needs a value"
+                val=$2
+                shift
+            fi
+            [[ $val =~ ^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$ ]] \
+                || usage_error "$opt '$val': give the Node's name as 'kubectl get nodes' shows it (lower case)" ;;
+        --prefix|--bin-dir|--socket|--link-dir|--systemd-root|--conf-dir|--host-python|--host-root|--serviceaccount-dir|--node-policy|--kubeconfig)
             if [ "$inline" -eq 0 ]; then
                 [ $# -ge 2 ] || usage_error "$opt needs a value"
                 val=$2
@@ -245,6 +270,8 @@ while [ $# -gt 0 ]; do
         --link-dir) LINK_DIR=$val; HOST_ONLY="$HOST_ONLY $opt" ;;
         --no-systemd) SYSTEMD=no; HOST_ONLY="$HOST_ONLY $opt" ;;
         --systemd-root) SYSTEMD_ROOT=$val; HOST_ONLY="$HOST_ONLY $opt" ;;
+        --node-name) NODE_NAME=$val; HOST_ONLY="$HOST_ONLY $opt" ;;
+        --kubeconfig) NODE_KUBECONFIG=$val; HOST_ONLY="$HOST_ONLY $opt" ;;
         --conf-dir) CONF_DIR=$val; DS_ONLY="$DS_ONLY $opt" ;;
         --host-python) HOST_PYTHON=$val; DS_ONLY="$DS_ONLY $opt" ;;
         --host-root) HOST_ROOT=$val; DS_ONLY="$DS_ONLY $opt" ;;
@@ -384,6 +411,22 @@ remove_unit() {  # remove_unit PATH: disabled (and stopped) first; removed only 
 
 # ------------------------------------------------------------------------------------ host mode
 
+host_leftovers() {  # what the plugins and `rdmanet demo` left, and the directories install created (rdmanet/cli/leftovers.py)
+    local args=(--run-dir "$(dirname "$SOCKET")") d line
+    if [ -f "$PREFIX/created-dirs" ]; then
+        while IFS= read -r d; do
+            [ -n "$d" ] && args+=(--created-dir "$d")
+        done < "$PREFIX/created-dirs"
+    fi
+    if [ ! -x "$PREFIX/bin/python" ]; then
+        say "left what the plugins and the demo made (lease-ipam's /var/lib/cni/lease-ipam/rdmanet-demo, $(dirname "$SOCKET")/locks): no venv in $PREFIX to clear them with"
+        return
+    fi
+    while IFS= read -r line; do
+        say "$line"
+    done < <("$PREFIX/bin/python" -I -m rdmanet.cli.leftovers "${args[@]}" 2>&1)
+}
+
 host_uninstall() {
     local manifest f
     RELOAD=0
@@ -406,6 +449,7 @@ host_uninstall() {
         done < "$manifest"
     done
     [ "$RELOAD" -eq 0 ] || systemctl daemon-reload
+    host_leftovers
     if [ -f "$PREFIX/pyvenv.cfg" ]; then  # only ever a venv: never a directory we did not make
         rm -rf "$PREFIX"
         say "removed $PREFIX"
@@ -415,8 +459,19 @@ host_uninstall() {
     echo "rdmanet uninstalled"
 }
 
+host_node_name() {  # RDMANET_NODE_NAME in the daemon's environment file: given, or the Node matching this host
+    local args=(--env-file "${SYSTEMD_ROOT%/}/etc/default/rdmanet") out rc=0
+    [ -z "$NODE_NAME" ] || args+=(--name "$NODE_NAME")
+    [ -z "$NODE_KUBECONFIG" ] || args+=(--kubeconfig "$NODE_KUBECONFIG")
+    out=$("$PREFIX/bin/python" -I -m rdmanet.cli.node_name "${args[@]}" 2>&1) || rc=$?
+    case "$rc" in
+        0|3) say "$out" ;;  # 3: no Node confirmed, nothing written (the daemon runs no node GC)
+        *) die "could not set the Node name: $out" ;;
+    esac
+}
+
 host_install() {
-    local src manifest exe answer missing="" p f
+    local src manifest exe answer missing="" p f d
     src=$(cd "$(dirname "$0")" && pwd)
     manifest=$PREFIX/installed-files
     [ "$PREFIX" != / ] || die "--prefix /: give a directory of its own"
@@ -436,7 +491,12 @@ host_install() {
     [ -x "$PREFIX/bin/python" ] || /usr/bin/python3 -m venv "$PREFIX"
     "$PREFIX/bin/pip" install -q --disable-pip-version-check --upgrade "$src"
 
-    mkdir -p "$BIN_DIR" "$LINK_DIR"
+    for d in "$BIN_DIR" "$LINK_DIR"; do  # a directory install makes goes with --uninstall (when empty by then)
+        if [ ! -e "$d" ]; then
+            mkdir -p "$d"
+            grep -qxF "$d" "$PREFIX/created-dirs" 2>/dev/null || echo "$d" >> "$PREFIX/created-dirs"
+        fi
+    done
     : > "$manifest.new"
     if [ -f "$manifest" ]; then  # keep what an earlier run wrote elsewhere (another --bin-dir)
         while IFS= read -r f; do
@@ -462,6 +522,7 @@ host_install() {
     done
     ln -sfn "$PREFIX/bin/rdmanet" "$LINK_DIR/rdmanet"
     echo "$LINK_DIR/rdmanet" >> "$manifest.new"
+    host_node_name
     host_systemd "$manifest.new"
     awk '!seen[$0]++' "$manifest.new" > "$manifest.tmp"
     rm -f "$manifest.new"

@@ -20,7 +20,7 @@ What a cluster operator does, on one machine, with nothing pulled from a contain
   namespace, so ``/proc/1/root`` (install.sh's ``--host-root``) is this node's root.
 * **The pod.** ``podman run`` with what deploy/daemonset.yaml says, read from the file itself:
   privileged, host network and PID, every volumeMount with its hostPath and mount propagation,
-  command, args, env (``fieldRef: spec.nodeName`` resolved as the kubelet does), the memory
+  command, args, env (``fieldRef`` ``spec.nodeName`` and ``status.podIP`` resolved as the kubelet does), the memory
   limit, the termination grace period, the ServiceAccount mounted read-only (a token the fake
   API server requires, its CA) and ``KUBERNETES_SERVICE_HOST``/``PORT`` pointing at a fake API
   server on TLS (tests/kube_api_server.py). Readiness is the manifest's readinessProbe, run with
@@ -379,8 +379,10 @@ def pod_run_args(ds: dict, *, name: str, image: str, node_name: str, sa_dir: pat
             env[e["name"]] = e["value"]
         else:
             field = e["valueFrom"]["fieldRef"]["fieldPath"]
-            assert field == "spec.nodeName", f"env {e['name']}: fieldRef {field} not known to this test"
-            env[e["name"]] = node_name
+            # the kubelet's values: the node's name; the pod's IP, with hostNetwork the node's (here: loopback)
+            known = {"spec.nodeName": node_name, "status.podIP": "127.0.0.1"}
+            assert field in known, f"env {e['name']}: fieldRef {field} not known to this test"
+            env[e["name"]] = known[field]
     env.update(extra_env)
     for k, v in env.items():
         args += ["-e", f"{k}={v}"]

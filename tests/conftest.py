@@ -20,6 +20,7 @@ import tempfile
 import pytest
 
 from rdmanet.cni.linux import roots
+from kube_api_server import write_kubeconfig
 from kube_real_server import KubeCluster
 from kube_servers import api_server
 from policy_file import write_policy
@@ -65,7 +66,7 @@ def pytest_generate_tests(metafunc) -> None:
 
 
 @pytest.fixture(scope="session")
-def kube_cluster():
+def real_apiserver():
     """A real kube-apiserver + etcd for the session, with deploy/'s namespace, ServiceAccount and RBAC."""
     if os.geteuid() != 0 and not os.environ.get("RDMANET_KUBE_CACHE"):
         pytest.skip("the real kube-apiserver is built and cached as root (scripts/test.sh)")
@@ -80,3 +81,12 @@ def server(request):
     """A Kubernetes API server for one test (see :func:`api_server`)."""
     with api_server(request) as srv:
         yield srv
+
+
+@pytest.fixture
+def cluster(server, tmp_path):
+    """``server`` as a test drives it through its API only (tests/kube_cluster.py): Nodes, pods,
+    Leases in ``kube_cluster.NAMESPACE``; whatever server ``server`` is."""
+    from kube_cluster import NAMESPACE, Cluster
+
+    return Cluster(server, write_kubeconfig(tmp_path / "kubeconfig", server.url, namespace=NAMESPACE), NAMESPACE)

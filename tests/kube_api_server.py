@@ -8,8 +8,11 @@ It speaks enough of the real apiserver's HTTP/JSON API that the official
   ``/apis/coordination.k8s.io/v1/leases``)
 * core ``v1`` pods (``/api/v1/namespaces/{ns}/pods[/{name}]`` and
   ``/api/v1/pods``)
-* core ``v1`` nodes, list and watch only (``/api/v1/nodes``; cluster-scoped, made by
-  ``add_node()``)
+* core ``v1`` nodes (``/api/v1/nodes[/{name}]``; cluster-scoped, made by ``add_node()`` or a
+  create)
+* core ``v1`` events (``/api/v1/namespaces/{ns}/events[/{name}]`` and ``/api/v1/events``),
+  validated as the apiserver validates a core/v1 Event (``involvedObject.namespace`` is the
+  event's namespace, ...)
 * whereabouts' ``whereabouts.cni.cncf.io/v1alpha1`` ippools and overlappingrangeipreservations
   (namespaced), as if its CRDs were installed
 
@@ -19,7 +22,7 @@ update (PUT, optimistic concurrency on ``metadata.resourceVersion``), patch
 delete (with ``preconditions``) and deletecollection.
 
 Namespaces: a new server has ``NAMESPACES``; creating in another one is 404 (``add_namespace()``
-makes one). A pod's status on create is the server's (``Pending``); a pod bound to a node is
+or a create of the Namespace makes one; ``POST /api/v1/namespaces``, 409 for one that exists). A pod's status on create is the server's (``Pending``); a pod bound to a node is
 deleted gracefully (``deletionTimestamp``, stays until a delete with ``gracePeriodSeconds: 0``, as
 its kubelet confirms), an unbound one at once. A Lease's MicroTime needs its 6 fractional digits.
 
@@ -90,6 +93,7 @@ import base64
 import bisect
 import copy
 import datetime as _dt
+import email.utils
 import json
 import random
 import re
@@ -176,6 +180,20 @@ RESOURCES: dict[str, ResourceType] = {
     "nodes": ResourceType(
         "nodes", "Node", "", "v1",
         {"metadata.name": _meta_field("name")}),
+    "namespaces": ResourceType(
+        "namespaces", "Namespace", "", "v1",
+        {"metadata.name": _meta_field("name")}),
+    "events": ResourceType(
+        "events", "Event", "", "v1",
+        {"metadata.name": _meta_field("name"),
+         "metadata.namespace": _meta_field("namespace"),
+         "involvedObject.kind": _path_field("involvedObject", "kind"),
+         "involvedObject.namespace": _path_field("involvedObject", "namespace"),
+         "involvedObject.name": _path_field("involvedObject", "name"),
+         "involvedObject.uid": _path_field("involvedObject", "uid"),
+         "reason": _path_field("reason"),
+         "type": _path_field("type"),
+         "source": _path_field("source", "component")}),
 }
 
 # whereabouts' CRDs (issue 10: lease-ipam reads them while a cluster migrates from whereabouts)
@@ -351,12 +369,39 @@ def _validate(rt: ResourceType, obj: dict) -> None:
         containers = (obj.get("spec") or {}).get("containers")
         if not containers:
             bad("spec.containers", None, "", "FieldValueRequired")
+    if rt.plural == "events":
+        _validate_event(obj, meta, bad)
     if causes:
         text = ", ".join(f"{c['field']}: {c['message']}" for c in causes)
         if len(causes) > 1:
             text = f"[{text}]"
         raise ApiError(422, f'{rt.kind}{"." + rt.group if rt.group else ""} "{name}" is invalid: {text}',
                        details=_details(rt, name, kind=rt.kind, causes=causes))
+
+
+def _validate_event(obj: dict, meta: dict, bad: Callable[..., None]) -> None:
+    """core/v1 Event as the apiserver's event validation has it for a core/v1 request: without
+    ``eventTime`` (the legacy form) ``involvedObject.namespace`` must be the event's namespace
+    (or, for an object without one, the event is in "" or default); with ``eventTime`` it also
+    needs ``reportingComponent``, ``reportingInstance``, ``action`` and ``reason`` within their
+    lengths. ``type``, when set, is Normal or Warning."""
+    involved = obj.get("involvedObject") if isinstance(obj.get("involvedObject"), dict) else {}
+    ns, ins = meta.get("namespace") or "", involved.get("namespace") or ""
+    if not obj.get("eventTime"):
+        if (ins and ins != ns) or (not ins and ns not in ("", "default")):
+            bad("involvedObject.namespace", ins, "does not match event.namespace")
+    else:
+        if not ins and ns not in ("default", "kube-system"):
+            bad("involvedObject.namespace", ins, "does not match event.namespace")
+        for key, limit in (("reportingComponent", 253), ("reportingInstance", 128), ("action", 128), ("reason", 128)):
+            if not obj.get(key):
+                bad(key, "", "", "FieldValueRequired")
+            elif len(str(obj[key])) > limit:
+                bad(key, "", f"can have at most {limit} characters")
+        if len(str(obj.get("message") or "")) > 1024:
+            bad("message", "", "can have at most 1024 characters")
+    if obj.get("type") not in (None, "", "Normal", "Warning"):
+        bad("type", obj.get("type"), 'supported values: "Normal", "Warning"', "FieldValueNotSupported")
 
 
 # --------------------------------------------------------------------------
@@ -468,8 +513,20 @@ def parse_field_selector(selector: str | None, rt: ResourceType) -> Matcher:
 # --------------------------------------------------------------------------
 
 
+_clock_offset = [0.0]  # seconds the servers' clock is ahead of this machine's (:meth:`KubeAPIServer.advance_clock`)
+
+
+def _server_now() -> _dt.datetime:
+    return _dt.datetime.now(_dt.UTC) + _dt.timedelta(seconds=_clock_offset[0])
+
+
 def _now_rfc3339() -> str:
-    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return _server_now().strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _http_date() -> str:
+    """The ``Date`` header: the server's time, as every apiserver answer carries it."""
+    return email.utils.format_datetime(_server_now().replace(microsecond=0), usegmt=True)
 
 
 def _merge_patch(target: Any, patch: Any) -> Any:
@@ -961,6 +1018,7 @@ class KubeAPIServer(FaultControls):
                 return
             self._stopping = True
             self._cond.notify_all()
+        _clock_offset[0] = 0.0
         if self._thread is not None:
             self._httpd.shutdown()
         self._httpd.server_close()
@@ -1110,6 +1168,12 @@ class KubeAPIServer(FaultControls):
             self._put("nodes", obj, "MODIFIED" if prev else "ADDED", prev)
             return self._with_kind(RESOURCES["nodes"], copy.deepcopy(obj))
 
+    @staticmethod
+    def advance_clock(seconds: float) -> None:
+        """Move the servers' clock (creation times, ``Date``) ``seconds`` ahead: a test of what
+        is judged by server time waits without sleeping. Undone when the server stops."""
+        _clock_offset[0] += seconds
+
     def delete_node(self, name: str) -> bool:
         """Delete a node; emits DELETED.  Returns whether it existed."""
         with self._cond:
@@ -1147,7 +1211,7 @@ class KubeAPIServer(FaultControls):
             entry["status"], entry["seconds"] = code, time.monotonic() - t0
             with self._stats_lock:
                 self._log.append(entry)
-            return code, {"Content-Type": "application/json", **(headers or {})}, data
+            return code, {"Content-Type": "application/json", "Date": _http_date(), **(headers or {})}, data
 
         lost = False
         route = self._route(path)
@@ -1201,6 +1265,8 @@ class KubeAPIServer(FaultControls):
         for rx, resource, namespaced in _ROUTES:
             m = rx.match(path)
             if m:
+                if namespaced is None:  # cluster-scoped, by name too (nodes)
+                    return RESOURCES[resource], "", m.group(1)
                 return RESOURCES[resource], (m.group(1) if namespaced else None), (m.group(2) if namespaced else None)
         return None
 
@@ -1515,14 +1581,15 @@ class KubeAPIServer(FaultControls):
             raise ApiError(400, "the body of the request was in an unknown format")
         _decode_times(rt, body)
         with self._cond:
-            if ns not in self._namespaces:
+            if ns and ns not in self._namespaces:
                 raise ApiError(404, f'namespaces "{ns}" not found', details={"name": ns, "kind": "namespaces"})
         obj = copy.deepcopy(body)
         meta = obj.setdefault("metadata", {})
         if meta.get("namespace") and meta["namespace"] != ns:
             raise ApiError(400, "the namespace of the provided object does not match "
                                 "the namespace sent on the request")
-        meta["namespace"] = ns
+        if ns:  # a cluster-scoped object (a node) has none
+            meta["namespace"] = ns
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + "".join(
                 random.choice("bcdfghjklmnpqrstvwxz2456789") for _ in range(5))
@@ -1535,7 +1602,7 @@ class KubeAPIServer(FaultControls):
             obj.setdefault("spec", {}).setdefault("terminationGracePeriodSeconds", 30)
         with self._cond:
             key = (ns, meta["name"])
-            if key in self._store[rt.plural]:
+            if key in self._store[rt.plural] or (rt.plural == "namespaces" and meta["name"] in self._namespaces):
                 raise ApiError(409, f'{rt.qualified} "{meta["name"]}" already exists',
                                details=_details(rt, meta["name"]), reason="AlreadyExists")
             meta["uid"] = str(uuid.uuid4())
@@ -1544,6 +1611,8 @@ class KubeAPIServer(FaultControls):
                 meta["resourceVersion"] = str(self._rv)
             else:
                 self._put(rt.plural, obj, "ADDED", None)
+                if rt.plural == "namespaces":
+                    self._namespaces.add(meta["name"])
             return 201, self._with_kind(rt, copy.deepcopy(obj))
 
     def api_get(self, rt: ResourceType, ns: str, name: str) -> tuple[int, dict]:
@@ -1687,7 +1756,7 @@ class KubeAPIServer(FaultControls):
 
     def _matches(self, obj: dict, ns: str | None, lsel: Matcher, fsel: Matcher) -> bool:
         meta = obj.get("metadata", {})
-        return ((ns is None or meta.get("namespace") == ns)
+        return ((ns is None or (meta.get("namespace") or "") == ns)
                 and lsel(meta.get("labels") or {}) and fsel(obj))
 
     def api_list(self, rt: ResourceType, ns: str | None, q: dict) -> tuple[int, dict]:
@@ -1774,7 +1843,10 @@ _ROUTES = [
     (re.compile(r"^/apis/coordination\.k8s\.io/v1/leases/?$"), "leases", False),
     (re.compile(r"^/api/v1/namespaces/([^/]+)/pods(?:/([^/]+))?/?$"), "pods", True),
     (re.compile(r"^/api/v1/pods/?$"), "pods", False),
-    (re.compile(r"^/api/v1/nodes/?$"), "nodes", False),
+    (re.compile(r"^/api/v1/nodes(?:/([^/]+))?/?$"), "nodes", None),
+    (re.compile(r"^/api/v1/namespaces(?:/([^/]+))?/?$"), "namespaces", None),
+    (re.compile(r"^/api/v1/namespaces/([^/]+)/events(?:/([^/]+))?/?$"), "events", True),
+    (re.compile(r"^/api/v1/events/?$"), "events", False),
     (re.compile(r"^/apis/whereabouts\.cni\.cncf\.io/v1alpha1/namespaces/([^/]+)/ippools(?:/([^/]+))?/?$"), "ippools", True),
     (re.compile(r"^/apis/whereabouts\.cni\.cncf\.io/v1alpha1/namespaces/([^/]+)/overlappingrangeipreservations(?:/([^/]+))?/?$"),
      "overlappingrangeipreservations", True),
@@ -1833,7 +1905,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "Content-Type: application/json",
                 f"Content-Length: {len(data)}",
                 "Cache-Control: no-cache, private",
-                f"Date: {self.date_time_string()}"]
+                f"Date: {_http_date()}"]
         for k, v in (headers or {}).items():
             head.append(f"{k}: {v}")
         if self.close_connection:
@@ -1906,20 +1978,14 @@ class _Handler(BaseHTTPRequestHandler):
                                       "serverAddressByClientCIDRs": []})
                 return
 
-            route = None
-            for rx, resource, namespaced in _ROUTES:
-                m = rx.match(path)
-                if m:
-                    route = (resource, m.group(1) if namespaced else None,
-                             m.group(2) if namespaced else None)
-                    break
+            route = KubeAPIServer._route(path)
             if route is None:
                 self._count(entry, "unknown", "unknown")
                 self._send_error(ApiError(404, "the server could not find the requested resource",
                                           details={}))
                 return
-            resource, ns, name = route
-            rt = RESOURCES[resource]
+            rt, ns, name = route
+            resource = rt.plural
             watch = q.get("watch", "").lower() in ("true", "1")
             verb = self._verb(method, name, watch, ns)
             entry.update(namespace=ns, name=name)
@@ -2075,7 +2141,7 @@ class _Handler(BaseHTTPRequestHandler):
                                      reason="Expired").status()
         head = ("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                 "Cache-Control: no-cache, private\r\nTransfer-Encoding: chunked\r\n"
-                f"Date: {self.date_time_string()}\r\n\r\n")
+                f"Date: {_http_date()}\r\n\r\n")
         self.wfile.write(head.encode())
         self._status = 200
         with srv._stats_lock:

@@ -436,7 +436,10 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             m = rx.match(split.path)
             if m:
                 resource, rt = res, RESOURCES[res]
-                ns, name = (m.group(1), m.group(2)) if namespaced else (None, None)
+                if namespaced is None:  # cluster-scoped, by name too (nodes, namespaces)
+                    ns, name = "", m.group(1)
+                else:
+                    ns, name = (m.group(1), m.group(2)) if namespaced else (None, None)
                 verb = _Handler._verb(self.command, name, q.get("watch", "").lower() in ("true", "1"), ns)
                 break
         verb = verb or self.command.lower()
@@ -609,6 +612,11 @@ class RealServer:
             p += f"/namespaces/{namespace}"
         p += f"/{resource}"
         return p + (f"/{name}" if name else "")
+
+    @staticmethod
+    def advance_clock(seconds: float) -> None:
+        """The fake moves its clock; a real server's time is waited for."""
+        time.sleep(seconds)
 
     def add_namespace(self, ns: str) -> None:
         self.ensure_namespace(ns)

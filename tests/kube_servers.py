@@ -16,7 +16,7 @@ def api_server(request, **fake_options):
     the real one (``[real]``) with the fake's controls and nothing left from an earlier test. For
     a module's own ``server`` fixture: ``with api_server(request, bookmark_interval=0.2) as srv``."""
     if getattr(request, "param", "fake") == "real":
-        srv = RealServer(request.getfixturevalue("kube_cluster"))
+        srv = RealServer(request.getfixturevalue("real_apiserver"))
         try:
             yield srv
         finally:

@@ -352,6 +352,20 @@ def test_kustomization_lists_every_file_beside_it(directory):
     assert doc["images"] == [{"name": "rdmanet", "newTag": "latest"}]
 
 
+def test_kustomization_comments_name_every_example_and_the_released_tag():
+    """What the base's comments tell an operator: every file of deploy/examples/ (none left out,
+    none counted wrong) and the image tag as README and the package spell it."""
+    text = (DEPLOY / "kustomization.yaml").read_text()
+    comments = "\n".join(line for line in text.splitlines() if line.lstrip().startswith("#"))
+    for example in sorted((DEPLOY / "examples").glob("*.yaml")):
+        assert example.name in comments, f"kustomization.yaml does not name {example.name}"
+    assert not re.search(r"\b(two|three|four|six) deployments\b", comments)
+    version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.MULTILINE).group(1)
+    readme_tags = set(re.findall(r"rdmanet:(v?[0-9][0-9.]*)\b", (ROOT / "README.md").read_text()))
+    tags = set(re.findall(r"rdmanet:(v?[0-9][0-9.]*)\b", comments)) | set(re.findall(r'newTag: "?(v?[0-9][0-9.]*)', comments))
+    assert readme_tags == {version} and tags == {version}, (readme_tags, tags)
+
+
 def test_examples_are_not_in_the_base_and_the_reconciler_is():
     for resource in kustomization(DEPLOY)["resources"]:
         assert "/" not in resource
@@ -433,6 +447,25 @@ def test_daemonset_container():
     assert not {"KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"} & set(env), "Kubernetes sets these itself"
 
 
+def test_the_daemonset_exposes_the_daemons_metrics_port():
+    """The port the daemon serves /metrics on (its environment, read as the daemon reads it) is the
+    port the pod declares and its scrape annotation names, bound to the pod's IP (hostNetwork:
+    the node's), so Prometheus reaches it; a host install has none unless asked."""
+    from rdmanet.node.metrics import DAEMONSET_PORT, DEFAULT_ADDRESS, address_and_port
+
+    c = container()
+    env = {e["name"]: e for e in c["env"]}
+    assert env["RDMANET_METRICS_ADDRESS"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    pod_ip = "10.0.0.7"
+    address, port = address_and_port(None, None, {"RDMANET_METRICS_PORT": env["RDMANET_METRICS_PORT"]["value"],
+                                                   "RDMANET_METRICS_ADDRESS": pod_ip})
+    assert (address, port) == (pod_ip, DAEMONSET_PORT)
+    assert c["ports"] == [{"name": "metrics", "containerPort": port, "protocol": "TCP"}]
+    notes = the("DaemonSet")["spec"]["template"]["metadata"]["annotations"]
+    assert notes == {"prometheus.io/scrape": "true", "prometheus.io/port": str(port)}
+    assert address_and_port(None, None, {}) == (DEFAULT_ADDRESS, 0) and DEFAULT_ADDRESS == "127.0.0.1"
+
+
 def test_install_arguments_are_the_interface():
     from rdmanet.node.launcher import DEFAULT_SOCKET, SOCKET_ENV
 
@@ -512,13 +545,16 @@ def test_rbac_grants_leases_in_our_namespace_pod_reads_and_node_lists_only():
     for path, role in objects("ClusterRole"):
         for rule in role["rules"]:
             assert set(rule) == {"apiGroups", "resources", "verbs"}
-            assert rule["apiGroups"] == [""] and rule["resources"] in (["pods"], ["nodes"]), f"{rel(path)}: {rule}"
+            assert rule["apiGroups"] == [""] and rule["resources"] in (["pods"], ["nodes"], ["events"]), f"{rel(path)}: {rule}"
             if rule["resources"] == ["pods"]:
                 assert set(rule["verbs"]) <= {"get", "list"} and "get" in rule["verbs"]
-            else:  # rdmanet ipam plan Lists the nodes (rdmanet/ipam/block_planner.py): nothing more
-                assert rule["verbs"] == ["list"]
+            elif rule["resources"] == ["events"]:  # events on pods (rdmanet/node/pod_events.py): created, never read
+                assert rule["verbs"] == ["create"]
+            else:  # a daemon GETs its own Node (rdmanet/ipam/node_identity.py); the plan and the release of gone
+                # Nodes' blocks List them: nothing more
+                assert rule["verbs"] == ["get", "list"]
             granted.add((rule["resources"][0], *sorted(rule["verbs"])))
-    assert objects("Role") and granted == {("pods", "get", "list"), ("nodes", "list")}
+    assert objects("Role") and granted == {("pods", "get", "list"), ("nodes", "get", "list"), ("events", "create")}
 
 
 def test_bindings_bind_our_service_account_to_our_roles():

@@ -656,7 +656,7 @@ def test_network_config_flag_accepts_a_nad(env, tmp_path, capsys):
 
     (tmp_path / "junk.json").write_text("[1, 2]")
     code, cap = cli_run(capsys, env, "--network-config", str(tmp_path / "junk.json"))
-    assert code == 1 and "not a JSON object" in cap.out
+    assert code == 1 and "holds no network config" in cap.out
 
 
 # =========================================================================== daemon

@@ -222,7 +222,8 @@ def test_help_documents_both_modes_every_flag_and_env():
                  "/opt/rdmanet", "/opt/cni/rdmanet", "/proc/1/root", "rdmanet.kubeconfig", "0600",
                  "no in-process fallback", "error 11", DAEMONSET_PHRASE, "write + rename",
                  "--no-systemd", "RDMANET_SYSTEMD=no", "--systemd-root", "RDMANET_SYSTEMD_ROOT", "rdmanet.socket",
-                 "rdmanet.service", "/run/systemd/system", "/etc/default/rdmanet"):
+                 "rdmanet.service", "/run/systemd/system", "/etc/default/rdmanet", "--node-name", "--kubeconfig",
+                 "RDMANET_NODE_NAME", "never for the hostname"):
         assert word in text, word
 
 
@@ -248,6 +249,10 @@ def test_help_documents_both_modes_every_flag_and_env():
     (["--no-systemd=yes"], {}),
     ([], {"RDMANET_SYSTEMD": "yes"}),
     ([], {"RDMANET_SYSTEMD_ROOT": "relative"}),
+    (["--node-name", "GPU-Node01"], {}),  # not a Node name: node names are lower case
+    (["--node-name"], {}),
+    (["--daemonset", "--node-name", "gpu-node01"], {}),  # host mode only: the DaemonSet has the downward API
+    (["--kubeconfig", "kubeconfig"], {}),
 ])
 def test_bad_usage_exits_2(tmp_path, argv, env):
     proc = subprocess.run([str(INSTALL), *argv], env={"PATH": BARE_PATH, **env}, capture_output=True, text=True,
@@ -622,7 +627,10 @@ def test_host_mode_twice_then_uninstall(tmp_path):
         assert proc.returncode == 0, proc.stdout + proc.stderr
         return proc
 
-    first = install("--bin-dir", str(bin_dir))
+    first = install("--bin-dir", str(bin_dir), "--node-name", "gpu-node01")
+    # the Node name in the daemon's environment (no API to confirm it with here: written as given)
+    assert (sysroot / "etc" / "default" / "rdmanet").read_text().endswith("\nRDMANET_NODE_NAME=gpu-node01\n")
+    assert "RDMANET_NODE_NAME=gpu-node01 written to" in first.stdout and "not confirmed" in first.stdout
     for plugin in PLUGINS:
         lines = (bin_dir / plugin).read_text().splitlines()
         assert lines[0] == f"#!{prefix}/bin/python -IS" and "falls back to" in lines[1]
@@ -668,7 +676,7 @@ def test_host_mode_twice_then_uninstall(tmp_path):
     (bin2 / "lease-ipam").write_text("#!/bin/sh\n")  # replaced by someone else: not ours any more
 
     # The running systemd's path (--systemd-root /), then --uninstall, in a mount namespace of their
-    # own: /etc/systemd/system and /run are empty tmpfs there (/run/systemd/system made: systemd
+    # own: /etc/systemd/system, /run and /var/lib/cni are empty tmpfs there (/run/systemd/system made: systemd
     # "runs"), and systemctl is a stand-in that records its calls (--root ones go to the real one).
     calls, out = tmp_path / "systemctl-calls", tmp_path / "live"
     out.mkdir()
@@ -683,6 +691,7 @@ case "$*" in *is-active*) exit 3 ;; esac
     script = f"""set -eu
 mount -t tmpfs tmpfs /etc/systemd/system
 mount -t tmpfs tmpfs /run
+if [ -d /var/lib/cni ]; then mount -t tmpfs tmpfs /var/lib/cni; fi  # the uninstall clears the demo's store there
 mkdir -p /run/systemd/system
 export PATH={fake}:$PATH
 {INSTALL} --prefix {prefix} --link-dir {link_dir} --socket {sock} --bin-dir {bin_dir} > {out}/install.out 2>&1
@@ -713,9 +722,67 @@ ls -A /etc/systemd/system > {out}/units-after
     for unit in (f"{units}/rdmanet.socket", f"{units}/rdmanet.service", "/etc/systemd/system/rdmanet.socket",
                  "/etc/systemd/system/rdmanet.service"):
         assert f"removed {unit}\n" in uninstall, uninstall
-    assert os.listdir(bin_dir) == ["bridge"] and os.listdir(bin2) == ["lease-ipam"] and os.listdir(link_dir) == []
+    assert os.listdir(bin_dir) == ["bridge"] and os.listdir(bin2) == ["lease-ipam"]
+    assert not link_dir.exists() and f"removed {link_dir}\n" in uninstall  # install made it: it goes once empty
+    assert f"left {bin2}: it holds files of others (install.sh created it)\n" in uninstall
     assert os.listdir(units) == []  # disabled (no symlink left) and removed
     assert not prefix.exists()
+
+
+@needs_root
+@pytest.mark.parametrize("demo_kept", [False, True], ids=["after-demo-down", "demo-kept"])
+def test_host_uninstall_clears_what_install_and_the_demo_left(tmp_path, demo_kept):
+    """Host mode's --uninstall on a host where the demo ran (its store made by the real plugin, at
+    the real paths, in a mount namespace whose /run and /var/lib are empty tmpfs): the shims, the
+    bin dir install created, the demo's store, the lock files and /run/rdmanet go, and each is
+    said; a claim the demo still holds is kept, and said. The venv is a stand-in for the one
+    install makes (a wrapper of this one: a real one takes ~30 s, test_host_mode_twice_then_uninstall)."""
+    from rdmanet.cli.demo import CONTAINER_ID, demo_config
+    from rdmanet.node.testing import write_shims
+
+    prefix, bin_dir, out = tmp_path / "venv", tmp_path / "opt-cni-bin", tmp_path / "out"
+    (prefix / "bin").mkdir(parents=True)
+    out.mkdir()
+    (prefix / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (prefix / "bin" / "python").write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+    (prefix / "bin" / "python").chmod(0o755)
+    write_shims(bin_dir, "/run/rdmanet/daemon.sock")
+    (prefix / "installed-files").write_text("".join(f"{bin_dir}/{p}\n" for p in PLUGINS))
+    (prefix / "created-dirs").write_text(f"{bin_dir}\n")
+    conf = tmp_path / "demo.json"
+    conf.write_text(json.dumps(demo_config("eth0")))
+    lease_ipam = pathlib.Path(sys.executable).parent / "lease-ipam"
+    cni = f"CNI_CONTAINERID={CONTAINER_ID} CNI_NETNS=/x CNI_IFNAME=net1 CNI_PATH=/x"
+    script = f"""set -eu
+mount -t tmpfs tmpfs /run
+mount -t tmpfs tmpfs /var/lib
+mkdir -p -m 0700 /run/rdmanet/locks
+touch /run/rdmanet/locks/07.lock /run/rdmanet/locks/a1.lock
+env {cni} CNI_COMMAND=ADD {lease_ipam} < {conf} > {out}/add.out
+{"" if demo_kept else f"env {cni} CNI_COMMAND=DEL {lease_ipam} < {conf}"}
+{INSTALL} --uninstall --prefix {prefix} > {out}/uninstall.out 2>&1
+find /run /var/lib | sort > {out}/after
+"""
+    proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", "-c", script], capture_output=True,
+                          text=True, timeout=120)
+    logs = {p.name: p.read_text() for p in out.iterdir()}
+    assert proc.returncode == 0, (proc.stdout, proc.stderr, logs)
+    said = logs["uninstall.out"].splitlines()
+    demo_store = "/var/lib/cni/lease-ipam/rdmanet-demo"
+    address = json.loads(logs["add.out"])["ips"][0]["address"].split("/")[0]
+    for line in [*(f"install.sh: removed {bin_dir}/{p}" for p in PLUGINS),
+                 "install.sh: removed 2 lock file(s) in /run/rdmanet/locks", "install.sh: removed /run/rdmanet/locks",
+                 f"install.sh: removed {bin_dir}", f"install.sh: removed {prefix}", "rdmanet uninstalled"]:
+        assert line in said, logs["uninstall.out"]
+    if demo_kept:
+        assert (f"install.sh: kept {demo_store}: the demo's attachment still holds {address} "
+                "(rdmanet demo --down releases it)") in said
+        assert f"{demo_store}/{address}" in logs["after"].split()
+    else:
+        assert f"install.sh: removed {demo_store}" in said and "install.sh: removed /var/lib/cni/lease-ipam" in said
+        assert "install.sh: removed /run/rdmanet" in said
+        assert [f for f in logs["after"].split() if "rdmanet" in f or "lease-ipam" in f] == [], logs["after"]
+    assert not bin_dir.exists() and not prefix.exists()
 
 
 # --------------------------------------------------------------------------- rdmanet.ipam.kube_config's cache

@@ -131,10 +131,10 @@ def test_shared_informer_counts_what_per_node_informers_receive():
     assert b["restart"]["total_bytes"] == pytest.approx(a["restart"]["total_bytes"], rel=0.05)
 
 
-def test_the_simulation_runs_against_a_real_api_server(kube_cluster):
+def test_the_simulation_runs_against_a_real_api_server(real_apiserver):
     """``--server real``: the same phases over HTTPS to the real kube-apiserver (the session's),
     requests counted per simulated node from its audit log; the counts add up as on the fake."""
-    ipam_scale_sim.RealServer.cluster = kube_cluster
+    ipam_scale_sim.RealServer.cluster = real_apiserver
     try:
         rc, doc = run("--server", "real", "--nodes", "3")
     finally:

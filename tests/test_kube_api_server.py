@@ -805,3 +805,34 @@ def test_inprocess_watch_replays_history_and_restart_makes_it_410():
     events = [json.loads(line) for line in again.lines()]
     assert [(e["type"], e["object"]["code"]) for e in events] == [("ERROR", 410)]
     assert srv.watch_totals() == {"groups": 0, "live": 0, "held": 0}
+
+
+# -- core/v1 events ---------------------------------------------------------------
+
+
+def pod_event(namespace: str, involved_namespace: str, **extra) -> client.CoreV1Event:
+    return client.CoreV1Event(
+        metadata=client.V1ObjectMeta(generate_name="p."),
+        involved_object=client.V1ObjectReference(api_version="v1", kind="Pod", namespace=involved_namespace,
+                                                 name="p", uid="u-1"),
+        reason="AddFailed", message="m", **{"type": "Warning", **extra})
+
+
+def test_events_are_created_in_the_namespace_of_their_object(server, core):
+    made = core.create_namespaced_event(NS, pod_event(NS, NS))
+    assert made.metadata.name.startswith("p.") and made.metadata.namespace == NS and made.involved_object.uid == "u-1"
+    listed = core.list_namespaced_event(NS, field_selector="involvedObject.name=p,reason=AddFailed").items
+    assert [e.metadata.name for e in listed] == [made.metadata.name]
+    assert server.count("create", "events") == 1
+
+
+@pytest.mark.parametrize("involved, extra, field", [
+    ("other", {}, "involvedObject.namespace"),  # an event about a pod of another namespace
+    (NS, {"type": "Fatal"}, "type"),
+    (NS, {"event_time": "2024-01-01T00:00:00.000000Z"}, "reportingComponent"),  # the new form needs its fields
+])
+def test_events_the_apiserver_refuses_are_422(core, involved, extra, field):
+    with pytest.raises(ApiException) as exc:
+        core.create_namespaced_event(NS, pod_event(NS, involved, **extra))
+    assert exc.value.status == 422
+    assert field in json.dumps(status_body(exc.value)["details"]["causes"])

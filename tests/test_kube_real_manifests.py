@@ -5,7 +5,7 @@ defaulting and admission, beyond the offline schema check of test_deploy_manifes
 The server is Kubernetes 1.20, which serves CronJob as ``batch/v1beta1`` only (``batch/v1`` came
 in 1.21, with the same fields): the dry run converts the apiVersion of a CronJob, nothing else.
 Multus' NetworkAttachmentDefinition CRD, which the examples need, is installed by the session's
-fixture (conftest ``kube_cluster``). A file that names no namespace goes into one of its own, as
+fixture (conftest ``real_apiserver``). A file that names no namespace goes into one of its own, as
 the kustomization says to apply the examples (``-n <your namespace>``). The server runs with
 ``--allow-privileged=true``, as clusters that run privileged DaemonSets do.
 """
@@ -38,14 +38,14 @@ def test_every_manifest_is_found():
 
 
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.relative_to(REPO / "deploy").as_posix())
-def test_a_server_side_dry_run_accepts_it(kube_cluster, path):
+def test_a_server_side_dry_run_accepts_it(real_apiserver, path):
     text = path.read_text()
     args = ["apply", "--dry-run=server", "-o", "name", "-f", "-"]
     if not any((d.get("metadata") or {}).get("namespace") for d in yaml.safe_load_all(text) if d):
-        kube_cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(
+        real_apiserver.kubectl("apply", "-f", "-", input=yaml.safe_dump(
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": EXAMPLES_NS}}))
         args[1:1] = ["-n", EXAMPLES_NS]
-    r = kube_cluster.kubectl(*args, input=for_1_20(text), check=False)
+    r = real_apiserver.kubectl(*args, input=for_1_20(text), check=False)
     assert r.returncode == 0, r.stderr
     # one line per object, each accepted as a dry run
     kinds = [d["kind"] for d in yaml.safe_load_all(text) if d]

@@ -30,16 +30,16 @@ SA_USER = "system:serviceaccount:rdmanet-system:rdmanet"
 
 
 @pytest.fixture
-def objects(kube_cluster):
-    o = Objects(kube_cluster)
+def objects(real_apiserver):
+    o = Objects(real_apiserver)
     o.clean()
     yield o
     o.clean()
 
 
-def test_8_node_daemons_start_and_delete_1000_pods_on_a_22(kube_cluster, objects, tmp_path):
-    token = kube_cluster.token()
-    nodes = [Node(kube_cluster, tmp_path / f"node-{n}", token, network="race", subnet=SUBNET, node=f"node-{n}")
+def test_8_node_daemons_start_and_delete_1000_pods_on_a_22(real_apiserver, objects, tmp_path):
+    token = real_apiserver.token()
+    nodes = [Node(real_apiserver, tmp_path / f"node-{n}", token, network="race", subnet=SUBNET, node=f"node-{n}")
              for n in range(NODES)]
     try:
         for node in nodes:
@@ -52,12 +52,12 @@ def test_8_node_daemons_start_and_delete_1000_pods_on_a_22(kube_cluster, objects
                 t0 = time.perf_counter()
                 code, out = node.cni(command, cid, f"uid-{cid}")
                 return cid, code, out, time.perf_counter() - t0
-            since = kube_cluster.audit_offset()
+            since = real_apiserver.audit_offset()
             t0 = time.perf_counter()
             with ThreadPoolExecutor(4 * NODES) as pool:
                 rows = list(pool.map(one, pods))
             took = time.perf_counter() - t0
-            return rows, took, audit_counts(kube_cluster.audit_events(since), user=SA_USER)
+            return rows, took, audit_counts(real_apiserver.audit_events(since), user=SA_USER)
 
         adds, t_add, add_requests = run("ADD")
         failed = [(cid, out) for cid, code, out, _ in adds if code != 0]

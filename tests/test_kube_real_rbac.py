@@ -8,7 +8,7 @@ made: none may be refused. Each verb of the Lease Role, taken away in turn, must
 run fail or be refused, so a verb the code needs and the manifest lacks is a test failure here,
 not a node's in production. A rotated token (the old one revoked) is taken without a restart.
 
-Real server only (the fake has no RBAC); the server is the session's (conftest ``kube_cluster``).
+Real server only (the fake has no RBAC); the server is the session's (conftest ``real_apiserver``).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ LEASE_VERBS = ("get", "list", "watch", "create", "update", "delete")
 
 
 @pytest.fixture
-def objects(kube_cluster):
-    o = Objects(kube_cluster)
+def objects(real_apiserver):
+    o = Objects(real_apiserver)
     o.clean()
     yield o
     o.clean()
@@ -118,22 +118,22 @@ def used(cluster, since, user=SA_USER):
                    for e in cluster.audit_events(since) if e["user"]["username"] == user})
 
 
-def test_the_daemonset_identity_serves_add_del_gc_and_the_reconciler(kube_cluster, objects, tmp_path):
-    since = kube_cluster.audit_offset()
-    node = Node(kube_cluster, tmp_path, kube_cluster.token())
+def test_the_daemonset_identity_serves_add_del_gc_and_the_reconciler(real_apiserver, objects, tmp_path):
+    since = real_apiserver.audit_offset()
+    node = Node(real_apiserver, tmp_path, real_apiserver.token())
     try:
         assert lifecycle(node, objects) == []
     finally:
         node.stop()
-    assert refused(kube_cluster, since) == []
+    assert refused(real_apiserver, since) == []
     # every Lease verb the Role grants is used (none is granted for nothing), pods only read
-    leases = {v for v, r in used(kube_cluster, since) if r == "leases"}
+    leases = {v for v, r in used(real_apiserver, since) if r == "leases"}
     assert leases == set(LEASE_VERBS)
-    assert {v for v, r in used(kube_cluster, since) if r != "leases"} <= {"get", "list"}
+    assert {v for v, r in used(real_apiserver, since) if r != "leases"} <= {"get", "list"}
 
 
 @pytest.mark.parametrize("verb", LEASE_VERBS)
-def test_a_lease_verb_missing_from_the_role_fails_the_run(kube_cluster, objects, tmp_path, verb):
+def test_a_lease_verb_missing_from_the_role_fails_the_run(real_apiserver, objects, tmp_path, verb):
     """deploy/rbac.yaml with one verb taken out of the Lease Role, bound to a ServiceAccount of its
     own: the same run fails, or the server refuses the ServiceAccount something."""
     name = f"rdmanet-minus-{verb}"
@@ -152,24 +152,24 @@ def test_a_lease_verb_missing_from_the_role_fails_the_run(kube_cluster, objects,
                  "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                              "name": pods["metadata"]["name"]}}]
     manifest = yaml.safe_dump_all([sa, role, *bindings])
-    kube_cluster.kubectl("apply", "-f", "-", input=manifest)
-    since = kube_cluster.audit_offset()
-    node = Node(kube_cluster, tmp_path, kube_cluster.token(name))
+    real_apiserver.kubectl("apply", "-f", "-", input=manifest)
+    since = real_apiserver.audit_offset()
+    node = Node(real_apiserver, tmp_path, real_apiserver.token(name))
     try:
         wrong = lifecycle(node, objects)
     finally:
         node.stop()
-        kube_cluster.kubectl("delete", "-f", "-", input=manifest)
-    denied = refused(kube_cluster, since, f"system:serviceaccount:{NS}:{name}")
+        real_apiserver.kubectl("delete", "-f", "-", input=manifest)
+    denied = refused(real_apiserver, since, f"system:serviceaccount:{NS}:{name}")
     assert wrong or denied, f"without {verb!r} on leases nothing failed and nothing was refused"
     assert not denied or all(d.startswith(f"{verb} leases") for d in denied), denied
 
 
-def test_a_rotated_token_is_taken_and_the_revoked_one_never_used_again(kube_cluster, objects, tmp_path):
+def test_a_rotated_token_is_taken_and_the_revoked_one_never_used_again(real_apiserver, objects, tmp_path):
     """The kubelet rotates a projected ServiceAccount token in place; here the old token is bound to
     a Secret that is then deleted, so the server refuses it from that moment on. The daemon keeps
     serving (its watch re-opens with the new token after the server breaks it)."""
-    core = kubernetes.client.CoreV1Api(kube_cluster.api_client())
+    core = kubernetes.client.CoreV1Api(real_apiserver.api_client())
     tokens = {}
     for n in ("old", "new"):
         secret = core.create_namespaced_secret(NS, {"metadata": {"name": f"rdmanet-token-{n}"}})
@@ -177,21 +177,21 @@ def test_a_rotated_token_is_taken_and_the_revoked_one_never_used_again(kube_clus
                         "boundObjectRef": {"kind": "Secret", "apiVersion": "v1", "name": secret.metadata.name,
                                            "uid": secret.metadata.uid}}}
         tokens[n] = core.create_namespaced_service_account_token("rdmanet", NS, req).status.token
-    node = Node(kube_cluster, tmp_path, tokens["old"])
+    node = Node(real_apiserver, tmp_path, tokens["old"])
     try:
         live = objects.pod("live")
         node.daemon()
         assert node.cni("ADD", "a", live)[0] == 0
-        kube_cluster.write_kubeconfig(node.kubeconfig, namespace=NS, token=tokens["new"])
+        real_apiserver.write_kubeconfig(node.kubeconfig, namespace=NS, token=tokens["new"])
         core.delete_namespaced_secret("rdmanet-token-old", NS)
-        since = kube_cluster.audit_offset()
+        since = real_apiserver.audit_offset()
         assert node.cni("ADD", "b", live)[0] == 0
         assert node.cni("DEL", "a", live)[0] == 0
-        kube_cluster.restart_apiserver()  # every connection and watch breaks
+        real_apiserver.restart_apiserver()  # every connection and watch breaks
         assert node.cni("ADD", "c", live)[0] == 0
         assert objects.holders() == ["b/net1", "c/net1"]
-        assert refused(kube_cluster, since) == []  # the revoked token was never sent again
-        assert ("watch", "leases") in used(kube_cluster, since)  # the watch re-opened, with the new token
+        assert refused(real_apiserver, since) == []  # the revoked token was never sent again
+        assert ("watch", "leases") in used(real_apiserver, since)  # the watch re-opened, with the new token
     finally:
         node.stop()
         for n in ("old", "new"):

@@ -217,7 +217,9 @@ def test_the_reconciler_lists_pods_once_per_namespace_and_writes_only_what_chang
     assert server.counts() == expected, server.counts()
     assert ("get", "pods") not in server.counts()  # main GETs every claim's pod: 3,000 GETs
 
-    # a second run: the same pod Lists again (read afresh per run), the misses go to 2
+    # a second run: the same pod Lists again (read afresh per run), the misses go to 2 (counted
+    # grace / misses = 20 s of server time apart)
+    server.advance_clock(20)
     server.reset_counts()
     outcome = reconcile.reconcile_target(target, grace_seconds=60, misses=3)
     assert outcome.count(reconcile.MISS) == 100 and server.counts()[("list", "pods")] == expected[("list", "pods")]
@@ -238,8 +240,10 @@ def test_the_node_gc_lists_only_the_pods_bound_to_its_node(server, kubeconfig):
     outcome = reconcile.reconcile_target(target, grace_seconds=60, misses=3)
     assert outcome.count(reconcile.KEPT) == 599 and outcome.count(reconcile.MISS) == 1
     pod_lists = [e for e in server.request_log() if e["resource"] == "pods"]
-    assert [e["verb"] for e in pod_lists] == ["list", "list"], pod_lists  # 599 pods: 2 pages, every namespace
-    assert all(e["query"].get("fieldSelector") == "spec.nodeName=node-a" and e["namespace"] is None for e in pod_lists)
+    # 599 pods: 2 pages, every namespace; the one pod that List does not show is looked up by name
+    assert [e["verb"] for e in pod_lists] == ["list", "list", "get"], pod_lists
+    assert all(e["query"].get("fieldSelector") == "spec.nodeName=node-a" and e["namespace"] is None for e in pod_lists[:2])
+    assert pod_lists[2]["path"] == f"/api/v1/namespaces/{made[0][0]}/pods/{made[0][1]}"
 
 
 @pytest.mark.fake_only("it seeds thousands of claims with backdated creation times and pod UIDs of its own; a real server sets both itself")

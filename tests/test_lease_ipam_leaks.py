@@ -15,6 +15,7 @@ import os
 import stat
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -23,7 +24,7 @@ from rdmanet.cni.core import skel
 from rdmanet.ipam.plugin import LeaseIPAM
 from rdmanet.node import del_journal
 from rdmanet.node.daemon import parse_binary
-from rdmanet.node.launcher import journal_del, journal_path, write_shim
+from rdmanet.node.launcher import forget_del, journal_del, journal_path, write_shim
 from rdmanet.node.testing import Daemon, ScriptedDaemon
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -87,6 +88,11 @@ def holders(server):
     return sorted(o["spec"]["holderIdentity"] for o in claim_leases(server, NS))
 
 
+def entries(directory):
+    """The journal's entries (not its lock stripes, ".lock-NN")."""
+    return [n for n in os.listdir(directory) if not n.startswith(".")]
+
+
 def wait_for(predicate, what, timeout=20.0):
     end = time.monotonic() + timeout
     while not predicate():
@@ -105,7 +111,7 @@ def test_a_del_swallowed_while_the_daemon_restarted_is_replayed_when_it_starts(s
     assert holders(server) == ["b1/net1", "c1/net1"]
     node.daemon()
     wait_for(lambda: holders(server) == ["b1/net1"], "the journaled DEL to free c1's address")
-    wait_for(lambda: not os.listdir(del_journal.directory_of(node.sock)), "the replayed entry to be removed")
+    wait_for(lambda: not entries(del_journal.directory_of(node.sock)), "the replayed entry to be removed")
 
 
 def test_a_del_that_failed_while_the_api_server_was_out_is_retried(server, node):
@@ -121,10 +127,12 @@ def test_a_del_that_failed_while_the_api_server_was_out_is_retried(server, node)
 def test_node_gc_frees_this_nodes_claims_of_gone_pods_and_replaced_sandboxes(server, node):
     live = server.add_pod("default", "pod-live", uid="uid-live", node="node-a")["metadata"]["uid"]
     restarted = server.add_pod("default", "pod-old", uid="uid-restarted", node="node-a")["metadata"]["uid"]
+    server.add_node("node-a")  # the daemon confirms its Node before it runs the node GC
     node.daemon(RDMANET_NODE_GC_SECONDS="0.3", RDMANET_NODE_GC_GRACE_SECONDS="0", RDMANET_NODE_GC_MISSES="2")
     assert multus_thick(node, "ADD", "live", uid=live)[0] == 0
     assert multus_thick(node, "ADD", "gone")[0] == 0  # its pod is never in the API: deleted, DEL never came
     assert multus_thick(node, "ADD", "old", uid=restarted, pod="pod-old")[0] == 0
+    server.advance_clock(2)  # the server's clock orders the sandboxes' claims (creationTimestamp, in seconds)
     # a new sandbox of the same pod (the old one's DEL never came)
     assert multus_thick(node, "ADD", "new", uid=restarted, pod="pod-old")[0] == 0
     on_node_b(node, "ADD", "b-gone")  # another node's claim: not this node's GC's business
@@ -159,6 +167,49 @@ def test_an_add_of_the_attachment_cancels_its_journaled_del(tmp_path):
     assert not os.path.exists(os.path.dirname(nowhere))
 
 
+def test_an_add_of_the_same_container_id_waits_for_a_replayed_del_or_cancels_it(tmp_path):
+    """podman and cnitool reuse container IDs: a DEL that failed is journaled, then the same ID is
+    added again. The ADD's removal of the entry (launcher.forget_del, which the shim runs before
+    the ADD) and the replay's re-check + DEL hold the entry's journal lock: an ADD that arrives
+    while the replayed DEL runs goes on only after it (so the DEL cannot undo the ADD), and one
+    that came first leaves nothing to replay."""
+    sock = str(tmp_path / "daemon.sock")
+    env = {b"CNI_COMMAND": b"DEL", b"CNI_CONTAINERID": b"ctr", b"CNI_IFNAME": b"net1"}
+    directory = del_journal.directory_of(sock)
+    order, started = [], threading.Event()
+
+    def serve(plugin, env, stdin):
+        started.set()
+        time.sleep(0.3)  # the DEL is under way when the ADD arrives
+        order.append("DEL done")
+        return 0, b"", b""
+
+    def add_again():
+        started.wait(10)
+        forget_del(sock, "lease-ipam", env)
+        order.append("ADD starts")
+
+    journal_del(sock, "lease-ipam", env, b"{}")
+    adder = threading.Thread(target=add_again)
+    adder.start()
+    counts = del_journal.replay_once(directory, {"lease-ipam": object()}, serve, parse_binary, lambda *a, **k: None)
+    adder.join(10)
+    assert order == ["DEL done", "ADD starts"] and counts["freed"] == 1 and entries(directory) == []
+
+    # the ADD came after the entry was read but before the replay took the lock: no DEL at all
+    journal_del(sock, "lease-ipam", env, b"{}")
+    served = []
+
+    def parse_then_add(line, rest):
+        parsed = parse_binary(line, rest)
+        forget_del(sock, "lease-ipam", env)
+        return parsed
+
+    counts = del_journal.replay_once(directory, {"lease-ipam": object()}, lambda *a: served.append(a) or (0, b"", b""),
+                                     parse_then_add, lambda *a, **k: None)
+    assert served == [] and counts == {"freed": 0, "failed": 0, "dropped": 0} and entries(directory) == []
+
+
 def test_replay_serves_only_dels_of_known_plugins_from_a_private_directory(tmp_path):
     sock = str(tmp_path / "daemon.sock")
     served, events = [], []
@@ -185,10 +236,10 @@ def test_replay_serves_only_dels_of_known_plugins_from_a_private_directory(tmp_p
     counts = del_journal.replay_once(directory, plugins, serve, parse_binary, log)
     assert sorted(served) == [("lease-ipam", "DEL", "bad-config"), ("lease-ipam", "DEL", "fails"), ("lease-ipam", "DEL", "ok")]
     assert counts == {"freed": 1, "failed": 1, "dropped": 1}
-    assert len(os.listdir(directory)) == 1  # the failed one stays for the next round
+    assert len(entries(directory)) == 1  # the failed one stays for the next round
     # too old: dropped (the node GC and the reconciler free what is left)
     counts = del_journal.replay_once(directory, plugins, serve, parse_binary, log, now=time.time() + 2 * del_journal.MAX_AGE)
-    assert counts["dropped"] == 1 and os.listdir(directory) == []
+    assert counts["dropped"] == 1 and entries(directory) == []
     # a directory others may write to is not trusted
     entry("DEL", "ok")
     os.chmod(directory, 0o777)

@@ -132,7 +132,7 @@ def test_ls_bad_config_is_a_clear_error(tmp_path, capsys):
     path = tmp_path / "bad.json"
     path.write_text("{not json")
     code, out, err = run(capsys, "ls", "--network-config", str(path))
-    assert code == 2 and out == "" and "not JSON" in err
+    assert code == 2 and out == "" and "neither JSON nor YAML" in err
     path.write_text(json.dumps(netconf(tmp_path, range="10.0.0.0/33")))
     code, out, err = run(capsys, "ls", "--network-config", str(path))
     assert code == 2 and "ipam.range" in err

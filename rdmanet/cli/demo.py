@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 STANDIN_MASTER, STANDIN_PEER = "rdmademo0", "rdmademo1"
+NETWORK = "rdmanet-demo"  # its lease-ipam store: /var/lib/cni/lease-ipam/rdmanet-demo (install.sh --uninstall clears it)
 CONTAINER_ID = "rdmanet-demo"
 IFNAME = "net1"
 
@@ -25,7 +26,7 @@ def demo_config(master: str) -> dict:
     """The embedded default network: the NAD config a user would write, minus the device plugin."""
     return {
         "cniVersion": "1.0.0",
-        "name": "rdmanet-demo",
+        "name": NETWORK,
         "type": "macvlan-rdma",
         "master": master,
         "mode": "bridge",
@@ -63,15 +64,33 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
 
 
-def _down(args, netns_path: str, cni_path: str) -> None:
+def _held() -> list[str]:
+    """The addresses the demo's attachment holds in lease-ipam's store (read, nothing created)."""
+    from rdmanet.ipam.location import DEFAULT_DATA_DIR
+
+    from .ipam_cli import read_local_unlocked
+
+    root = os.path.join(DEFAULT_DATA_DIR, NETWORK)
+    if not os.path.isdir(root):
+        return []
+    return [str(ip) for res in read_local_unlocked(root)
+            if (res.attachment.container_id, res.attachment.ifname) == (CONTAINER_ID, IFNAME) for ip in res.addresses]
+
+
+def _down(args, netns_path: str, cni_path: str) -> tuple[list[str], subprocess.CompletedProcess]:
+    """CNI DEL, then the namespace and the stand-in link: (what was there and is gone, the DEL)."""
     master = args.master or STANDIN_MASTER
-    if os.path.exists(netns_path):
-        _cni("DEL", demo_config(master), netns_path, cni_path)
-        _ip("netns", "del", args.netns, check=False)
-    else:
-        _cni("DEL", demo_config(master), "", cni_path)
-    if not args.master:
-        _ip("link", "del", STANDIN_MASTER, check=False)
+    gone = []
+    held = _held()
+    attached = os.path.exists(netns_path)
+    dele = _cni("DEL", demo_config(master), netns_path if attached else "", cni_path)
+    if dele.returncode == 0 and held:
+        gone.append(f"the address {', '.join(held)} (CNI DEL)")
+    if attached and _ip("netns", "del", args.netns, check=False).returncode == 0:
+        gone.append(f"the namespace {args.netns}")
+    if not args.master and _ip("link", "del", STANDIN_MASTER, check=False).returncode == 0:
+        gone.append(f"the stand-in link {STANDIN_MASTER}")
+    return gone, dele
 
 
 def run_demo(args) -> int:
@@ -84,9 +103,15 @@ def run_demo(args) -> int:
     cni_path = _plugin_dir(args.cni_path)
     netns_path = f"/run/netns/{args.netns}"
     if args.down:
-        _down(args, netns_path, cni_path)
-        print(f"removed {args.netns}")
-        return 0
+        gone, dele = _down(args, netns_path, cni_path)
+        if dele.returncode != 0:
+            print(f"rdmanet demo --down: CNI DEL failed: {dele.stdout.decode(errors='replace').strip()}", file=sys.stderr)
+        if gone:
+            print("removed " + "; ".join(gone))
+        elif dele.returncode == 0:
+            print(f"nothing to remove: no namespace {args.netns}"
+                  + ("" if args.master else f", no stand-in link {STANDIN_MASTER}") + ", no address held by the demo")
+        return 0 if dele.returncode == 0 else 1
     master = args.master or STANDIN_MASTER
     if not args.master and _ip("link", "show", STANDIN_MASTER, check=False).returncode != 0:
         _ip("link", "add", STANDIN_MASTER, "type", "veth", "peer", "name", STANDIN_PEER)
@@ -109,6 +134,6 @@ def run_demo(args) -> int:
     if args.keep and proc.returncode == 0:
         print(f"# left attached; remove with: rdmanet demo --down{' --master ' + args.master if args.master else ''}")
     else:
-        _down(args, netns_path, cni_path)
-        print("# CNI DEL done; namespace and stand-in links removed (use --keep to inspect)")
+        gone, _ = _down(args, netns_path, cni_path)
+        print(f"# CNI DEL done; removed {'; '.join(gone) or 'nothing'} (use --keep to inspect)")
     return proc.returncode

@@ -2,10 +2,12 @@
 and give nodes planned blocks (``plan``: :mod:`rdmanet.ipam.block_planner`).
 
 ``ls`` reads a store through its :class:`rdmanet.ipam.store.base.Store` interface. With
-``--network-config`` (a network config as a NAD's ``spec.config`` holds it; a conflist or a whole
-NAD object is accepted too) it knows the ranges and the store: the local store under
-``ipam.dataDir`` by default, the Kubernetes Lease store when the ipam block has ``kubernetes``.
-Without one it lists every domain directory under ``--data-dir`` (claims only: no ranges).
+``--network-config`` (a NetworkAttachmentDefinition in YAML or JSON, one or several in a YAML
+stream, a conflist or a plugin config: :mod:`rdmanet.cli.network_config`) it knows the ranges and
+the store of each network in the file: the local store under ``ipam.dataDir`` by default, the
+Kubernetes Lease store when the ipam block has ``kubernetes``. Without one it lists every domain
+directory under ``--data-dir`` (claims only: no ranges). ``reconcile`` and ``plan`` take one
+network: ``--network NAME`` picks it in a file that holds several.
 
 The JSON schema of ``-o json`` is stable::
 
@@ -31,11 +33,14 @@ import argparse
 import json
 import os
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 from rdmanet.cni.core.errors import INVALID_CONFIG, IO_FAILURE, CNIError
+
+from . import network_config
 
 DEFAULT_DATA_DIR = "/var/lib/cni/lease-ipam"
 
@@ -50,7 +55,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     ls = verbs.add_parser("ls", help="list every claim (address, attachment, pod, node, age) and free/used counts per range")
     src = ls.add_mutually_exclusive_group()
     src.add_argument("--network-config", metavar="FILE",
-                     help="network config JSON (a NAD's spec.config, a conflist or a NAD object): gives ranges and store")
+                     help="a NAD (YAML or JSON, one or many documents), a conflist or a network config: gives ranges and store")
     src.add_argument("--data-dir", metavar="DIR",
                      help=f"without a config: list every domain of the local store under DIR (default: {DEFAULT_DATA_DIR})")
     ls.add_argument("--network", metavar="N", help="only the domain N, or claims made for the network N")
@@ -59,7 +64,10 @@ def register(sub: "argparse._SubParsersAction") -> None:
     rec = verbs.add_parser("reconcile", help="free Kubernetes-store claims whose pod (by UID) is gone; runs once")
     what = rec.add_mutually_exclusive_group(required=True)
     what.add_argument("--network-config", metavar="FILE",
-                      help="one network: config JSON whose ipam block selects the Lease store")
+                      help="one network: a NAD (YAML or JSON), a conflist or a network config whose ipam block "
+                           "selects the Lease store")
+    rec.add_argument("--network", metavar="NAME", help="with --network-config: the network of the file to reconcile "
+                                                         "(when it holds several)")
     what.add_argument("--all", action="store_true",
                       help="every lease-ipam claim in the namespace (the default install's CronJob); "
                            "in-cluster credentials unless --kubeconfig")
@@ -70,6 +78,9 @@ def register(sub: "argparse._SubParsersAction") -> None:
                      help="skip claims younger than this (default: %(default)s)")
     rec.add_argument("--misses", type=int, default=3,
                      help="consecutive runs a claim's pod must be missing before it is freed (default: %(default)s)")
+    rec.add_argument("--miss-spacing-seconds", type=float, default=None,
+                     help="least API-server time between two counted misses of a claim, whichever cleaner counts "
+                          "them (default: grace-seconds / misses)")
     rec.add_argument("--dry-run", action="store_true", help="report what would be done; change nothing")
     rec.add_argument("--deadline-seconds", type=float, default=480.0,
                      help="leave claims not judged by then for the next run (default: %(default)s, under the "
@@ -79,7 +90,8 @@ def register(sub: "argparse._SubParsersAction") -> None:
     plan = verbs.add_parser("plan", help="give each node its share of free node blocks (planned records) before the ADDs; "
                                           "take back the free planned blocks of gone nodes")
     plan.add_argument("--network-config", metavar="FILE", required=True,
-                      help="network config JSON whose ipam block selects the Lease store (a NAD's spec.config, a conflist or a NAD object)")
+                      help="a NAD (YAML or JSON), a conflist or a network config whose ipam block selects the Lease store")
+    plan.add_argument("--network", metavar="NAME", help="the network of the file to plan (when it holds several)")
     plan.add_argument("--node-selector", metavar="SELECTOR", default="",
                       help="label selector of the nodes to plan for (default: every node); planned blocks of nodes it "
                            "does not select are taken back while free")
@@ -93,7 +105,7 @@ def run(args: argparse.Namespace, out=None) -> int:
     out = out or sys.stdout
     try:
         if args.ipam_command == "ls":
-            views = list_claims(network_config=args.network_config, data_dir=args.data_dir, network=args.network)
+            views = list_claims(config_file=args.network_config, data_dir=args.data_dir, network=args.network)
             out.write(json.dumps(report_json(views), indent=2) + "\n" if args.output == "json" else render_table(views))
             return 0
         if args.ipam_command == "plan":
@@ -101,7 +113,8 @@ def run(args: argparse.Namespace, out=None) -> int:
 
             if args.blocks_per_node is not None and args.blocks_per_node < 0:
                 raise CNIError(INVALID_CONFIG, "--blocks-per-node must not be negative", "e.g. --blocks-per-node 2")
-            done = block_planner.plan_network(load_network_config(args.network_config), node_selector=args.node_selector,
+            config = network_config.one_ipam_config(args.network_config, args.network)
+            done = block_planner.plan_network(config, node_selector=args.node_selector,
                                               blocks_per_node=args.blocks_per_node, dry_run=args.dry_run)
             out.write(json.dumps(done.to_json(), indent=2) + "\n" if args.output == "json" else block_planner.render_table(done))
             return 1 if done.errors else 0
@@ -113,17 +126,24 @@ def run(args: argparse.Namespace, out=None) -> int:
             raise CNIError(INVALID_CONFIG, "--deadline-seconds must be positive", "e.g. --deadline-seconds 480")
         if args.grace_seconds < 0:
             raise CNIError(INVALID_CONFIG, "--grace-seconds must not be negative", "e.g. --grace-seconds 300")
+        if args.miss_spacing_seconds is not None and args.miss_spacing_seconds < 0:
+            raise CNIError(INVALID_CONFIG, "--miss-spacing-seconds must not be negative", "e.g. --miss-spacing-seconds 100")
         if args.all:
             kube: dict = {"kubeconfig": args.kubeconfig} if args.kubeconfig else {}
             if args.namespace:
                 kube["namespace"] = args.namespace
-            outcome = reconcile.reconcile_all({"ipam": {"type": "lease-ipam", "kubernetes": kube}},
-                                              grace_seconds=args.grace_seconds, misses=args.misses, dry_run=args.dry_run,
-                                              deadline_seconds=args.deadline_seconds)
+            config = {"ipam": {"type": "lease-ipam", "kubernetes": kube}}
         else:
-            config = load_network_config(args.network_config)
-            outcome = reconcile.reconcile(config, grace_seconds=args.grace_seconds, misses=args.misses, dry_run=args.dry_run,
-                                          deadline_seconds=args.deadline_seconds)
+            config = network_config.one_ipam_config(args.network_config, args.network)
+        with freed_events(config, args.dry_run):
+            if args.all:
+                outcome = reconcile.reconcile_all(config, grace_seconds=args.grace_seconds, misses=args.misses,
+                                                  dry_run=args.dry_run, deadline_seconds=args.deadline_seconds,
+                                                  spacing_seconds=args.miss_spacing_seconds)
+            else:
+                outcome = reconcile.reconcile(config, grace_seconds=args.grace_seconds, misses=args.misses,
+                                              dry_run=args.dry_run, deadline_seconds=args.deadline_seconds,
+                                              spacing_seconds=args.miss_spacing_seconds)
         out.write(json.dumps(outcome.to_json(), indent=2) + "\n" if args.output == "json" else render_reconcile(outcome))
         return 1 if outcome.errors else 0
     except CNIError as err:
@@ -131,38 +151,30 @@ def run(args: argparse.Namespace, out=None) -> int:
         return 2
 
 
-# -- network config -------------------------------------------------------------------------------
+@contextmanager
+def freed_events(config: dict, dry_run: bool, flush_seconds: float = 10.0) -> Iterator[None]:
+    """An event on each pod whose address the run frees (rdmanet.node.pod_events), written with the
+    credentials the run uses (the CronJob's: its service account), at most ``flush_seconds`` after
+    the run; never its failure."""
+    if dry_run:
+        yield
+        return
+    from rdmanet.ipam import telemetry
+    from rdmanet.ipam.kube_config import kube_settings
+    from rdmanet.ipam.node_gc import node_name
+    from rdmanet.node.pod_events import Credentials, PodEvents
 
-def load_network_config(path: str) -> dict:
-    """The network config with an ``ipam`` block from ``path`` (netconf, conflist or NAD object)."""
     try:
-        with open(path, "rb") as f:
-            doc = json.loads(f.read())
-    except OSError as exc:
-        raise CNIError(IO_FAILURE, f"cannot read {path}: {exc.strerror or exc}", "give a readable network config file") from None
-    except ValueError as exc:
-        raise CNIError(INVALID_CONFIG, f"{path} is not JSON: {exc}", "give the JSON a NAD's spec.config holds") from None
-    return network_config_of(doc, path)
-
-
-def network_config_of(doc: Any, where: str) -> dict:
-    if isinstance(doc, dict) and isinstance(doc.get("spec"), dict) and "config" in doc["spec"]:  # a NAD object
-        raw = doc["spec"]["config"]
-        try:
-            doc = json.loads(raw) if isinstance(raw, str) else raw
-        except ValueError as exc:
-            raise CNIError(INVALID_CONFIG, f"{where}: spec.config is not JSON: {exc}", "fix the NAD's spec.config") from None
-    if not isinstance(doc, dict):
-        raise CNIError(INVALID_CONFIG, f"{where}: not a JSON object", "give the JSON a NAD's spec.config holds")
-    if "ipam" not in doc and isinstance(doc.get("plugins"), list):  # a conflist: the first plugin with ipam
-        for plugin in doc["plugins"]:
-            if isinstance(plugin, dict) and isinstance(plugin.get("ipam"), dict):
-                return dict(plugin, name=doc.get("name", plugin.get("name", "")), cniVersion=doc.get("cniVersion", ""))
-        raise CNIError(INVALID_CONFIG, f"{where}: no plugin of the conflist has an ipam block",
-                       'add "ipam": {"type": "lease-ipam", ...} to the plugin')
-    if not isinstance(doc.get("ipam"), dict):
-        raise CNIError(INVALID_CONFIG, f"{where}: no ipam block", 'add "ipam": {"type": "lease-ipam", "range": "10.1.1.0/24"}')
-    return doc
+        settings = kube_settings(config)
+    except CNIError:
+        settings = None
+    events = PodEvents(Credentials(settings.kubeconfig if settings is not None else None), node_name())
+    telemetry.on_freed(events.freed)
+    try:
+        yield
+    finally:
+        telemetry.remove_listener(events.freed)
+        events.flush(flush_seconds)
 
 
 # -- listing --------------------------------------------------------------------------------------
@@ -318,31 +330,36 @@ def _filter(view: NetworkView, network: Optional[str]) -> Optional[NetworkView]:
     return view if view.claims else None
 
 
-def list_claims(network_config: Optional[str] = None, data_dir: Optional[str] = None,
+def network_view(config: dict, now: Optional[datetime] = None) -> NetworkView:
+    """One network's claims, ranges (and node blocks) in the store its ipam block selects."""
+    from rdmanet.ipam.config import parse_ipam_config
+    from rdmanet.ipam.location import uses_kubernetes
+
+    parsed = parse_ipam_config(config)
+    if uses_kubernetes(config):
+        from rdmanet.ipam import reconcile
+
+        target = reconcile.KubeTarget.from_config(config)
+        claims = [claim_row(c, now) for c in target.list_claims()]
+        view = NetworkView(parsed.domain, "kubernetes", sorted(claims, key=_sort_key), where=f"namespace {target.namespace}")
+        view.blocks = block_fill(target.list_blocks(), view.claims, now)
+    else:
+        reservations, note = _local_reservations(parsed.data_dir, parsed.domain)
+        view = NetworkView(parsed.domain, "local", claims_of(reservations, now),
+                           where=os.path.join(parsed.data_dir, parsed.domain), note=note)
+    view.ranges = range_counts(parsed.range_sets, view.claims)
+    return view
+
+
+def list_claims(config_file: Optional[str] = None, data_dir: Optional[str] = None,
                 network: Optional[str] = None, now: Optional[datetime] = None) -> list[NetworkView]:
     """What ``ls`` shows, one view per domain (``report_json`` gives the stable JSON schema)."""
     views: list[NetworkView] = []
-    if network_config is not None:
-        config = load_network_config(network_config)
-        from rdmanet.ipam.config import parse_ipam_config
-
-        from rdmanet.ipam.location import uses_kubernetes
-
-        parsed = parse_ipam_config(config)
-        if uses_kubernetes(config):
-            from rdmanet.ipam import reconcile
-
-            target = reconcile.KubeTarget.from_config(config)
-            claims = [claim_row(c, now) for c in target.list_claims()]
-            view = NetworkView(parsed.domain, "kubernetes", sorted(claims, key=_sort_key), where=f"namespace {target.namespace}")
-            view.blocks = block_fill(target.list_blocks(), view.claims, now)
-        else:
-            reservations, note = _local_reservations(parsed.data_dir, parsed.domain)
-            view = NetworkView(parsed.domain, "local", claims_of(reservations, now),
-                               where=os.path.join(parsed.data_dir, parsed.domain), note=note)
-        view.ranges = range_counts(parsed.range_sets, view.claims)
-        kept = _filter(view, network)
-        views = [kept] if kept is not None else []
+    if config_file is not None:
+        for config in network_config.ipam_configs(config_file):
+            kept = _filter(network_view(config, now), network)
+            if kept is not None:
+                views.append(kept)
     else:
         data_dir = data_dir or DEFAULT_DATA_DIR
         try:
@@ -388,12 +405,16 @@ def render_reconcile(outcome) -> str:
             f"grace {int(outcome.grace_seconds)} s, freed after {outcome.misses} miss(es)")
     if outcome.dry_run:
         head += "  [dry run: nothing changed]"
-    if not outcome.actions:
-        return head + "\n"
-    rows = [(a.action, a.claim.address or "-", a.claim.pod or "-", (a.claim.pod_uid or "-")[:8],
-             f"{a.claim.container_id[:12]}/{a.claim.ifname}", a.claim.name, a.reason)
-            for a in outcome.actions]
-    return head + "\n" + table(("ACTION", "ADDRESS", "POD", "UID", "CONTAINER/IFNAME", "LEASE", "REASON"), rows)
+    text = head + "\n"
+    if outcome.actions:
+        rows = [(a.action, a.claim.address or "-", a.claim.pod or "-", (a.claim.pod_uid or "-")[:8],
+                 f"{a.claim.container_id[:12]}/{a.claim.ifname}", a.claim.name, a.reason)
+                for a in outcome.actions]
+        text += table(("ACTION", "ADDRESS", "POD", "UID", "CONTAINER/IFNAME", "LEASE", "REASON"), rows)
+    if outcome.blocks:  # blocks of Nodes that are gone (--all)
+        text += table(("ACTION", "BLOCK", "OWNER", "LEASE", "REASON"),
+                      [(b.action, b.block, b.owner, b.name, b.reason) for b in outcome.blocks])
+    return text
 
 
 def render_table(views: Sequence[NetworkView]) -> str:

@@ -42,6 +42,15 @@ def main(argv: list[str] | None = None) -> int:
     daemon.add_argument("--nice", type=int, default=None, metavar="N",
                         help="serve at this nice value, or at the one it was started with when that is lower "
                              "(default: -10: a burst of pod starts has the shims' processes compete with it)")
+    daemon.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                        help="serve Prometheus metrics on this port (default: $RDMANET_METRICS_PORT, else none)")
+    daemon.add_argument("--metrics-address", default=None, metavar="ADDRESS",
+                        help="the address the metrics port binds (default: $RDMANET_METRICS_ADDRESS, else 127.0.0.1: "
+                             "nothing is exposed off the host unless asked)")
+    daemon.add_argument("--kubeconfig", default=None, metavar="FILE",
+                        help="the daemon's own credentials, for the events it writes on pods (default: "
+                             "$RDMANET_KUBECONFIG, else install.sh's /etc/cni/net.d/rdmanet.d/rdmanet.kubeconfig, else the "
+                             "pod's service account, else no events)")
     from .node_policy import register as register_policy
 
     register_policy(daemon)
@@ -58,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     doctor.add_argument("--systemd-root", metavar="DIR", default="/",
                         help="read /etc/systemd/system/rdmanet.socket and /run/systemd/system under DIR (default: /)")
     doctor.add_argument("--network-config", metavar="FILE", action="append", default=None,
-                        help="also check this network config (a NAD's spec.config, a conflist or a NAD object); repeatable")
+                        help="also check the networks of this file: a NAD (YAML or JSON, one or many documents), a conflist "
+                             "or a network config; repeatable")
     doctor.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
                         help="for each shim's VERSION, the daemon and the API server (default: %(default)s)")
     doctor.add_argument("--node-policy", metavar="FILE", default=None,
@@ -99,6 +109,12 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--workers and --call-timeout must be positive")
         if args.nice is not None and not -20 <= args.nice <= 19:
             parser.error("--nice must be between -20 and 19")
+        from rdmanet.node.metrics import address_and_port
+
+        try:
+            metrics = address_and_port(args.metrics_port, args.metrics_address)
+        except ValueError as exc:
+            parser.error(str(exc))
         try:
             policy = from_args(args)
         except PolicyError as exc:
@@ -106,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return run_daemon(path, allowed_uids=args.allow_uid or (0,), workers=args.workers or WORKERS,
                           call_timeout=args.call_timeout or DEFAULT_SECONDS, policy=policy,
-                          nice=NICE if args.nice is None else args.nice)
+                          nice=NICE if args.nice is None else args.nice, metrics_endpoint=metrics,
+                          kubeconfig=args.kubeconfig or os.environ.get("RDMANET_KUBECONFIG") or None)
     if args.command == "doctor":
         from .doctor import run as run_doctor
 

@@ -25,12 +25,12 @@ import os
 import sys
 
 from rdmanet.cni.linux.files import atomic_write
+from rdmanet.ipam.node_identity import ENVIRONMENT_FILE  # install.sh writes RDMANET_NODE_NAME there
 
 SOCKET_UNIT = "rdmanet.socket"
 SERVICE_UNIT = "rdmanet.service"
 UNITS = (SOCKET_UNIT, SERVICE_UNIT)
 UNIT_DIR = "/etc/systemd/system"  # where the node owner's units go (install.sh: under --systemd-root)
-ENVIRONMENT_FILE = "/etc/default/rdmanet"
 STOP_SECONDS = 90  # the daemon's longest call (--call-timeout, 50 s) and its drain
 MAX_SOCKET_PATH = 107  # sun_path, without its NUL
 

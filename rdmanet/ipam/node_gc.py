@@ -14,6 +14,10 @@ cluster store the daemon knows of:
 - the store whereabouts' flat file names at its default locations;
 - ``rdmanet.kubeconfig`` that install.sh writes in DaemonSet mode, when it exists.
 
+The node's name is ``RDMANET_NODE_NAME`` (:mod:`rdmanet.ipam.node_identity`), confirmed through
+each store's API (a GET of the Node) before its run: never the hostname. Without a confirmed
+Node the node GC does not run (a ``node_gc_off`` or ``node_gc_skipped`` log line says why).
+
 Settings (the daemon's environment): ``RDMANET_NODE_GC_SECONDS`` (interval, default 120; 0 turns
 it off), ``RDMANET_NODE_GC_GRACE_SECONDS`` (claims younger than this are never judged, default
 300), ``RDMANET_NODE_GC_MISSES`` (default 3). With the defaults a claim of a deleted pod goes
@@ -25,12 +29,13 @@ from __future__ import annotations
 import bisect
 import logging
 import os
-import socket
 import threading
 import time
 from typing import Any, Callable, Optional
 
 from rdmanet.cni.core.errors import IO_FAILURE, CNIError
+
+from . import node_identity, telemetry
 
 log = logging.getLogger("rdmanet.ipam.gc")
 
@@ -79,19 +84,27 @@ def known_settings(say: Say = _log) -> list[Any]:
     return list(found.values())
 
 
-def node_name() -> str:
-    return os.environ.get("RDMANET_NODE_NAME") or socket.gethostname()
+def node_name() -> Optional[str]:
+    """The node name the daemon was given (``RDMANET_NODE_NAME``, else the environment file
+    install.sh writes); None: none, and no node GC runs. Never the hostname."""
+    return node_identity.configured().name
 
 
 def run_once(node: str, grace: float = GRACE, misses: int = MISSES, say: Say = _log) -> list[Any]:
-    """One pass over this node's claims in every known store; returns the reconciler's outcomes."""
+    """One pass over this node's claims in every known store whose API confirms a Node of that
+    name (a store that does not is skipped, and said so); returns the reconciler's outcomes."""
     from .reconcile import KubeTarget, reconcile_target
 
     outcomes = []
     for settings in known_settings(say):
         try:
             target = KubeTarget.for_settings(settings, node=node)
-            outcome = reconcile_target(target, grace_seconds=grace, misses=misses)
+            found = node_identity.confirm(target.api, node)
+            if found.name is None:
+                say("node_gc_skipped", "warning", node=node, kubeconfig=settings.kubeconfig or "in-cluster",
+                    why=f"this node's name is not confirmed: {found.reason}", fix=found.fix)
+                continue
+            outcome = reconcile_target(target, grace_seconds=grace, misses=misses, freed_by=telemetry.NODE_GC)
             for block in release_blocks(target, node, grace):
                 say("node_gc_block_released", block=block.id, node=node)
         except CNIError as err:
@@ -175,6 +188,11 @@ def start(stop: threading.Event, say: Say = _log) -> Optional[threading.Thread]:
     grace = _setting("RDMANET_NODE_GC_GRACE_SECONDS", GRACE, say)
     misses = max(1, int(_setting("RDMANET_NODE_GC_MISSES", MISSES, say)))
     node = node_name()
+    if not node:
+        say("node_gc_off", "warning", why=f"no node name: {node_identity.NODE_ENV} is set neither in the daemon's "
+                                          f"environment nor in {node_identity.ENVIRONMENT_FILE}",
+            fix="host mode: re-run install.sh (it writes the name of this host's Node there), or install.sh --node-name NAME")
+        return None
 
     def loop() -> None:
         while not stop.wait(interval):

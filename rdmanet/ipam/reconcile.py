@@ -12,17 +12,24 @@ Rules (research/ipam-anchors.md §1.5, §2, §8.6; the anchors' bugs each rule a
 - Only the store's namespace is listed, with the domain's label selector (never every Lease of
   the cluster: kube-node-lease alone is one per node, renewed every 10 s).
 - A claim is judged by its pod's **UID**: the pod by namespace/name, from one paginated List of
-  the namespace's pods per run (of the node's pods, for the node daemon's GC), and compare UIDs. A pod
-  that is missing (404) or has another UID is a miss; never a decision by name alone
+  the namespace's pods per run (of the node's pods, for the node daemon's GC: a pod that List does
+  not show is then looked up by name, since a claim's node label is no proof of where its pod
+  runs), and compare UIDs. A pod that is missing (404) or has another UID is a miss; never a decision by name alone
   [whereabouts #176/#182: StatefulSet name reuse freed the new pod's IP] and never from the
   network-status annotation [whereabouts #162/#207]. A static pod's claim carries the kubelet's
   UID, which the API shows in its mirror pod's ``kubernetes.io/config.mirror`` annotation (the
   mirror pod's own UID differs): such a pod is present (Multus documents the same).
 - Claims without a pod identity (no UID, namespace or name) are left alone and reported: only a
   claim that can be attributed to a real pod is ever freed [dranet #103].
-- Claims younger than the grace period are skipped entirely (neither counted nor reset).
-- A miss is recorded on the Lease itself, in the annotation ``rdmanet.io/reconcile-misses``,
-  written with a resourceVersion-guarded PUT: a concurrent change (a repeat ADD, another
+- Every time is the API server's: a claim's age is its ``creationTimestamp`` against the ``Date``
+  of the server's answer to the List, never this node's clock nor the claiming node's
+  ``acquireTime``. Claims younger than the grace period are skipped entirely (neither counted
+  nor reset).
+- A miss is recorded on the Lease itself, in the annotations ``rdmanet.io/reconcile-misses`` and
+  ``rdmanet.io/reconcile-missed-at`` (the server time of the miss), and counts only when it is at
+  least ``spacing_seconds`` (default grace / misses) after the one before: the CronJob, the node
+  GC and CNI GC share the count, and back-to-back runs count once. Written with a
+  resourceVersion-guarded PUT: a concurrent change (a repeat ADD, another
   reconciler) wins with 409 and this run leaves the claim alone. The count lives on the object,
   so it survives restarts and is shared by reconcilers on any node.
 - When a claim's consecutive misses reach ``misses`` (this run's miss included) it is deleted
@@ -30,9 +37,10 @@ Rules (research/ipam-anchors.md §1.5, §2, §8.6; the anchors' bugs each rule a
   changed in any way since the list, is never removed (409 -> left, reported as a conflict).
   With ``misses=3`` and a 60 s CronJob a claim goes about 2-3 min after its pod [nv-ipam: >3 x 1 min].
 - A claim whose pod is present with its UID has its miss count removed (guarded the same way).
-- Of the claims of one pod UID, interface and network, only the newest (``acquireTime``) is live:
-  a pod has one sandbox at a time, so an older one of another container ID belongs to a sandbox
-  the kubelet replaced, whose DEL never came. It is freed once older than the grace period.
+- Of the claims of one pod UID, interface and network, only the one the server made last
+  (``creationTimestamp``) is live: a pod has one sandbox at a time, so an older one of another
+  container ID belongs to a sandbox the kubelet replaced, whose DEL never came. It counts misses
+  as above (never freed in one run); a group the server's clock cannot order is left alone.
 - 404 on a write or delete means someone else already freed it: reported, not an error.
 - Any other API failure of one claim is reported as an error for that claim; the rest go on.
 
@@ -50,6 +58,8 @@ from urllib.parse import quote
 
 from rdmanet.cni.core.errors import INVALID_CONFIG, NOT_AVAILABLE, CNIError
 
+from . import telemetry
+
 from .store.kube import (
     GROUP,
     L_BLOCK_OWNER,
@@ -65,9 +75,11 @@ from .store.kube import (
     label_value,
     parse_holder,
 )
-from .store.lease_names import parse_time
+from .store.kube_blocks import A_TAKEN
+from .store.lease_names import parse_time, server_date
 
 MISSES_ANNOTATION = f"{GROUP}/reconcile-misses"
+MISSED_AT_ANNOTATION = f"{GROUP}/reconcile-missed-at"  # the server time of the last miss counted
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 PODS = "/api/v1/namespaces/{namespace}/pods/{name}"
 PODS_OF = "/api/v1/namespaces/{namespace}/pods"
@@ -110,8 +122,10 @@ class LeaseClaim:
     pod_uid: Optional[str]
     created: Optional[datetime]
     misses: int
-    acquired: Optional[datetime] = None  # spec.acquireTime (microseconds): orders a pod's claims
-    record: bool = False  # the claim is also a node block's record (issue 17): freed by an update, not deleted
+    acquired: Optional[datetime] = None  # spec.acquireTime: the claiming node's clock, shown, never judged by
+    record: bool = False  # the claim is also a node block's record: freed by an update, not deleted
+    taken: bool = False  # made by taking a free record (an update): ``created`` is the record's, not the claim's
+    missed_at: Optional[datetime] = None  # the server time of the last miss counted
 
     @classmethod
     def from_lease(cls, raw: dict) -> "LeaseClaim":
@@ -140,10 +154,12 @@ class LeaseClaim:
             pod_name=_text(ann, A_POD_NAME) or None,
             # the annotation is exact; the label only when it is not a hash of a too-long value
             pod_uid=_text(ann, A_POD_UID) or (uid_label if uid_label and not uid_label.startswith("h-") else None),
-            created=parse_time(meta.get("creationTimestamp")) or parse_time(spec.get("acquireTime")),
+            created=parse_time(meta.get("creationTimestamp")),  # the server's clock
             misses=misses,
             acquired=parse_time(spec.get("acquireTime")) or parse_time(meta.get("creationTimestamp")),
             record=bool(labels.get(L_BLOCK_OWNER)),
+            taken=bool(labels.get(L_BLOCK_OWNER)) and ann.get(A_TAKEN) == "true",
+            missed_at=parse_time(ann.get(MISSED_AT_ANNOTATION)) if misses else None,
         )
 
     @property
@@ -168,11 +184,13 @@ class ApiError(Exception):
 
 
 class KubeAPI:
-    """JSON requests over the Lease store's transport (the ``kubernetes`` client's ApiClient)."""
+    """JSON requests over the Lease store's transport (the ``kubernetes`` client's ApiClient).
+    ``server_time``: the ``Date`` of the latest answer (the API server's clock, never this node's)."""
 
     def __init__(self, transport: Transport, request_timeout: float = 5.0) -> None:
         self.transport = transport
         self.request_timeout = request_timeout
+        self.server_time: Optional[datetime] = None
 
     def request(self, method: str, path: str, query: Optional[list] = None, body: Any = None) -> dict:
         """The answer's JSON object; ApiError for an HTTP error, CNIError 50 when there is no answer."""
@@ -181,6 +199,9 @@ class KubeAPI:
         except Unreachable as exc:
             raise CNIError(NOT_AVAILABLE, f"Kubernetes API {self.transport.host} unreachable: {exc}",
                            "check the kubeconfig's server and credentials, and that the API server is up") from None
+        when = server_date(resp.headers)
+        if when is not None:
+            self.server_time = when
         doc = resp.doc if isinstance(resp.doc, dict) else {}
         if resp.status >= 400:
             raise ApiError(resp.status, str(doc.get("message") or ""))
@@ -286,9 +307,10 @@ class KubeTarget:
         page by page. Blocks are never judged by the reconciler: only claims keep addresses."""
         return [block for block, _ in self.list_block_records()]
 
-    def list_block_records(self) -> list:
+    def list_block_records(self, annotations: bool = False) -> list:
         """:meth:`list_blocks`, each block with the claim that records it (None: a block Lease of
-        the first design), in address order."""
+        the first design), in address order; ``annotations``: and the Lease's annotations, as a
+        third element."""
         from .store.kube import KIND_BLOCK, L_KIND, parse_block, parse_claim
 
         out: list = []
@@ -300,7 +322,7 @@ class KubeTarget:
             claim = parse_claim(raw, dhash)
             block = claim.as_block() if claim is not None else parse_block(raw, dhash)
             if block is not None:
-                part.append((block, claim))
+                part.append((block, claim, dict(md.get("annotations") or {})) if annotations else (block, claim))
 
         base = self.selector or domain_selector(self.domain)
         try:
@@ -348,14 +370,20 @@ class KubeTarget:
         return index
 
     def get_pod(self, namespace: str, name: str) -> Optional[dict]:
-        """The pod (its UID and mirror annotation) as this run read it; None when it is not there."""
+        """The pod (its UID and mirror annotation) as this run read it; None when it is not there.
+        A pod missing from the List of a node's pods is looked up by name: the claim's label
+        names the node its ADD ran on, which is no proof of where its pod is (a pod is gone only
+        when the API says so by its namespace and name)."""
         if not self._no_pod_list:
             try:
-                return self._index_pods(namespace).get((namespace, name))
+                found = self._index_pods(namespace).get((namespace, name))
             except ApiError as err:
                 if err.status != 403:
                     raise
                 self._no_pod_list = True  # may get but not list pods: one GET per claim, as before
+            else:
+                if found is not None or self.node is None:
+                    return found
         try:
             return self.api.request("GET", PODS.format(namespace=quote(namespace, safe=""), name=quote(name, safe="")))
         except ApiError as err:
@@ -375,15 +403,19 @@ class KubeTarget:
         body.setdefault("kind", "Lease")
         return path, body, meta
 
-    def write_misses(self, claim: LeaseClaim, misses: int) -> dict:
-        """PUT the Lease, re-read just now, with the miss count set (0 removes it); 409 when it
-        changed since the List (re-read with another UID or resourceVersion) or since the read."""
+    def write_misses(self, claim: LeaseClaim, misses: int, when: Optional[datetime] = None) -> dict:
+        """PUT the Lease, re-read just now, with the miss count set (0 removes it) and ``when``
+        (the server time of this miss); 409 when it changed since the List (re-read with another
+        UID or resourceVersion) or since the read."""
         path, body, meta = self._reread(claim)
         ann = dict(meta.get("annotations") or {})
         if misses:
             ann[MISSES_ANNOTATION] = str(misses)
+            if when is not None:
+                ann[MISSED_AT_ANNOTATION] = when.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         else:
             ann.pop(MISSES_ANNOTATION, None)
+            ann.pop(MISSED_AT_ANNOTATION, None)
         meta["annotations"] = ann
         meta["resourceVersion"] = claim.resource_version
         return self.api.request("PUT", path, body=body)
@@ -403,7 +435,9 @@ class KubeTarget:
         path, body, meta = self._reread(claim)
         labels = {k: v for k, v in (meta.get("labels") or {}).items()
                   if k not in (L_POD_UID, f"{GROUP}/attachment", f"{GROUP}/network")}
-        keep = ("ipam-domain", "range", "ip", "block-owner", "block-size")
+        if labels.get(L_BLOCK_OWNER):  # free, the record is its block owner's object again (a borrower's claim was not)
+            labels[L_NODE] = labels[L_BLOCK_OWNER]
+        keep = ("ipam-domain", "range", "ip", "block-owner", "block-size")  # not taken-by-update: free now
         meta["labels"] = labels
         meta["annotations"] = {k: v for k, v in (meta.get("annotations") or {}).items()
                                if k.startswith(f"{GROUP}/") and k[len(GROUP) + 1:] in keep}
@@ -424,6 +458,7 @@ CONFLICT = "conflict"      # the Lease changed (or was re-made) since the list: 
 GONE = "gone"              # the Lease vanished since the list (a DEL): nothing to do
 ERROR = "error"            # an API failure for this claim
 LATE = "skipped-deadline"  # the run's deadline passed before this claim was judged
+SPACED = "skipped-spacing"  # pod gone, but the last miss was counted less than the spacing ago (server time)
 
 
 @dataclass
@@ -448,6 +483,7 @@ class Outcome:
     grace_seconds: float
     misses: int
     actions: list[Action] = field(default_factory=list)
+    blocks: list = field(default_factory=list)  # rdmanet.ipam.gone_nodes.BlockAction: blocks of Nodes that are gone
 
     @property
     def errors(self) -> list[Action]:
@@ -462,7 +498,7 @@ class Outcome:
             summary[a.action] = summary.get(a.action, 0) + 1
         return {"domain": self.domain, "namespace": self.namespace, "dryRun": self.dry_run,
                 "graceSeconds": self.grace_seconds, "misses": self.misses, "summary": summary,
-                "claims": [a.to_json() for a in self.actions]}
+                "claims": [a.to_json() for a in self.actions], "blocks": [b.to_json() for b in self.blocks]}
 
 
 def mirror_of(pod: Optional[dict]) -> Optional[str]:
@@ -474,7 +510,13 @@ def mirror_of(pod: Optional[dict]) -> Optional[str]:
     return value if isinstance(value, str) and value else None
 
 
-def _judge(target: KubeTarget, claim: LeaseClaim, now: datetime, grace: float, limit: int, dry_run: bool) -> Action:
+def _judge(target: KubeTarget, claim: LeaseClaim, now: datetime, grace: float, limit: int, dry_run: bool,
+           spacing: float, newer: Optional[LeaseClaim] = None) -> Action:
+    """The liveness rule for one claim (every cleaner's): freed only after ``limit`` misses, each
+    at least ``spacing`` seconds after the one before, all by the API server's clock (``now``:
+    the Date of its answer; ``created``: its creationTimestamp). A miss is the API saying the
+    claim's pod (namespace/name) is gone or has another UID, or (``newer``) that the pod's
+    claim of the same interface and network made later by the server's clock replaced it."""
     if not claim.has_pod_identity:
         missing = [what for what, v in (("pod UID", claim.pod_uid), ("pod namespace", claim.pod_namespace),
                                         ("pod name", claim.pod_name)) if not v]
@@ -486,34 +528,48 @@ def _judge(target: KubeTarget, claim: LeaseClaim, now: datetime, grace: float, l
     pod = target.get_pod(claim.pod_namespace, claim.pod_name)
     live_uid = ((pod or {}).get("metadata") or {}).get("uid")
     if live_uid == claim.pod_uid or mirror_of(pod) == claim.pod_uid:
-        if claim.misses == 0:
-            return Action(claim, KEPT, 0, "pod present")
-        if not dry_run:
-            target.write_misses(claim, 0)
-        return Action(claim, RESET, 0, f"pod present again after {claim.misses} miss(es)")
-    why = "pod not found" if pod is None else f"pod {claim.pod} now has UID {live_uid}"
+        if newer is None:
+            if claim.misses == 0:
+                return Action(claim, KEPT, 0, "pod present")
+            if not dry_run:
+                target.write_misses(claim, 0)
+            return Action(claim, RESET, 0, f"pod present again after {claim.misses} miss(es)")
+        why = f"superseded by {newer.container_id[:12]}/{newer.ifname}, a newer sandbox of the same pod"
+    else:
+        why = "pod not found" if pod is None else f"pod {claim.pod} now has UID {live_uid}"
+    if claim.misses and claim.missed_at is not None and (now - claim.missed_at).total_seconds() < spacing:
+        return Action(claim, SPACED, claim.misses, f"{why}; the last miss was {int((now - claim.missed_at).total_seconds())} s "
+                                                   f"ago, misses are counted {spacing:g} s apart")
     count = claim.misses + 1
     if count >= limit:
         if not dry_run:
             target.delete(claim)
         return Action(claim, FREED, count, f"{why}; miss {count}/{limit}")
     if not dry_run:
-        target.write_misses(claim, count)
+        target.write_misses(claim, count, now)
     return Action(claim, MISS, count, f"{why}; miss {count}/{limit}")
 
 
 def superseded(claims: list[LeaseClaim]) -> dict[str, LeaseClaim]:
     """Claim name -> the newer claim that replaces it: a pod has one sandbox at a time, so of the
-    claims of one pod UID, interface and network the latest (by ``acquireTime``) is the live one;
-    an older one of another container ID is a sandbox the kubelet replaced (a sandbox restart,
-    a reboot) whose DEL never arrived (Multus' thick plugin swallows a failed DEL)."""
+    claims of one pod UID, interface and network the one the API server made last (its
+    ``creationTimestamp``: never the claiming node's ``acquireTime``, which a node whose clock was
+    not yet stepped after a reboot writes wrong) is the live one; an older one of another
+    container ID is a sandbox the kubelet replaced whose DEL never arrived (Multus' thick plugin
+    swallows a failed DEL). A group the server's clock cannot order (two claims made in the same
+    second, or a claim made by taking a free block record, whose creation time is the record's)
+    is left to the pod's own liveness."""
     groups: dict[tuple, list[LeaseClaim]] = {}
     for c in claims:
         if c.has_pod_identity and c.container_id:
             groups.setdefault((c.pod_uid, c.ifname, c.network), []).append(c)
     out = {}
     for group in groups.values():
-        newest = max(group, key=lambda c: (c.acquired or datetime.min.replace(tzinfo=timezone.utc), c.name))
+        if len({c.container_id for c in group}) < 2 or any(c.taken or c.created is None for c in group):
+            continue
+        newest = max(group, key=lambda c: c.created)
+        if sum(1 for c in group if c.created == newest.created) > 1:
+            continue
         for c in group:
             if c.container_id != newest.container_id:
                 out[c.name] = newest
@@ -521,30 +577,38 @@ def superseded(claims: list[LeaseClaim]) -> dict[str, LeaseClaim]:
 
 
 def reconcile_target(target: KubeTarget, *, grace_seconds: float = 300.0, misses: int = 3, dry_run: bool = False,
-                     now: Optional[datetime] = None, deadline_seconds: Optional[float] = None) -> Outcome:
+                     now: Optional[datetime] = None, deadline_seconds: Optional[float] = None,
+                     spacing_seconds: Optional[float] = None,
+                     only: Optional[Callable[[LeaseClaim], bool]] = None,
+                     freed_by: str = telemetry.RECONCILER) -> Outcome:
     """One pass. Requests: the claims' List (pages of 500), the pods' List once per namespace
-    (or once for a node), and one write per claim whose count changes (a GET and a PUT) or that
-    is freed (a DELETE); nothing for a claim whose pod is present. ``deadline_seconds``: claims
-    not judged by then are left for the next run (reported as ``skipped-deadline``)."""
+    (or once for a node, and a GET per claim whose pod it does not show), and one write per
+    claim whose count changes (a GET and a PUT) or that is freed (a DELETE); nothing for a claim
+    whose pod is present. ``now``: the API server's time (default: the Date of its List answer;
+    none, and nothing is judged); ``spacing_seconds``: the least server time between two
+    counted misses (default ``grace_seconds / misses``); ``only``: the claims to judge (the
+    CNI GC's: those its runtime no longer knows); ``deadline_seconds``: claims not judged by
+    then are left for the next run (reported as ``skipped-deadline``). Each claim freed is
+    reported (:func:`rdmanet.ipam.telemetry.freed`, as ``freed_by``)."""
     outcome = Outcome(target.domain, target.namespace, dry_run, grace_seconds, misses)
     end = None if deadline_seconds is None else time.monotonic() + deadline_seconds
+    spacing = grace_seconds / max(1, misses) if spacing_seconds is None else spacing_seconds
     target.begin_run()
     claims = sorted(target.list_claims(), key=lambda c: c.name)
+    when = now or target.api.server_time
     replaced = superseded(claims)
     for claim in claims:
-        when = now or datetime.now(timezone.utc)
+        if only is not None and not only(claim):
+            continue
         if end is not None and time.monotonic() >= end:
             outcome.actions.append(Action(claim, LATE, claim.misses, f"the run's {deadline_seconds:g} s deadline passed"))
             continue
+        if when is None:
+            outcome.actions.append(Action(claim, YOUNG, claim.misses, "the API server's answer carried no Date: "
+                                                                      "nothing is judged by this node's clock"))
+            continue
         try:
-            if claim.name in replaced and (claim.age(when) or 0) >= grace_seconds:
-                newer = replaced[claim.name]
-                if not dry_run:
-                    target.delete(claim)
-                action = Action(claim, FREED, claim.misses,
-                                f"superseded by {newer.container_id[:12]}/{newer.ifname}, a newer sandbox of the same pod")
-            else:
-                action = _judge(target, claim, when, grace_seconds, misses, dry_run)
+            action = _judge(target, claim, when, grace_seconds, misses, dry_run, spacing, replaced.get(claim.name))
         except ApiError as err:
             if err.status == 409:
                 action = Action(claim, CONFLICT, claim.misses, f"changed since listed, left for the next run ({err.message})")
@@ -555,21 +619,30 @@ def reconcile_target(target: KubeTarget, *, grace_seconds: float = 300.0, misses
         except CNIError as err:
             action = Action(claim, ERROR, claim.misses, err.msg)
         outcome.actions.append(action)
+        if action.action == FREED and not dry_run:
+            c = claim
+            telemetry.freed(telemetry.Freed(freed_by, c.address or c.name, c.network, c.container_id, c.ifname,
+                                            c.pod_namespace, c.pod_name, c.pod_uid, c.node, action.reason))
     return outcome
 
 
 def reconcile(config: dict, *, grace_seconds: float = 300.0, misses: int = 3, dry_run: bool = False,
-              deadline_seconds: Optional[float] = None) -> Outcome:
+              deadline_seconds: Optional[float] = None, spacing_seconds: Optional[float] = None) -> Outcome:
     """One reconciler pass over the network config's Lease-store domain."""
     return reconcile_target(KubeTarget.from_config(config), grace_seconds=grace_seconds, misses=misses, dry_run=dry_run,
-                            deadline_seconds=deadline_seconds)
+                            deadline_seconds=deadline_seconds, spacing_seconds=spacing_seconds)
 
 
 def reconcile_all(config: dict, *, grace_seconds: float = 300.0, misses: int = 3, dry_run: bool = False,
-                  deadline_seconds: Optional[float] = None) -> Outcome:
+                  deadline_seconds: Optional[float] = None, spacing_seconds: Optional[float] = None) -> Outcome:
     """One reconciler pass over every lease-ipam claim, of every domain, in the namespace the
-    config's ``kubernetes`` settings reach (the default install's CronJob)."""
+    config's ``kubernetes`` settings reach (the default install's CronJob); then the blocks of
+    Nodes that no longer exist are released (:mod:`rdmanet.ipam.gone_nodes`)."""
+    from .gone_nodes import release_blocks_of_gone_nodes
     from .kube_config import kube_settings
 
-    return reconcile_target(KubeTarget.for_settings(kube_settings(config)), grace_seconds=grace_seconds, misses=misses,
-                            dry_run=dry_run, deadline_seconds=deadline_seconds)
+    target = KubeTarget.for_settings(kube_settings(config))
+    outcome = reconcile_target(target, grace_seconds=grace_seconds, misses=misses, dry_run=dry_run,
+                               deadline_seconds=deadline_seconds, spacing_seconds=spacing_seconds)
+    outcome.blocks = release_blocks_of_gone_nodes(target, grace_seconds, dry_run=dry_run)
+    return outcome

@@ -26,7 +26,8 @@ own, printing exactly what the in-process run would print (``skel.render``) with
   connections already queued, finish the requests in flight, exit 0. A socket the daemon did not
   bind (systemd's, or one bound at the path since) is never removed: under systemd new calls wait
   in the socket's queue until systemd starts the daemon again.
-- The daemon's own logs: one JSON object per line on stderr.
+- The daemon's own logs: one JSON object per line on stderr; one ``call`` line per CNI call, with
+  the CNI error's code and message when it failed (:mod:`rdmanet.node.call_record`).
 
 Resource bounds (a burst of pod starts, or a misbehaving caller, must not take the node's CNI
 down with it):
@@ -67,7 +68,7 @@ import struct
 import sys
 import threading
 import time
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 from rdmanet.cni.core import deadline as call_deadline
 from rdmanet.cni.core import skel
@@ -76,6 +77,7 @@ from rdmanet.cni.core.ipam_exec import CRASH_HOOKS
 from rdmanet.ipam import node_gc
 
 from . import del_journal, memory, socket_activation
+from .call_record import CallRecord
 from .workers import WorkerPool
 
 from .launcher import DEFAULT_SOCKET, JSON_PROTOCOL, LATEST, PLUGINS, PROTOCOL, DaemonLost, NoDaemon, b64, exchange, unb64
@@ -266,16 +268,23 @@ def call_env(env: Mapping[str, str], daemon_env: Mapping[str, str]) -> dict[str,
     return {**defaults, **env}
 
 
-def serve_call(plugins: Mapping[str, Any], plugin: str, env: Mapping[str, str], stdin: bytes,
-               deadline: Optional[call_deadline.Deadline] = None) -> tuple[int, bytes, bytes]:
-    """One CNI call: (exit code, stdout, stderr), what the in-process run would give."""
+def run_call(plugins: Mapping[str, Any], plugin: str, env: Mapping[str, str], stdin: bytes,
+             deadline: Optional[call_deadline.Deadline] = None) -> tuple[int, Any, bytes]:
+    """One CNI call: (exit code, the document it prints, stderr)."""
     cap = _Capture(_level_of(env))
     token = _capture.set(cap)
     try:
         code, document = skel.handle(plugins[plugin](), env, stdin, deadline)
     finally:
         _capture.reset(token)
-    return code, skel.render(document).encode(), cap.buffer.getvalue().encode("utf-8", "surrogateescape")
+    return code, document, cap.buffer.getvalue().encode("utf-8", "surrogateescape")
+
+
+def serve_call(plugins: Mapping[str, Any], plugin: str, env: Mapping[str, str], stdin: bytes,
+               deadline: Optional[call_deadline.Deadline] = None) -> tuple[int, bytes, bytes]:
+    """One CNI call: (exit code, stdout, stderr), what the in-process run would give."""
+    code, document, err = run_call(plugins, plugin, env, stdin, deadline)
+    return code, skel.render(document).encode(), err
 
 
 # --------------------------------------------------------------------------- server
@@ -472,10 +481,9 @@ class _Handler(socketserver.BaseRequestHandler):
         if any(hook in env for hook in CRASH_HOOKS):
             return None
         with srv.count():
-            served = serve_call(srv.plugins, plugin, env, stdin, self.deadline)
-        log_event("call", plugin=plugin, command=env.get("CNI_COMMAND"), container=env.get("CNI_CONTAINERID"),
-                  ifname=env.get("CNI_IFNAME"), code=served[0], ms=round((time.monotonic() - started) * 1000, 1))
-        return served
+            code, document, err = run_call(srv.plugins, plugin, env, stdin, self.deadline)
+        srv.observe(CallRecord.of(plugin, env, stdin, code, document, time.monotonic() - started))
+        return code, skel.render(document).encode(), err
 
 
 class DaemonServer(socketserver.UnixStreamServer):
@@ -499,6 +507,7 @@ class DaemonServer(socketserver.UnixStreamServer):
         self._lock = threading.Lock()
         self._local = threading.local()
         self._accept_error_logged = 0.0
+        self.observers: list[Callable[[CallRecord], None]] = []
         super().__init__(path, _Handler, bind_and_activate=False)
         self.activated = listening is not None  # the socket is systemd's: the daemon never removes it
         self.bound_inode: Optional[int] = None  # the path's inode when the daemon bound it itself
@@ -580,6 +589,16 @@ class DaemonServer(socketserver.UnixStreamServer):
             else:
                 self.shutdown_request(request)
 
+    def observe(self, record: CallRecord) -> None:
+        """What the daemon does with each call's record: its log line (and, when set, ``observers``:
+        the metrics, the pod events); an observer that fails never fails the call."""
+        log_event("call", record.level, **record.log_fields())
+        for observer in self.observers:
+            try:
+                observer(record)
+            except Exception as exc:  # noqa: BLE001 - the call has its answer; a report must not take it away
+                log_event("observer_failed", "error", error=f"{type(exc).__name__}: {exc}")
+
     def count(self):
         server = self
 
@@ -640,9 +659,13 @@ def _prepare_socket(path: str) -> None:
 
 
 def run(socket_path: str = DEFAULT_SOCKET, allowed_uids: Iterable[int] = (0,), workers: int = WORKERS,
-        call_timeout: float = call_deadline.DEFAULT_SECONDS, policy: Optional[Any] = None, nice: int = NICE) -> int:
+        call_timeout: float = call_deadline.DEFAULT_SECONDS, policy: Optional[Any] = None, nice: int = NICE,
+        metrics_endpoint: Optional[tuple[str, int]] = None, kubeconfig: Optional[str] = None) -> int:
     """Serve until SIGTERM/SIGINT. ``policy``: the node policy (rdmanet.cni.linux.roots.NodePolicy) from
     the daemon's flags, for calls whose environment names no policy file. ``nice``: see :data:`NICE`.
+    ``metrics_endpoint``: (address, port) of the Prometheus metrics (:mod:`rdmanet.node.metrics`;
+    port 0 or None: none). ``kubeconfig``: the daemon's own credentials, for the events it writes
+    on pods (:mod:`rdmanet.node.pod_events`; None: install.sh's, else the pod's service account).
 
     Socket-activated (systemd's ``rdmanet.socket``: LISTEN_FDS/LISTEN_PID, :mod:`rdmanet.node.socket_activation`),
     it serves the socket systemd passed and never removes it; otherwise it binds ``socket_path``."""
@@ -674,6 +697,8 @@ def run(socket_path: str = DEFAULT_SOCKET, allowed_uids: Iterable[int] = (0,), w
         return 1
     if listening is not None:
         _check_activated_mode(socket_path)
+    metrics = _start_metrics(server, socket_path, metrics_endpoint)  # before the first call is served
+    _start_pod_events(server, kubeconfig, metrics)
     stop = threading.Event()
 
     def on_signal(signum, frame):
@@ -695,7 +720,43 @@ def run(socket_path: str = DEFAULT_SOCKET, allowed_uids: Iterable[int] = (0,), w
             pass
     finally:
         stop_serving(server, socket_path)
+        if metrics is not None:
+            metrics.close()
     return 0
+
+
+def _start_pod_events(server: "DaemonServer", kubeconfig: Optional[str], metrics: Any) -> None:
+    """Events on pods for failed ADDs and freed addresses, written in the background."""
+    from rdmanet.ipam import telemetry
+
+    from .pod_events import Credentials, PodEvents
+
+    events = PodEvents(Credentials(kubeconfig), node_gc.node_name(), result=metrics.event if metrics else None)
+    server.observers.append(events.observe)
+    telemetry.on_freed(events.freed)
+    where = events.credentials.source()
+    log_event("pod_events", kubeconfig=where or ("in-cluster" if where == "" else None),
+              enabled=where is not None)
+
+
+def _start_metrics(server: "DaemonServer", socket_path: str, endpoint: Optional[tuple[str, int]]) -> Any:
+    """The metrics endpoint, when one is asked for; one that cannot bind is logged and the daemon
+    serves its CNI calls without it (a metrics port must never take the node's CNI down)."""
+    if not endpoint or not endpoint[1]:
+        return None
+    from .metrics import DaemonMetrics
+
+    address, port = endpoint
+    metrics = DaemonMetrics(del_journal.directory_of(socket_path))
+    try:
+        metrics.serve(address, port)
+    except OSError as exc:
+        log_event("metrics_failed", "error", address=address, port=port, error=str(exc),
+                  hint="free the port or give another (--metrics-port); CNI calls are served without metrics")
+        return None
+    server.observers.append(metrics.observe)
+    log_event("metrics", address=address, port=port, path="/metrics")
+    return metrics
 
 
 def stop_serving(server: DaemonServer, socket_path: str, accept_loop_running: bool = True) -> None:

@@ -16,8 +16,11 @@ Rules:
   what is left). A replay that fails otherwise (11: the API server is still out) keeps the entry
   for the next round.
 - An ADD of the same attachment removes the entry before it runs (the shim does it), so a
-  container re-added under the same ID (podman restart) does not lose its addresses to an old
-  DEL; the entry is looked at again right before its replay.
+  container re-added under the same ID (podman restart, cnitool) does not lose its addresses to
+  an old DEL. The replay holds the entry's journal lock (:func:`rdmanet.node.launcher.journal_lock`,
+  per plugin, container ID and interface) from its re-check of the entry (still there, still the
+  one read) to the entry's removal after the DEL; the ADD removes the entry under the same lock.
+  So an ADD either ran before the re-check (no DEL) or waits until the DEL is done.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from rdmanet.cni.core.ipam_exec import CRASH_HOOKS
 
-from .launcher import JOURNAL_DIR, MAX_LINE
+from .launcher import JOURNAL_DIR, MAX_LINE, journal_lock
 
 INTERVAL = 60.0
 MAX_AGE = 24 * 3600.0
@@ -59,7 +62,7 @@ def _trusted_dir(directory: str, log: Log) -> bool:
     return True
 
 
-def _read(path: str, log: Log) -> Optional[bytes]:
+def _read(path: str, log: Log) -> Optional[tuple[bytes, os.stat_result]]:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
@@ -72,10 +75,20 @@ def _read(path: str, log: Log) -> Optional[bytes]:
             return None
         with os.fdopen(fd, "rb") as fh:
             fd = -1
-            return fh.read()
+            return fh.read(), st
     finally:
         if fd >= 0:
             os.close(fd)
+
+
+def _same_entry(path: str, read: os.stat_result) -> bool:
+    """Whether ``path`` is still the entry that was read (not removed by an ADD, nor re-written
+    by a later DEL that failed: that one is replayed in its own round)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return (st.st_ino, st.st_mtime_ns, st.st_size) == (read.st_ino, read.st_mtime_ns, read.st_size)
 
 
 def replay_once(directory: str, plugins: Mapping[str, Any], serve: Serve, parse: Callable, log: Log,
@@ -91,9 +104,10 @@ def replay_once(directory: str, plugins: Mapping[str, Any], serve: Serve, parse:
         if name.startswith(".") or not name.endswith(".del"):
             continue  # a shim's temporary file
         path = os.path.join(directory, name)
-        data = _read(path, log)
-        if data is None:
+        read = _read(path, log)
+        if read is None:
             continue
+        data, read_stat = read
         try:
             line, _, rest = data.partition(b"\n")
             _, plugin, env, stdin = parse(line, io.BytesIO(rest))
@@ -105,29 +119,38 @@ def replay_once(directory: str, plugins: Mapping[str, Any], serve: Serve, parse:
             log("del_journal_entry_refused", "warning", entry=path, why="not a DEL of a plugin this daemon serves")
             os.unlink(path)
             continue
+        lock = journal_lock(path)  # an ADD of the attachment now waits for this DEL, or ran before it
         try:
-            age = now - os.stat(path).st_mtime
-        except FileNotFoundError:
-            continue  # an ADD of the attachment removed it just now
-        who = {"plugin": plugin, "container": env.get("CNI_CONTAINERID"), "ifname": env.get("CNI_IFNAME")}
-        try:
-            code, out, _ = serve(plugin, env, stdin)
-        except Exception as exc:  # noqa: BLE001 - one entry must not stop the others; kept for the next round
-            counts["failed"] += 1
-            log("del_replay_error", "error", error=f"{type(exc).__name__}: {exc}", **who)
-            continue
-        if code == 0:
-            counts["freed"] += 1
-            log("del_replayed", **who)
-            _unlink(path)
-        elif age > max_age or _error_code(out) in PERMANENT:
-            counts["dropped"] += 1
-            log("del_journal_entry_dropped", "warning", age_s=round(age), answer=out.decode("utf-8", "replace")[:300], **who)
-            _unlink(path)
-        else:
-            counts["failed"] += 1
-            log("del_replay_failed", "warning", answer=out.decode("utf-8", "replace")[:300], **who)
+            if not _same_entry(path, read_stat):
+                continue  # an ADD of the attachment removed it (or a newer DEL replaced it): not this DEL
+            _replay(path, now - read_stat.st_mtime, plugin, env, stdin, serve, log, counts, max_age)
+        finally:
+            os.close(lock)
     return counts
+
+
+def _replay(path: str, age: float, plugin: str, env: dict, stdin: bytes, serve: Serve, log: Log,
+            counts: dict[str, int], max_age: float) -> None:
+    """Serve one entry's DEL and remove the entry when it succeeded or can never succeed; the
+    caller holds the entry's journal lock."""
+    who = {"plugin": plugin, "container": env.get("CNI_CONTAINERID"), "ifname": env.get("CNI_IFNAME")}
+    try:
+        code, out, _ = serve(plugin, env, stdin)
+    except Exception as exc:  # noqa: BLE001 - one entry must not stop the others; kept for the next round
+        counts["failed"] += 1
+        log("del_replay_error", "error", error=f"{type(exc).__name__}: {exc}", **who)
+        return
+    if code == 0:
+        counts["freed"] += 1
+        log("del_replayed", **who)
+        _unlink(path)
+    elif age > max_age or _error_code(out) in PERMANENT:
+        counts["dropped"] += 1
+        log("del_journal_entry_dropped", "warning", age_s=round(age), answer=out.decode("utf-8", "replace")[:300], **who)
+        _unlink(path)
+    else:
+        counts["failed"] += 1
+        log("del_replay_failed", "warning", answer=out.decode("utf-8", "replace")[:300], **who)
 
 
 def _error_code(out: bytes) -> Optional[int]:

@@ -7,7 +7,8 @@ ADD. So the shim runs this module from a code object marshalled beside it (:mod:
 compiles the launcher only on a cold path (from ``_SOURCES``, given by the shim).
 
 The hot path uses only built-in modules (``posix``, ``_socket``, ``binascii``, ``sys``): it
-reads the call, removes a journaled DEL of the attachment on ADD (as :func:`rdmanet.node.launcher.run`),
+reads the call, looks for a journaled DEL of the attachment on ADD (one lstat; one found is removed
+under its lock by :func:`rdmanet.node.launcher.forget_del`),
 sends the request once and writes the daemon's answer. Everything else goes to the launcher with
 what happened so far, so that nothing is sent twice: connect failures (no daemon, a full accept
 queue to wait for) run the launcher's own call from the start, a daemon that declines or goes away
@@ -153,11 +154,13 @@ def run(plugin, site_dir, socket_path=DEFAULT_SOCKET, exit_now=False):
     stdin = b"" if command == "VERSION" else sys.stdin.buffer.read()  # VERSION: stdin may be a tty
     override = environb.get(SOCKET_ENV)
     path = (_fsdecode(override) if override else None) or socket_path or DEFAULT_SOCKET
-    if command == "ADD":
+    if command == "ADD":  # before the ADD: a replay never undoes it (launcher.forget_del)
         try:
-            posix.unlink(journal_path(path, plugin, environb))  # before the ADD: a replay never undoes it
+            posix.lstat(journal_path(path, plugin, environb))
         except OSError:
-            pass
+            pass  # no journaled DEL of the attachment: the usual case
+        else:
+            _launcher()["forget_del"](path, plugin, environb)
     env = b"\0".join(k + b"=" + v for k, v in environb.items())
     head = ("RDMANET %d %s %d %d\n" % (PROTOCOL, plugin, len(env), len(stdin))).encode("ascii")
     answer, failed = _ask(path, head + env + stdin)

@@ -349,12 +349,46 @@ def journal_del(socket_path, plugin, environb, stdin):
             pass
 
 
-def forget_del(socket_path, plugin, environb):
-    """The attachment was added again: a journaled DEL of it must not be replayed."""
+JOURNAL_LOCKS = 64  # lock stripes in the journal directory (".lock-NN": a replay skips dot files)
+
+
+def journal_lock(entry):
+    """The flock (a file descriptor to close) serialising one attachment's journal entry: a
+    replay holds it from its re-check of the entry to the entry's removal after its DEL, and an
+    ADD that finds an entry holds it to remove the entry, so the ADD runs either before the
+    replay looked (which then finds no entry) or after its DEL (never undone by it)."""
+    import fcntl  # only when an entry exists: the ADD hot path does not pay for it
+
+    directory, name = os.path.split(entry)
+    lock = os.path.join(directory, ".lock-%02d" % (binascii.crc32(name.encode()) % JOURNAL_LOCKS))
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        os.unlink(journal_path(socket_path, plugin, environb))
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def forget_del(socket_path, plugin, environb):
+    """The attachment is being added again: a journaled DEL of it must not be replayed after this
+    returns (see :func:`journal_lock`). No entry (the usual case) costs one lstat."""
+    path = journal_path(socket_path, plugin, environb)
+    try:
+        os.lstat(path)
+    except OSError:
+        return  # none: a replay removes an entry only after its DEL, so none is running for it
+    try:
+        fd = journal_lock(path)
+    except OSError:
+        fd = -1  # no lock to be had: remove it anyway (as before the lock existed)
+    try:
+        os.unlink(path)
     except OSError:
         pass
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def run(plugin, site_dir, socket_path=DEFAULT_SOCKET):

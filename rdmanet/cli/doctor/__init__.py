@@ -10,6 +10,7 @@ lease-ipam store, GETs one Lease.
 Modules: ``host_facts`` (reading the host) and ``host_checks`` (judging it), ``cni_checks`` (bin
 dir, conf dir, the networks that use our plugins), ``service_checks`` (daemon, lease-ipam stores),
 ``policy_checks`` (the node policy's roots: files others may write there; paths networks name),
+``node_checks`` (whether the daemon's node GC runs: a Node name the API confirms),
 ``nic_models`` (PCI ids), ``findings`` (the Finding record and the table / JSON output).
 """
 
@@ -19,6 +20,8 @@ import os
 import sys
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional, Sequence
+
+from rdmanet.cni.core.errors import CNIError
 
 from .findings import Finding, error, exit_code, ordered, render_json, render_table
 
@@ -66,7 +69,7 @@ def _guarded(findings: list[Finding], what: str, fn, *args, default=None):
 def diagnose(options: Options) -> Report:
     from rdmanet.node.launcher import DEFAULT_SOCKET, SOCKET_ENV
 
-    from . import cni_checks, host_checks, host_facts, policy_checks, service_checks
+    from . import cni_checks, host_checks, host_facts, node_checks, policy_checks, service_checks
 
     socket_path = options.socket or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
     out: list[Finding] = []
@@ -80,14 +83,15 @@ def diagnose(options: Options) -> Report:
         for f in conf_facts.files:
             uses += f.networks
     for path in options.network_configs:
-        cf = cni_checks.load_conf_file(path)
-        if cf.error and not cf.networks:
-            out.append(error("network", path, f"--network-config {path} {cf.error}",
-                             "give a network config: a NAD's spec.config, a conflist or a NAD object"))
-        elif not cf.networks:
+        try:
+            found = cni_checks.given_network_uses(path)
+        except CNIError as err:
+            out.append(error("network", path, f"--network-config {err.msg}", err.details))
+            continue
+        if not found:
             out.append(error("network", path, f"--network-config {path} uses none of macvlan-rdma, host-device-rdma, ipoib-rdma, lease-ipam",
                              "give a network config that uses an rdmanet plugin"))
-        uses += cf.networks
+        uses += found
 
     mode_reader = options.netns_mode_reader or host_facts.read_netns_mode
     host = _guarded(out, "host", host_facts.gather, options.sysfs_root, options.proc_root, options.dev_root,
@@ -126,6 +130,10 @@ def diagnose(options: Options) -> Report:
     if stores is not None:
         out += _guarded(out, "ipam", service_checks.check_stores, stores, default=[])
         inventory["ipam"] = asdict(stores)
+    node = _guarded(out, "node", node_checks.gather, uses, options.timeout)
+    if node is not None:
+        out += _guarded(out, "node", node_checks.check, node, default=[])
+        inventory["node"] = asdict(node)
     return Report(ordered(out), inventory)
 
 

@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from rdmanet.cni.core.errors import CNIError
+from rdmanet.cni.core.errors import INVALID_CONFIG, CNIError
 from rdmanet.cni.core.rdma_policy import (
     EXCLUSIVE,
     EXCLUSIVE_MODE_FIX,
@@ -313,6 +313,21 @@ def load_conf_file(path: str, name: Optional[str] = None) -> ConfFile:
     elif not cf.types:
         cf.error = "names no plugin type"
     return cf
+
+
+def given_network_uses(path: str) -> list[NetworkUse]:
+    """The uses of our plugins in a file given with ``--network-config``: a NAD in YAML or JSON
+    (one or many documents), a conflist or a plugin config (:mod:`rdmanet.cli.network_config`);
+    CNI error 7 (5: unreadable) naming the file when it holds no network config."""
+    from ..network_config import load
+
+    uses: list[NetworkUse] = []
+    for net in load(path):
+        try:
+            uses += network_uses(net.config, net.source)[1]
+        except ValueError as exc:
+            raise CNIError(INVALID_CONFIG, f"{net.source}: {exc}", "give a network config as a JSON object") from None
+    return uses
 
 
 def gather_conf_dir(path: str) -> ConfFacts:

@@ -26,7 +26,7 @@ SEVERITIES = (OK, INFO, WARN, ERROR)
 
 # The order areas are shown in: hardware up, then the CNI install, then the services it talks to.
 AREAS = ("nic", "link", "rdma", "rdma-mode", "sriov", "modules", "dev", "cni-bin", "cni-conf", "network",
-         "daemon", "ipam", "policy", "doctor")
+         "daemon", "ipam", "node", "policy", "doctor")
 
 
 @dataclass(frozen=True)

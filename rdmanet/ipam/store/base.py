@@ -50,6 +50,16 @@ class Reservation:
     time: str = ""  # ISO 8601 UTC time of the ADD
 
 
+@dataclass(frozen=True)
+class Usage:
+    """What a store knows of a network's addresses without asking anyone (for metrics): per range
+    set the addresses in use and free, and the node blocks this node holds (the Lease store)."""
+
+    used: tuple[int, ...]
+    free: tuple[int, ...]
+    blocks: Optional[int] = None
+
+
 class Store(abc.ABC):
     @abc.abstractmethod
     def allocate(self, attachment: Attachment, network: str, range_sets: Sequence[RangeSet],
@@ -75,6 +85,11 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def status(self, range_sets: Sequence[RangeSet]) -> list[int]:
         """Free-address counts per range set; raises CNIError 50 when the store cannot serve ADD."""
+
+    def usage(self, range_sets: Sequence[RangeSet]) -> Optional[Usage]:
+        """The store's counts from what this process holds already (no request, no lock wait);
+        None when it holds nothing to count from."""
+        return None
 
 
 H = TypeVar("H")

@@ -47,13 +47,31 @@ def sync_dir(path: str) -> None:
 
 
 class Garbage:
-    """Marker for a file that exists but holds no valid JSON object (an interrupted write)."""
+    """Marker for a file of ours that an interrupted write left: empty, zero-filled by a power
+    loss, or a torn prefix of our own encoding (:func:`encode`)."""
 
     def __repr__(self) -> str:
         return "GARBAGE"
 
 
+class Foreign:
+    """Marker for a file lease-ipam did not write (not a JSON object, and not a torn one of
+    ours): another program's (host-local keeps "<containerID>\\r\\n<ifname>" in files named by
+    address), never removed, its address never handed out."""
+
+    def __repr__(self) -> str:
+        return "FOREIGN"
+
+
 GARBAGE = Garbage()
+FOREIGN = Foreign()
+OWN_PREFIX = b'{"containerID": '  # how every claim and index document of ours begins (sorted keys)
+
+
+def _torn_own(data: bytes) -> bool:
+    """Whether ``data`` is what an interrupted write of one of our documents can leave."""
+    data = data.rstrip(b"\0")
+    return not data or OWN_PREFIX.startswith(data) or data.startswith(OWN_PREFIX)
 
 
 def ensure_dir(path: str) -> None:
@@ -98,7 +116,8 @@ def read_bytes(path: str, limit: Optional[int] = None) -> bytes:
 
 
 def read_json(path: str) -> Any:
-    """The JSON object in ``path``; None when the file is missing; GARBAGE when empty or invalid."""
+    """The JSON object in ``path``; None when the file is missing; GARBAGE when it is an
+    interrupted write of ours; FOREIGN for anything else that is not a JSON object."""
     try:
         data = read_bytes(path)
     except FileNotFoundError:
@@ -106,8 +125,8 @@ def read_json(path: str) -> Any:
     try:
         doc = json.loads(data)
     except ValueError:
-        return GARBAGE
-    return doc if isinstance(doc, dict) else GARBAGE
+        return GARBAGE if _torn_own(data) else FOREIGN
+    return doc if isinstance(doc, dict) else FOREIGN
 
 
 def atomic_write(directory: str, name: str, data: bytes, durable: bool = True) -> None:

@@ -18,7 +18,7 @@ Objects (namespace from :mod:`rdmanet.ipam.kube_config`)::
 
     name        lip-<16 hex of sha256(domain)>-<ip>   IPv4 dotted, IPv6 as 32 hex nibbles
     labels      rdmanet.io/ipam-domain=<16 hex>  rdmanet.io/network=<name or h-<hash>>
-                rdmanet.io/node=<node or h-<hash>>  rdmanet.io/attachment=<sha224(cid/ifname)>
+                rdmanet.io/node=<the node whose ADD made it, or h-<hash>>  rdmanet.io/attachment=<sha224(cid/ifname)>
                 rdmanet.io/pod-uid=<uid> (when CNI_ARGS has K8S_POD_UID)
     annotations rdmanet.io/{ipam-domain,network,range,ip,container-id,ifname,node,
                 pod-namespace,pod-name,pod-uid,created}
@@ -32,8 +32,9 @@ only when the empty block is released (:mod:`.kube_blocks`).
 
 Per verb, when nothing is contended: ADD = 1 List (domain selector; serves both the repeat-ADD
 lookup and the used set) + 1 create per range set; DEL = 1 List (domain+attachment selector) +
-1 delete per claim; CHECK = 1 List; GC = 1 List (domain+node+network) + 1 delete per freed claim;
-STATUS = 1 List. Nothing is written locally.
+1 delete per claim; CHECK = 1 List; GC = 2 Lists (the node's claims, its blocks) + the pods of the
+claims its runtime dropped + 1 write per miss or freed claim; STATUS = 1 List of the node's own
+objects (never the domain's). Nothing is written locally.
 
 With the watch cache (the node daemon calls :func:`use_watch_cache`; :mod:`.lease_cache` keeps
 one informer per domain, List + Watch, started on the domain's first ADD/DEL), once it is in
@@ -42,7 +43,8 @@ DEL = 1 delete per claim (the attachment's List when the cache shows none); STAT
 cache is a hint, never the answer, so nothing depends on its freshness:
 - candidates come from its used set, but the create is still the claim (409: the address is
   marked taken in the cache, next candidate); our creates/deletes/GETs are written through;
-  "no free address" (ADD 102, STATUS 50) is only said after a List of the domain;
+  "no free address" (ADD 102) is only said after a List of the domain (and STATUS 50 in the daemon
+  for ``EXHAUSTED_SECONDS`` after that);
 - a claim of the attachment that it shows is confirmed by a GET before a repeat ADD returns it
   (another process may have freed it);
 - a claim of the attachment that it does not show yet (made by another process, e.g. the
@@ -77,12 +79,13 @@ A failed ADD deletes the claims it made before reporting the error.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import logging
 import random
 import socket
 import sys
 import time
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -97,10 +100,11 @@ from rdmanet.cni.core.errors import (
     CNIError,
 )
 
+from .. import node_identity, telemetry
 from ..location import whereabouts_check
 from ..ranges import IPAddress, RangeSet
 from . import lease_cache
-from .base import Attachment, Reservation, Store, place_held, refuse_other_request
+from .base import Attachment, Reservation, Store, Usage, place_held, refuse_other_request
 from .lease_cache import LeaseCache
 from .whereabouts import WhereaboutsView
 from .kube_blocks import Block, NodeBlocks, _any_within, parse_block  # noqa: F401  (parse_block re-exported)
@@ -115,8 +119,8 @@ log = logging.getLogger("rdmanet.ipam")
 
 NODE_WINDOW = 64  # a borrowing node's first candidate passes over fewer free addresses than this
 SEARCH_WINDOW = 8  # open blocks an ADD first searches beyond its creates in flight (see KubeStore._search)
-EXHAUSTED_SECONDS = 30.0  # after an ADD found a range exhausted, STATUS checks the domain for this long
-NODE_ENV = "RDMANET_NODE_NAME"
+EXHAUSTED_SECONDS = 30.0  # after an ADD here found a range exhausted (it read the domain), STATUS says so for this long
+NODE_ENV = node_identity.NODE_ENV
 LEASES_PATH = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 
 _BACKOFF_BASE = 0.05
@@ -257,6 +261,11 @@ def node_selector(dhash: str, node: str) -> str:
     return f"{L_DOMAIN}={dhash},{L_NODE}={label_value(node)}"
 
 
+def cache_key(settings: Any, conn: Any, domain: str, node: str) -> tuple[tuple, tuple]:
+    """(connection key, domain key) of the informer for ``node``'s Leases of the domain."""
+    return (settings.kubeconfig, settings.api_root, settings.namespace), (conn.namespace, domain_hash(domain), node)
+
+
 def cache_source(settings: Any, conn: Any, domain: str, node: str) -> CacheSource:
     """``source(start)``: the process's informer for ``node``'s Leases of the domain over ``conn``
     (started when ``start`` and none runs), or None when the process has no watch cache. The
@@ -264,14 +273,14 @@ def cache_source(settings: Any, conn: Any, domain: str, node: str) -> CacheSourc
     on another node is never delivered here."""
     dhash = domain_hash(domain)
     path = LEASES_PATH.format(namespace=conn.namespace)
-    connection_key = (settings.kubeconfig, settings.api_root, settings.namespace)
+    connection_key, domain_key = cache_key(settings, conn, domain, node)
 
     def make(cache_settings: lease_cache.Settings) -> LeaseCache:
         return LeaseCache(ApiClientTransport(conn.api_client, conn.host), path, node_selector(dhash, node),
                           partial(parse_lease, dhash=dhash), owner=conn.api_client,
                           name=f"lease-cache {conn.namespace}/{dhash}/{label_value(node)}", settings=cache_settings)
 
-    return lambda start: lease_cache.informer(connection_key, (conn.namespace, dhash, node), conn.api_client, make, start,
+    return lambda start: lease_cache.informer(connection_key, domain_key, conn.api_client, make, start,
                                               transport=lambda: ApiClientTransport(conn.api_client, conn.host))
 
 
@@ -281,7 +290,7 @@ class KubeStore(NodeBlocks, Store):
                  gc_grace: float = 60.0, sleep: Callable[[float], None] = time.sleep,
                  cache: Optional[CacheSource] = None, whereabouts: Optional[str] = None,
                  whereabouts_namespace: Optional[str] = None, block_size: Optional[int] = None,
-                 block_release: float = 300.0) -> None:
+                 block_release: float = 300.0, gc_misses: int = 3) -> None:
         self.transport = transport
         self.namespace = namespace
         self.domain = domain
@@ -291,6 +300,7 @@ class KubeStore(NodeBlocks, Store):
         self.timeout = timeout
         self.request_timeout = request_timeout
         self.gc_grace = gc_grace
+        self.gc_misses = gc_misses  # checks (spaced by gc_grace / gc_misses, server time) before a gone pod's claim goes
         self.sleep = sleep
         self.path = LEASES_PATH.format(namespace=namespace)
         self.calls: dict[str, int] = {}  # per method, for logs and tests
@@ -309,7 +319,8 @@ class KubeStore(NodeBlocks, Store):
 
         # in-process (no watch cache): http.client, not the kubernetes client's ~0.5 s import
         conn = connect(settings) if lease_cache.enabled() else connect(settings, stdlib=True)
-        node = inv.env.get(NODE_ENV) or socket.gethostname()
+        # the claim's node label: which node's ADD made it (no cleaner judges liveness by it)
+        node = node_identity.configured(inv.env).name or socket.gethostname()
         pod = PodInfo(inv.args.get("K8S_POD_NAMESPACE", ""), inv.args.get("K8S_POD_NAME", ""),
                       inv.args.get("K8S_POD_UID", ""))
         source = cache_source(settings, conn, domain, node) if lease_cache.enabled() else None
@@ -399,8 +410,10 @@ class KubeStore(NodeBlocks, Store):
             if not cont:
                 return
 
-    def _list_all(self, selector: str, deadline: float, what: str,
-                  limit: int = LIST_PAGE) -> tuple[list[Claim], list[Block]]:
+    def _list_all(self, selector: str, deadline: float, what: str, limit: int = LIST_PAGE,
+                  pods: Optional[dict[str, tuple[str, str, str]]] = None) -> tuple[list[Claim], list[Block]]:
+        """The selected claims and blocks; ``pods``, when given, gets each claim's pod (namespace,
+        name, UID from its annotations, "" where absent) by Lease name."""
         claims: dict[str, Claim] = {}
         blocks: dict[str, Block] = {}
         for page in self._pages(selector, deadline, what, limit):
@@ -412,6 +425,9 @@ class KubeStore(NodeBlocks, Store):
                 got = parse_lease(item, self.dhash)
                 if isinstance(got, Claim):
                     claims[got.name] = got
+                    if pods is not None:
+                        notes = (item.get("metadata") or {}).get("annotations") or {}
+                        pods[got.name] = tuple(str(notes.get(f"{GROUP}/pod-{k}") or "") for k in ("namespace", "name", "uid"))
                     got = got.as_block()  # a block record: the block too
                 if isinstance(got, Block):
                     blocks[got.name] = got
@@ -452,10 +468,6 @@ class KubeStore(NodeBlocks, Store):
         """The domain's claims, folded page by page from one paginated List (kept as ints)."""
         return self._fold(self._claims_selector(), deadline, f"list leases of domain {self.domain}",
                           lambda: DomainScan(None, set()), DomainScan.add)
-
-    def _used(self, deadline: float) -> dict[int, list[int]]:
-        """The domain's used addresses per IP version, sorted."""
-        return self._scan_domain(deadline).sorted_used()
 
     def _parse(self, item: Any) -> Optional[Claim]:
         return parse_claim(item, self.dhash)
@@ -677,6 +689,7 @@ class KubeStore(NodeBlocks, Store):
     def _claim_requested(self, want: IPAddress, attachment: Attachment, network: str, rs: RangeSet,
                          by_ip: Mapping[IPAddress, Claim], cached: bool, deadline: float) -> tuple[Claim, bool]:
         """(claim, made by this call) for a requested address; 103 when another attachment holds it.
+        The address of a free block record is held by nobody: the record is taken by an update.
 
         From a List (``by_ip``), a holder it shows is final. From the cache the create decides
         (the cache may be stale either way), and a holder that turns out to be this very
@@ -694,6 +707,12 @@ class KubeStore(NodeBlocks, Store):
             holder = self._get(lease_name(self.dhash, want), deadline)
             if cached and holder is not None and holder.attachment == attachment:
                 return holder, False
+        record = holder.as_block() if holder is not None and holder.free else None
+        if record is not None:  # a free block record: nothing holds the address, taken by an update
+            claim = self._take_record(record, attachment, network, rs, deadline)
+            if claim is not None:
+                return claim, True
+            holder = self._get(lease_name(self.dhash, want), deadline)
         who = holder.attachment if holder is not None else None
         raise CNIError(ADDRESS_UNAVAILABLE, f"requested address {want} is already reserved by {who or 'another attachment'}",
                        "request a free address, or DEL the attachment that holds it")
@@ -1026,47 +1045,65 @@ class KubeStore(NodeBlocks, Store):
     # -- gc / status ----------------------------------------------------------------------------
 
     def gc(self, network: str, valid: set[Attachment]) -> list[Reservation]:
-        """Free this node's claims of ``network`` whose attachment is not in ``valid`` and older
-        than the grace; then release this node's blocks that hold none of its claims and are
-        older than ``block_release`` (one paginated List of the node's objects of the domain)."""
+        """Judge this node's claims of ``network`` whose attachment is not in ``valid`` by the
+        liveness rule every cleaner shares (:func:`rdmanet.ipam.reconcile.reconcile_target`: a
+        claim of a pod is freed only after the API said its pod is gone on several checks spaced
+        in server time; the runtime's list only picks which claims are judged). A claim with no
+        pod (podman, cnitool) has only the runtime to speak for it: freed once older than the
+        grace by the API server's clock. Then this node's blocks that hold none of its claims
+        and are older than ``block_release`` are released."""
+        from ..reconcile import FREED, NO_POD, ApiError, KubeAPI, KubeTarget, reconcile_target
+
         deadline = self._deadline()
+        target = KubeTarget(KubeAPI(self.transport, self.request_timeout), self.namespace, self.domain,
+                            node_selector(self.dhash, self.node), self.node)
+
+        def judged(c) -> bool:
+            return c.network == network and bool(c.container_id) and Attachment(c.container_id, c.ifname) not in valid
+
+        outcome = reconcile_target(target, grace_seconds=self.gc_grace, misses=self.gc_misses, only=judged,
+                                   freed_by=telemetry.CNI_GC)
+        now = target.api.server_time
+        freed = [a.claim for a in outcome.actions if a.action == FREED]
+        for a in outcome.actions:
+            c = a.claim
+            if a.action != NO_POD or now is None or c.created is None:
+                continue
+            if (now - c.created).total_seconds() < self.gc_grace:
+                log.info("GC spares %s of %s/%s: younger than %g s", c.address, c.container_id, c.ifname, self.gc_grace)
+                continue
+            try:
+                target.delete(c)
+            except ApiError as err:
+                if err.status not in (404, 409):
+                    raise CNIError(IO_FAILURE, f"could not free lease {c.name}: {err}", "the next GC retries") from None
+                continue
+            freed.append(c)
+            telemetry.freed(telemetry.Freed(telemetry.CNI_GC, c.address or c.name, c.network, c.container_id, c.ifname,
+                                            c.pod_namespace, c.pod_name, c.pod_uid, self.node,
+                                            f"not in {network}'s cni.dev/valid-attachments, no pod to ask about"))
+        gone = {c.name for c in freed}
         claims, blocks = self._list_all(node_selector(self.dhash, self.node), deadline,
                                         f"list leases of {network} on node {self.node}")
-        now = datetime.now(timezone.utc)
-        freed = []
-        kept = []
-        records: dict[str, Optional[Block]] = {}
-        for c in claims:
-            if c.attachment is None or c.attachment in valid or c.network != network:
-                kept.append(c)
-                continue
-            if c.time is None or (now - c.time).total_seconds() < self.gc_grace:
-                log.info("GC spares %s of %s: younger than %g s", c.ip, c.attachment, self.gc_grace)
-                kept.append(c)
-                continue
-            gone = self._remove(c, deadline)
-            if gone is not None:
-                freed.append(c)
-                if gone.block:
-                    records[gone.name] = gone.as_block()  # freed just now: its new version
-            else:
-                kept.append(c)
-        values = sorted(int(c.ip) for c in kept if not c.free)
+        values = sorted(int(c.ip) for c in claims if not c.free and c.name not in gone)
+        wall = datetime.now(timezone.utc)
         for b in blocks:
             if b.node != self.node or b.planned or _any_within(values, int(b.ip), b.last):
                 continue
-            b = records.get(b.name) or b
-            if b.time is not None and (now - b.time).total_seconds() >= self.block_release:
+            if b.time is not None and (wall - b.time).total_seconds() >= self.block_release:
                 self._drop_block(b, deadline)
-        return _group(freed)
+        return _group_freed(freed)
 
     def status(self, range_sets: Sequence[RangeSet]) -> list[int]:
+        """Free addresses per range set as this node sees them, never from a List of the domain
+        (runtimes ask every few seconds, on every node). A running informer answers with no
+        request: the free addresses of this node's blocks, else (the node can still acquire a
+        block or borrow) those its view of the range shows; 0 when an ADD here found the range
+        exhausted within ``EXHAUSTED_SECONDS`` (that ADD read the domain). Without an informer,
+        or when its view shows none free otherwise (it may lag): one paginated List of this
+        node's own objects, which also tells that the API answers."""
         cache = self._cache_source(False) if self._cache_source is not None else None
         if cache is not None and cache.has_state():  # a running informer answers; STATUS never starts one
-            # Free addresses of this node's blocks; a node whose blocks are full can still acquire
-            # or borrow, so its view of the range answers. STATUS (runtimes ask it every few
-            # seconds, on every node) Lists the domain only after an ADD here found the range
-            # exhausted a moment ago.
             blocks = cache.open_blocks()  # a full block adds nothing to a count of free addresses
             now = time.monotonic()
             free = []
@@ -1074,17 +1111,56 @@ class KubeStore(NodeBlocks, Store):
                 own = self._own(rs, blocks)
                 count = own.count_free(cache.used_within(rs.family, [(r.start, r.end) for r in own.ranges],
                                                          pending=False)) if own is not None else 0
-                if not count and cache.notes.get(("exhausted", rs.index), -1e9) + EXHAUSTED_SECONDS < now:
+                exhausted = cache.notes.get(("exhausted", rs.index), -1e9) + EXHAUSTED_SECONDS >= now
+                if not count and not exhausted:
                     count = rs.count_free(cache.used(rs.family))
-                free.append(count)
-            if all(free):
+                free.append(count if count or exhausted else None)
+            if None not in free:
                 return free
         try:
-            # Paginated, parsed page by page; only when this node's blocks are full (or no daemon).
-            used = self._used(self._deadline())
+            claims, _ = self._list_all(node_selector(self.dhash, self.node), self._deadline(),
+                                       f"list leases of domain {self.domain} on node {self.node}")
         except CNIError as err:
             raise CNIError(NOT_AVAILABLE, f"lease-ipam cannot reach its Lease store: {err.msg}", err.details) from None
+        used: dict[int, list[int]] = {4: [], 6: []}
+        for c in claims:
+            if not c.free:
+                used[c.ip.version].append(int(c.ip))
+        for values in used.values():
+            values.sort()
         return [rs.count_free(used[rs.family]) for rs in range_sets]
+
+
+    def usage(self, range_sets: Sequence[RangeSet]) -> Optional[Usage]:
+        """From the daemon's watch cache of this node's Leases (None without a running one): per
+        range set this node's claims and the free addresses of the blocks it holds, and how many
+        blocks it holds. Other nodes' claims are theirs to count (``rdmanet ipam ls`` reads them all)."""
+        cache = self._cache_source(False) if self._cache_source is not None else None
+        if cache is None or not cache.has_state():
+            return None
+        blocks = [b for b in cache.blocks() if not b.node or b.node == self.node]
+        claimed = sorted((c.ip.version, int(c.ip)) for c in cache.claims() if isinstance(c, Claim) and not c.free)
+        used, free = [], []
+        for rs in range_sets:
+            used.append(sum(bisect_right(claimed, (rs.family, r.end)) - bisect_left(claimed, (rs.family, r.start))
+                            for r in rs.ranges))
+            own = self._own(rs, blocks)
+            free.append(own.count_free(cache.used_within(rs.family, [(r.start, r.end) for r in own.ranges], pending=False))
+                        if own is not None else 0)
+        return Usage(tuple(used), tuple(free), len({b.id for b in blocks}))
+
+
+def _group_freed(claims: Sequence[Any]) -> list[Reservation]:
+    """The reservations a GC freed (the reconciler's view of each claim)."""
+    groups: dict[Attachment, list[Any]] = {}
+    for c in claims:
+        groups.setdefault(Attachment(c.container_id, c.ifname), []).append(c)
+    out = []
+    for who, cs in sorted(groups.items()):
+        ips = sorted((ipaddress.ip_address(c.address) for c in cs if c.address), key=lambda ip: (ip.version, ip))
+        when = min((c.created for c in cs if c.created), default=None)
+        out.append(Reservation(who, cs[0].network, tuple(ips), when.isoformat(timespec="seconds") if when else ""))
+    return out
 
 
 def _group(claims: Sequence[Claim]) -> list[Reservation]:

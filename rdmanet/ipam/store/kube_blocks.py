@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("rdmanet.ipam")
 _EPOCH = datetime.fromtimestamp(0, timezone.utc)
 
+A_TAKEN = f"{GROUP}/taken-by-update"  # a claim made by taking a free record: its creation time is not the claim's
 DEFAULT_BLOCK_SIZE = {4: 16, 6: 64}  # addresses per block (docs/lease-ipam.md: how to size blocks)
 BLOCK_PROBES = 8  # hashed block positions tried before a group of records is listed
 PROBE_MISSES = 2  # 409s on records before one group's records are listed (a 409 is ~200 B; a group List, <= 64 Leases, tells which are free)
@@ -115,9 +116,11 @@ def parse_block(item: Any, dhash: str) -> Optional[Block]:
 
 def record_body(body: dict, owner: str, r: Range, first: int, size: int, planned: bool = False) -> dict:
     """``body`` (a claim Lease) made the record of the ``size`` block at ``first`` of range ``r``
-    held by ``owner``; ``planned``: labelled as a plan's (its node keeps it while empty)."""
+    held by ``owner``; ``planned``: labelled as a plan's (its node keeps it while empty). The
+    claim's node label stays the claiming node's: a borrower's claim on another node's record is
+    the borrower's (block ownership is not claim ownership)."""
     md = body["metadata"]
-    md["labels"].update({L_NODE: label_value(owner), L_BLOCK: block_id(r.address(first), size),
+    md["labels"].update({L_BLOCK: block_id(r.address(first), size),
                          L_BLOCK_OWNER: label_value(owner), L_BLOCK_GROUP: block_group_id(r.subnet, first, size)})
     md["annotations"].update({f"{GROUP}/block-owner": owner, f"{GROUP}/block-size": str(size)})
     if planned:
@@ -599,6 +602,8 @@ class NodeBlocks:
             return None
         for _ in range(3):
             body = self._record_body(self._body(ip, attachment, network, rs), record.node, r, int(record.ip), record.planned)
+            # its creationTimestamp is the record's, not this claim's: no cleaner may order it by that
+            body["metadata"]["annotations"][A_TAKEN] = "true"
             body["metadata"].update({"uid": record.uid, "resourceVersion": record.resource_version})
             resp, retried = self._put(record.name, body, deadline)
             if resp.status == 200:

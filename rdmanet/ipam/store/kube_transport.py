@@ -10,6 +10,8 @@ import logging
 import socket
 from typing import Any, Iterator, Mapping, NamedTuple, Optional, Sequence
 
+from .. import telemetry
+
 log = logging.getLogger("rdmanet.ipam")
 
 
@@ -111,7 +113,9 @@ class ApiClientTransport(Transport):
             resp = self.api.call_api(*req, _request_timeout=(timeout, timeout))
             data = resp.read()
         except self._errors as exc:
+            telemetry.api_request(method, None)
             raise Unreachable(f"{type(exc).__name__}: {exc}") from None
+        telemetry.api_request(method, resp.status)
         try:
             doc = json.loads(data) if data else None
         except ValueError:
@@ -125,7 +129,9 @@ class ApiClientTransport(Transport):
                                            auth_settings=["BearerToken"], _host=self.override)
             resp = self.api.call_api(*req, _request_timeout=(min(timeout, 10.0), timeout))
         except self._errors as exc:
+            telemetry.api_request("WATCH", None)
             raise Unreachable(f"{type(exc).__name__}: {exc}") from None
+        telemetry.api_request("WATCH", resp.status)
         raw = resp.response  # urllib3's response, not read yet (the client never preloads)
         if resp.status == 200:
             stream = _Urllib3WatchStream(raw)

@@ -62,6 +62,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Hashable, Iterable, Optional, Sequence
 
+from .. import telemetry
+
 log = logging.getLogger("rdmanet.ipam.cache")
 
 PAGE_SIZE = 500
@@ -333,6 +335,11 @@ class LeaseCache:
         with self._cond:
             names = self._by_attachment.get(attachment, ())
             return [self._entries[n].claim for n in names]
+
+    def claims(self) -> list[Any]:
+        """Every claim the cache holds (placeholders of a 409 left out)."""
+        with self._cond:
+            return [e.claim for e in self._entries.values() if e.claim is not None]
 
     def entry(self, name: str) -> Optional[Entry]:
         with self._cond:
@@ -686,6 +693,7 @@ class LeaseCache:
                     gone_in_row += 1
                     backoff = relist_delay(gone_in_row)
                     self.stats["relists"] += 1
+                    telemetry.watch_restart("expired")
                     self.stats["relist_wait"] = self.stats.get("relist_wait", 0.0) + backoff
                     log.info("%s: %s: listing again in %.1f s", self.name, exc, backoff)
                     need_list = True
@@ -699,12 +707,14 @@ class LeaseCache:
                         self.synced = False  # not trusted until a stream is open again (a hint meanwhile)
                     log.debug("%s: %s", self.name, exc)
                     self.stats["errors"] += 1
+                    telemetry.watch_restart("broken")
                     quick = exc.lasted < 1.0
                     backoff = min(BACKOFF_CAP, max(BACKOFF_BASE, backoff * 2)) * random.uniform(0.8, 1.2) if quick else 0.0
                 except Exception as exc:  # noqa: BLE001 - any failure: back off and try again
                     if self._stop.is_set():
                         break
                     self.stats["errors"] += 1
+                    telemetry.watch_restart("error")
                     backoff = min(BACKOFF_CAP, max(BACKOFF_BASE, backoff * 2)) * random.uniform(0.8, 1.2)
                     level = logging.WARNING if isinstance(exc, Failed) and exc.status in (401, 403) else logging.INFO
                     log.log(level, "%s: %s; retrying in %.1f s%s", self.name, exc, backoff,
@@ -882,6 +892,14 @@ def settings() -> Settings:
 def informers() -> list[LeaseCache]:
     with _lock:
         return list(_informers.values())
+
+
+def peek(connection_key: Hashable, domain_key: Hashable) -> Optional[LeaseCache]:
+    """The running informer for (connection, domain), or None; unlike :func:`informer` it does
+    not count as a use (a reader such as a metrics scrape must not keep an idle watch alive)."""
+    with _lock:
+        inf = _informers.get((connection_key, domain_key))
+    return inf if inf is not None and inf.alive else None
 
 
 def informer(connection_key: Hashable, domain_key: Hashable, owner: Any, make: Callable[[Settings], LeaseCache],

@@ -9,6 +9,7 @@ the same name for the same address: the API server's create of that name is the 
 
 from __future__ import annotations
 
+import email.utils
 import hashlib
 import ipaddress
 import re
@@ -133,6 +134,20 @@ def parse_holder(text: Any) -> Optional[Attachment]:
 
 def _now_micro() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def server_date(headers: Any) -> Optional[datetime]:
+    """The API server's time from an answer's ``Date`` header (None: none, or unreadable): what
+    every cleaner judges age and the spacing of checks by, never the node's clock."""
+    try:
+        value = headers.get("Date") or headers.get("date")
+    except AttributeError:
+        return None
+    try:
+        when = email.utils.parsedate_to_datetime(value) if isinstance(value, str) else None
+    except (TypeError, ValueError):
+        return None
+    return when if when is not None and when.tzinfo is not None else None
 
 
 def parse_time(text: Any) -> Optional[datetime]:

@@ -16,13 +16,16 @@ leak one (a power loss ends every attachment of the node: files.py says why noth
    Address files are created afterwards with O_EXCL (a name exists at most once), their content
    written before ADD answers.
 2. An address file is removed only (a) by DEL/GC of the attachment its content names, or
-   (b) when it is empty or unparsable: DEL/GC of an attachment whose index lists it, any GC,
+   (b) when it is empty or a torn write of ours: DEL/GC of an attachment whose index lists it, any GC,
    the repeat ADD of that attachment, or an ADD that requests exactly that address. (b) is
    safe: every writer holds the lock from create to write, so under the lock such a file is
    the claim of a crashed ADD, which never answered: the address was never handed out.
 3. So after a crash at any point, every address file the crashed ADD made is listed in its
    index: a later DEL or GC of that attachment removes it, and a repeat ADD adopts a complete
    one and reclaims an empty one.
+4. Nothing else under the directory is ever removed: a file in no format of ours (another
+   IPAM's, such as host-local's ``<containerID>\r\n<ifname>`` when ``dataDir`` points at its
+   directory) is left alone and its address is never handed out (files.FOREIGN).
 The cursor is overwritten in place (files.overwrite_padded), without fsync or rename: losing or
 tearing it only changes where round-robin resumes.
 
@@ -53,7 +56,8 @@ from rdmanet.cni.core.errors import (
 )
 
 from ..ranges import IPAddress, RangeSet
-from .base import Attachment, Reservation, Store, place_held, refuse_other_request
+from .. import telemetry
+from .base import Attachment, Reservation, Store, Usage, place_held, refuse_other_request
 from .files import (
     FILE_MODE,
     GARBAGE,
@@ -243,8 +247,11 @@ class LocalStore(Store):
                 if doc is GARBAGE:  # a crashed ADD's claim, never handed out (rule 2b)
                     remove(self._addr_path(want))
                 elif doc is not None:
-                    raise CNIError(ADDRESS_UNAVAILABLE, f"requested address {want} is already reserved by {owner_of(doc) or 'an unknown owner'}",
-                                   "request a free address, or DEL the attachment that holds it")
+                    holder = owner_of(doc) or f"a file lease-ipam did not write ({self._addr_path(want)})"
+                    raise CNIError(ADDRESS_UNAVAILABLE, f"requested address {want} is already reserved by {holder}",
+                                   "request a free address, or DEL the attachment that holds it (a store "
+                                   "directory shared with another IPAM, such as host-local's: give lease-ipam "
+                                   "a dataDir of its own)")
                 ip = want
             else:
                 ip = self._probe(rs, set(plan.values()) | surprises)
@@ -351,8 +358,10 @@ class LocalStore(Store):
                     continue
                 index = read_json(path)
                 who = owner_of(index)
-                if who is None:  # unreadable index: its address files are handled by the scan below
+                if index is GARBAGE:  # a torn index of ours: its address files are handled by the scan below
                     remove(path)
+                    continue
+                if who is None:  # not ours: left alone
                     continue
                 if index.get("network") != network or who in valid:
                     continue
@@ -373,7 +382,29 @@ class LocalStore(Store):
             freed += [Reservation(who, network, tuple(ips)) for who, ips in sorted(orphans.items())]
             sync_dir(self.root)
             sync_dir(self.index_dir)
+        for res in freed:
+            for ip in res.addresses:
+                telemetry.freed(telemetry.Freed(telemetry.CNI_GC, str(ip), network, res.attachment.container_id,
+                                                res.attachment.ifname, None, None, None, None,
+                                                f"not in {network}'s cni.dev/valid-attachments"))
         return freed
+
+    def usage(self, range_sets: Sequence[RangeSet]) -> Usage:
+        """The address files as they are, read without the lock (a count for metrics: an ADD
+        running meanwhile may or may not be in it); nothing is created."""
+        used: dict[int, list[int]] = {4: [], 6: []}
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
+            names = []
+        for name in names:
+            ip = address_name(name)
+            if ip is not None:
+                used[ip.version].append(int(ip))
+        for values in used.values():
+            values.sort()
+        free = tuple(rs.count_free(used[rs.family]) for rs in range_sets)
+        return Usage(tuple(rs.count_free([]) - f for rs, f in zip(range_sets, free)), free)
 
     def status(self, range_sets: Sequence[RangeSet]) -> list[int]:
         try:

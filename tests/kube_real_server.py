@@ -490,8 +490,16 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         finally:
             entry["seconds"] = time.monotonic() - t0
 
+    def _start(self, code: int, headers: dict) -> None:
+        """The status line and the headers: the server's own ``Date`` when it answered, else now
+        (one ``Date``: ``send_response`` would add a second one, and a client reads the two joined)."""
+        self.log_request(code)
+        self.send_response_only(code)
+        if not any(k.lower() == "date" for k in headers):
+            self.send_header("Date", self.date_time_string())
+
     def _send(self, code: int, data: bytes, headers: dict) -> None:
-        self.send_response(code)
+        self._start(code, headers)
         for k, v in headers.items():
             self.send_header(k, v)
         self.send_header("Content-Length", str(len(data)))
@@ -505,7 +513,9 @@ class _ProxyHandler(BaseHTTPRequestHandler):
 
     def _stream(self, resp: http.client.HTTPResponse) -> None:
         proxy = self.server_obj
-        self.send_response(200)
+        self._start(200, {"Date": resp.getheader("Date")} if resp.getheader("Date") else {})
+        if resp.getheader("Date"):
+            self.send_header("Date", resp.getheader("Date"))
         self.send_header("Content-Type", resp.getheader("Content-Type", "application/json"))
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()

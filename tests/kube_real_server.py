@@ -25,6 +25,7 @@ import http.client
 import json
 import os
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -58,6 +59,14 @@ def build() -> Path:
     """The directory holding ``kube-apiserver`` and ``kubectl`` (built once, then cached)."""
     out = subprocess.run([str(BUILD)], check=True, stdout=subprocess.PIPE, text=True, timeout=1800)
     return Path(out.stdout.strip().splitlines()[-1])
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGKILL when the test process dies, however it dies (a kill -9 of pytest
+    leaves no etcd or kube-apiserver behind)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -115,7 +124,7 @@ class KubeCluster:
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
         log = open(self.dir / f"{name}.log", "wb")
         p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             start_new_session=True)
+                             start_new_session=True, preexec_fn=_die_with_parent)
         log.close()
         self.procs.append(p)
         return p

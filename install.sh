@@ -103,8 +103,9 @@ Options (an environment variable, where named, sets the same; a flag wins):
   --prefix DIR               host mode: the venv to create (default /opt/cni/rdmanet);
                              DaemonSet mode: the image's venv with rdmanet (default /opt/rdmanet)
   --bin-dir DIR              CNI bin dir (default /opt/cni/bin)           RDMANET_CNI_BIN_DIR
-  --socket PATH              the daemon's socket, baked into the shims
-                             (default /run/rdmanet/daemon.sock)          RDMANET_DAEMON_SOCKET
+  --socket PATH              the daemon's socket, baked into the shims (its directory must be
+                             writable by root only; the shims send nothing to a server that
+                             is not root) (default /run/rdmanet/daemon.sock)  RDMANET_DAEMON_SOCKET
   --link-dir DIR             host mode: where the rdmanet link goes (default /usr/local/bin)
   --no-systemd               host mode: no systemd units, even when systemd runs
                                                                           RDMANET_SYSTEMD=no
@@ -331,6 +332,12 @@ remove_shim() {  # remove_shim PATH: the shim (only while it is ours) and what i
     fi
 }
 
+check_socket_dir() {  # the directory of --socket: only root may bind a socket there (rdmanet/node/socket_dir.py)
+    local out
+    out=$("$PREFIX/bin/python" -I -m rdmanet.node.socket_dir "$SOCKET" 2>&1) \
+        || die --event unsafe_socket_dir "--socket $SOCKET: $out"
+}
+
 # ------------------------------------------------------------------------------------ host mode: systemd
 
 is_unit_path() {  # is_unit_path PATH: where install.sh puts one of its units (under some root)
@@ -490,6 +497,7 @@ host_install() {
 
     [ -x "$PREFIX/bin/python" ] || /usr/bin/python3 -m venv "$PREFIX"
     "$PREFIX/bin/pip" install -q --disable-pip-version-check --upgrade "$src"
+    check_socket_dir
 
     for d in "$BIN_DIR" "$LINK_DIR"; do  # a directory install makes goes with --uninstall (when empty by then)
         if [ ! -e "$d" ]; then
@@ -593,6 +601,7 @@ daemonset_install() {
         die "no rdmanet in --prefix $PREFIX ($PREFIX/bin/rdmanet is missing): give the image's venv"
     fi
     [ -d "$HOST_ROOT" ] || die "--host-root $HOST_ROOT (RDMANET_HOST_ROOT) is not a directory: the node's root, /proc/1/root with hostPID"
+    check_socket_dir
     if [ "$HOST_ROOT" != / ]; then
         CHROOT=$(command -v chroot) || die "chroot is not in the image; it is needed for --host-root $HOST_ROOT"
     fi

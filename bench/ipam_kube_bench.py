@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = tempfile.mkdtemp(prefix="ipam-bench-")
     policy = os.path.join(tmp, "node-policy.json")  # the node policy (rdmanet.cni.linux.roots): stores, kubeconfig in tmp
     with open(policy, "w") as f:
-        json.dump({"dataRoots": [tmp], "kubeconfigRoots": [tmp]}, f)
+        json.dump({"dataRoots": [tmp], "kubeconfigs": [f"{tmp}/*"]}, f)
     os.chmod(policy, 0o600)
     os.environ["RDMANET_NODE_POLICY"] = policy  # the workers inherit it, as plugins their runtime's
     server = KubeAPIServer()

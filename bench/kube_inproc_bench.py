@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(tmp: str, args) -> int:
     policy = os.path.join(tmp, "node-policy.json")
     with open(policy, "w") as fh:
-        json.dump({"dataRoots": [tmp], "logRoots": [tmp], "kubeconfigRoots": [tmp]}, fh)
+        json.dump({"dataRoots": [tmp], "logRoots": [tmp], "kubeconfigs": [f"{tmp}/*"]}, fh)
     os.chmod(policy, 0o600)
     pki = make_pki(tmp)
     server = KubeAPIServer(token=TOKEN, tls=pki[1:] if pki else None)

@@ -90,11 +90,13 @@ class Host:
     def __init__(self) -> None:
         self.tmp = tempfile.mkdtemp(prefix=f"{PREFIX}-bench-")
         # The node policy (rdmanet.cni.linux.roots) the runtime's environment names: stores and
-        # host-device-rdma's state under this run's directory.
+        # host-device-rdma's state under this run's directory; this run's veths (no RDMA device)
+        # allowed as masters and as devices host-device-rdma moves.
         policy = os.path.join(self.tmp, "node-policy.json")
         with open(policy, "w") as f:
             json.dump({"dataRoots": [self.tmp], "logRoots": [self.tmp], "deviceInfoDir": self.tmp,
-                       "hostDeviceStateDir": os.path.join(self.tmp, "hd-state")}, f)
+                       "hostDeviceStateDir": os.path.join(self.tmp, "hd-state"),
+                       "masters": [{"name": f"{PREFIX}*"}], "hostDevices": [{"name": f"{PREFIX}*"}]}, f)
         os.chmod(policy, 0o600)
         RUNTIME_ENV["RDMANET_NODE_POLICY"] = policy
         self.daemons: list = []

@@ -129,13 +129,20 @@ def macvlan_mode(entry: dict) -> Optional[str]:
 # --------------------------------------------------------------------------- raw plugin exec
 
 
-def node_policy_env(root: pathlib.Path) -> dict[str, str]:
+# What the node owner of a test machine allows: the links this session makes (veth pairs named
+# PREFIX..., with no RDMA device) as masters and as devices host-device-rdma may move.
+TEST_LINKS = [{"name": f"{PREFIX}*"}]
+
+
+def node_policy_env(root: pathlib.Path, **keys: Any) -> dict[str, str]:
     """Write a node policy (rdmanet.cni.linux.roots) whose every root is ``root``, host-device-rdma's
-    state in ``root/hd-state``; returns the environment a runtime hands the plugins for it."""
+    state in ``root/hd-state``, that allows this session's links as masters and host devices
+    (``keys`` replace any of it); returns the environment a runtime hands the plugins for it."""
     policy = root / "node-policy.json"
     policy.write_text(json.dumps({
-        "logRoots": [str(root)], "dataRoots": [str(root)], "kubeconfigRoots": [str(root)], "configRoots": [str(root)],
-        "deviceInfoDir": str(root), "hostDeviceStateDir": str(root / "hd-state")}))
+        "logRoots": [str(root)], "dataRoots": [str(root)], "kubeconfigs": [f"{root}/*"], "configRoots": [str(root)],
+        "deviceInfoDir": str(root), "hostDeviceStateDir": str(root / "hd-state"),
+        "masters": TEST_LINKS, "hostDevices": TEST_LINKS, **keys}))
     policy.chmod(0o600)
     return {"RDMANET_NODE_POLICY": str(policy)}
 

@@ -543,10 +543,16 @@ def test_daemonset_pod_serves_a_pod_attach_stops_restarts_and_uninstalls(image, 
         net = f"{nt.PREFIX}-dsnet"
         (netconf / f"{net}.conflist").write_text(json.dumps(nt.conflist(net, "1.0.0", nt.macvlan(m.name, ipam, mode="bridge", rdma="auto"))))
         cache = tmp_path / "cache"
+        # the test's master is a veth without an RDMA device: the node owner allows it, in a policy
+        # file the runtime names (in the node's CNI conf dir, which the pod mounts at the same path)
+        policy = conf_dir / f"{nt.PREFIX}-node-policy.json"
+        policy.write_text(json.dumps({"masters": [{"name": m.name}]}))
+        policy.chmod(0o600)
+        runtime_env = {"RDMANET_NODE_POLICY": f"{args['--conf-dir']}/{policy.name}"}
 
         def tool(verb: str, netns: str) -> subprocess.CompletedProcess[str]:
             return cc.run(cnitool, verb, net, netns, ifname="net1", netconfpath=netconf, cni_path=[args["--bin-dir"]],
-                          cache_dir=cache, wrap=node.wrap)
+                          cache_dir=cache, wrap=node.wrap, extra_env=runtime_env)
 
         first = node.add_netns(f"{nt.PREFIX}-p1")
         add = tool("add", first)

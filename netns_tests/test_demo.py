@@ -1,7 +1,9 @@
 """``rdmanet demo`` and ``rdmanet demo --down`` as a user runs them, on the real kernel, in a
 network and mount namespace of their own (/run and /var/lib empty tmpfs there: the demo's real
 paths, rdmademo0, /run/netns/rdmanet-demo and /var/lib/cni/lease-ipam/rdmanet-demo, are private
-to the test). ``--down`` says what it removed, and says so when there was nothing to remove."""
+to the test). ``--down`` says what it removed, and says so when there was nothing to remove. No
+node policy file: the demo's stand-in master, a veth without an RDMA device, is allowed for the
+demo's own call only."""
 
 from __future__ import annotations
 
@@ -49,3 +51,5 @@ def test_a_run_without_keep_says_what_its_del_removed():
     assert rc == 0, out
     last = out.splitlines()[-1]
     assert last.startswith("# CNI DEL done; removed the address 198.18.100.") and "the stand-in link rdmademo0" in last
+    # no node policy anywhere: the stand-in (no RDMA device) is a master for the demo's own call only
+    assert "this call's node policy also lists it in masters" in out, out

@@ -191,3 +191,26 @@ def test_a_mac_for_an_ib_vf_is_refused(cni, netns, ports):
     assert err["msg"] == (f"a MAC address (02:00:00:00:00:42) does not apply to VF 0 ({VF_PCI}) of {pf}, an InfiniBand VF: "
                           "its IPoIB address follows the port GUID")
     nothing_left(cni, ns, vf, vf_before, pf, pf_before)
+
+
+@pytest.mark.parametrize("taken, guid, user", [
+    ("node", "b8:59:9f:03:00:d4:6e:2a", "the node GUID of RDMA device mlx5_0"),
+    ("port", "b8:59:9f:03:00:d4:6e:2b", "the port GUID of mlx5_0 port 1"),
+])
+def test_a_guid_another_port_of_the_node_has_is_refused(cni, netns, ports, taken, guid, user):
+    """The pod asks for a GUID the node's IB PF already has (its node GUID, or its port's: the
+    interface ID of GID 0): given to the VF it would take that port's partition membership. CNI
+    error 7 names the key, the GUID and who has it, before any GUID request; nothing changes."""
+    ns = netns()
+    pf, pf_before, vf, vf_before = ports
+    net = f"{ns.name}-net"
+    env = ib_vf_tree(cni, pf, vf)
+    gid0 = cni.root / "sysfs" / "sys" / "class" / "infiniband" / "mlx5_0" / "ports" / "1" / "gids" / "0"
+    gid0.parent.mkdir(parents=True, exist_ok=True)
+    gid0.write_text("fe80:0000:0000:0000:b859:9f03:00d4:6e2b\n")
+    cni.write(nt.conflist(net, "1.0.0", hd(cni)))
+    err = tool_err(cni.tool("add", net, ns, extra_env=env, cap_args={"deviceID": VF_PCI, "infinibandGUID": guid}))
+    assert err["code"] == 7, err
+    assert err["msg"] == (f"invalid network config: runtimeConfig.infinibandGUID: GUID {guid} is already {user} on this "
+                          f"node; given to VF 0 ({VF_PCI}) of {pf} it would take that port's partition membership"), err
+    nothing_left(cni, ns, vf, vf_before, pf, pf_before)

@@ -248,8 +248,14 @@ class Podman:
             f"runroot = {json.dumps(str(storage / 'run'))}\n"
         )
         (conf / "registries.conf").write_text("")
+        # The node owner allows the test's veth masters (they have no RDMA device); every other
+        # key is the built-in default, as for the DEL podman's cleanup runs without this env.
+        policy = self.root / "node-policy.json"
+        policy.write_text(json.dumps({"masters": nt.TEST_LINKS}))
+        policy.chmod(0o600)
         # podman hands this environment on to conmon, to conmon's exit command and to the plugins.
         return {
+            "RDMANET_NODE_POLICY": str(policy),
             "PATH": nt.BARE_PATH,
             "HOME": str(self.root / "home"),
             "TMPDIR": str(tmp),

@@ -4,6 +4,8 @@ links.find_basics (netdevice ioctls) answers what a netlink lookup answers."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 pytest.importorskip("pyroute2")
@@ -72,3 +74,29 @@ def test_find_basics_answers_what_netlink_answers(pod):
         assert links.find_basics(ours, "rdt-none") is None
         with links.rtnl_in() as host:  # the socket's namespace answers, not the caller's
             assert links.find_basics(host, veth.peer) is None
+
+
+def route_view(msgs) -> list:
+    return sorted((m["family"], m["dst_len"], m.get("RTA_DST"), m.get("RTA_OIF"), m.get("RTA_TABLE")) for m in msgs)
+
+
+def test_route_dumps_and_nsids_match_iproute(pod, netns):
+    """The route dumps the host-use check reads, and the nsid a pod gives the host, as IPRoute
+    answers them."""
+    ns, veth = pod
+    nt.ip("-n", ns.name, "route", "add", "default", "via", "198.18.7.1")
+    nt.ip("-n", ns.name, "route", "add", "198.19.7.0/24", "via", "198.18.8.1", "table", "100")
+    other = netns()
+    with netns_mod.entered(ns.path):
+        ipr, rtnl = IPRoute(), Rtnl()
+    other_fd = netns_mod.open_netns(other.path)
+    try:
+        for kw in ({"family": 2}, {"family": 10}, {"family": 2, "table": 254}, {"family": 2, "table": 100}, {}):
+            assert route_view(rtnl.get_routes(**kw)) == route_view(ipr.get_routes(**kw)), kw
+        assert rtnl.get_netnsid(fd=other_fd) == {"nsid": -1}  # none given yet
+        ipr.link("set", index=links.find_link(rtnl, veth.peer).index, net_ns_fd=other_fd)  # now it names one
+        assert rtnl.get_netnsid(fd=other_fd)["nsid"] == ipr.get_netnsid(fd=other_fd)["nsid"] >= 0
+    finally:
+        os.close(other_fd)
+        ipr.close()
+        rtnl.close()

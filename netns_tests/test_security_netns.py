@@ -216,27 +216,33 @@ def test_daemon_refuses_a_non_root_peer(cni, netns, master, tmp_path_factory):
 @requires_lease_ipam
 def test_embedded_defaults_work_without_any_policy(cni, netns, master):
     """No node policy anywhere (the single-node setup, ``rdmanet demo``): lease-ipam's default
-    dataDir /var/lib/cni/lease-ipam and host-device-rdma's /var/lib/cni/host-device-rdma work."""
+    dataDir /var/lib/cni/lease-ipam and host-device-rdma's /var/lib/cni/host-device-rdma work,
+    with what the defaults allow: a master with an RDMA device, the device a deviceID names (both
+    given their PCI and RDMA identity by a fake sysfs tree: this machine has no RDMA NIC)."""
     ns, m, dev = netns(), master(), master()
     _, subnet = nt.random_subnet()
     net = f"{ns.name}-net"
     store = pathlib.Path("/var/lib/cni/lease-ipam") / net
+    sysroot = nt.fake_pci_function(nt.fake_sysfs(cni.root / "sysfs", m.name), "0000:3b:00.4", netdev=dev.name)
+    env = {"RDMANET_SYSFS_ROOT": str(sysroot)}
     try:
         if os.path.exists("/etc/rdmanet/node-policy.json"):
             pytest.skip("this machine has a node policy file")
-        stdin = nt.single(net, "1.0.0", nt.macvlan(m.name, {"type": "lease-ipam", "range": subnet}))
-        add = nt.ok(nt.raw_exec(cni.plugin(nt.PLUGIN), "ADD", stdin, netns=ns.path, cni_path=[cni.cni_bin]))
+        stdin = nt.single(net, "1.0.0", {**nt.macvlan(m.name, {"type": "lease-ipam", "range": subnet}), "rdma": "off"})
+        add = nt.ok(nt.raw_exec(cni.plugin(nt.PLUGIN), "ADD", stdin, netns=ns.path, cni_path=[cni.cni_bin], extra_env=env))
         address = json.loads(add.stdout)["ips"][0]["address"]
         assert address.split("/")[0] in nt.address_files(store.parent)
         assert mode_of(store) == 0o700
-        nt.ok(nt.raw_exec(cni.plugin(nt.PLUGIN), "DEL", stdin, netns=ns.path, cni_path=[cni.cni_bin]))
+        nt.ok(nt.raw_exec(cni.plugin(nt.PLUGIN), "DEL", stdin, netns=ns.path, cni_path=[cni.cni_bin], extra_env=env))
         assert nt.owners(store.parent).get(address.split("/")[0]) is None
         hd_net = f"{ns.name}-hd"
-        hd_stdin = nt.single(hd_net, "1.0.0", {"type": "host-device-rdma", "device": dev.name})
-        nt.ok(nt.raw_exec(cni.plugin("host-device-rdma"), "ADD", hd_stdin, netns=ns.path, cni_path=[cni.cni_bin]))
+        hd_stdin = nt.single(hd_net, "1.0.0", {"type": "host-device-rdma", "deviceID": "0000:3b:00.4", "rdma": "off"})
+        nt.ok(nt.raw_exec(cni.plugin("host-device-rdma"), "ADD", hd_stdin, netns=ns.path, cni_path=[cni.cni_bin],
+                          extra_env=env))
         state = pathlib.Path("/var/lib/cni/host-device-rdma") / f"{hd_net}-rdt-container-1-net1.json"
         assert state.exists() and mode_of(state) == 0o600 and mode_of(state.parent) == 0o700
-        nt.ok(nt.raw_exec(cni.plugin("host-device-rdma"), "DEL", hd_stdin, netns=ns.path, cni_path=[cni.cni_bin]))
+        nt.ok(nt.raw_exec(cni.plugin("host-device-rdma"), "DEL", hd_stdin, netns=ns.path, cni_path=[cni.cni_bin],
+                          extra_env=env))
         assert not state.exists() and nt.link(None, dev.name) is not None
     finally:
         shutil.rmtree(store, ignore_errors=True)

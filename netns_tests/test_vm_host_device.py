@@ -231,6 +231,24 @@ def vf_of(vfinfo: list, vf: int) -> dict:
     return next(v for v in vfinfo if v["vf"] == vf)
 
 
+def test_a_pf_whose_vfs_are_enabled_is_not_moved(vm):
+    """The node policy allows the PF by name, but its VFs are enabled: moving it would give one
+    pod the MAC, VLAN and trust of every VF. CNI error 7 names the key, the PF, why, and the
+    setting that would allow it; the PF and its VFs are as before and nothing is recorded."""
+    entry = section(vm, "hd_pf_vfs_in_use")
+    assert entry["sriov_numvfs"] == 4
+    err = cni_error(entry["add"])
+    assert err["code"] == 7, err
+    assert err["msg"].startswith(f"invalid network config: device: host-device-rdma does not move {entry['pf']}, "
+                                 "the host uses it: "), err
+    assert "SR-IOV PF with 4 VFs enabled" in err["msg"], err
+    assert '"hostInUse": true' in err["details"] and f'"name": "{entry["pf"]}"' in err["details"], err
+    assert_link_as_before(entry["before"], entry["after"])
+    assert entry["vfinfo_after"] == entry["vfinfo_before"]
+    assert entry["pod_links"] == ["lo"]
+    assert state_json(entry["state_files"]) == [] and entry["ipam"] == []
+
+
 def test_vf_stale_del_leaves_the_vf_another_pod_holds_alone(vm):
     """After a (simulated) reboot pod B got VF 0 that pod A had; A's late DEL must not restore A's
     snapshot onto B's VF (nor touch B's netdev): only A's own state and address go."""

@@ -34,7 +34,7 @@ def _session_node_policy(tmp_path_factory) -> None:
     base = tmp_path_factory.getbasetemp()
     default = roots.NodePolicy()  # the built-in roots stay (example NADs name them), the temp dir is added
     policy = write_policy(base / "node-policy.json", logRoots=[*default.log_roots, tmp],
-                          dataRoots=[*default.data_roots, tmp], kubeconfigRoots=[*default.kubeconfig_roots, tmp],
+                          dataRoots=[*default.data_roots, tmp], kubeconfigs=[*default.kubeconfigs, f"{tmp}/*"],
                           configRoots=[*default.config_roots, tmp], deviceInfoDir=tmp,
                           hostDeviceStateDir=str(base / "hd-state"))
     old = os.environ.get(roots.POLICY_ENV)

@@ -110,13 +110,20 @@ def test_stop_serves_the_callers_already_queued(tmp_path):
         exchange(path, VERSION_REQUEST, timeout=5)
 
 
-def test_an_existing_socket_directory_keeps_its_mode(tmp_path):
+def test_a_socket_directory_others_may_write_is_refused(tmp_path):
+    """Another user could bind the socket there while the daemon is down: the daemon does not start
+    (whatever the sticky bit: /tmp), says why, and leaves the directory as it was."""
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o755)
-    os.chmod(shared, 0o1777)  # like /tmp
+    for mode in (0o1777, 0o777, 0o775):
+        os.chmod(shared, mode)
+        with pytest.raises(RuntimeError) as err:
+            Daemon(str(shared / "rdmanet.sock"), allow_uids=[os.getuid()])
+        assert "writable by" in str(err.value) and str(shared) in str(err.value) and "/run/rdmanet" in str(err.value)
+        assert os.stat(shared).st_mode & 0o7777 == mode and os.listdir(shared) == []
+    os.chmod(shared, 0o755)  # root's, closed to others: served
     d = Daemon(str(shared / "rdmanet.sock"), allow_uids=[os.getuid()])
     try:
-        assert os.stat(shared).st_mode & 0o7777 == 0o1777
         assert os.stat(d.socket).st_mode & 0o777 == 0o600
     finally:
         d.cleanup()

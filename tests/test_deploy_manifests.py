@@ -41,6 +41,7 @@ DEPLOY = ROOT / "deploy"
 K8S_VERSION = "1.30"  # the Kubernetes API the manifests are checked against
 NAMESPACE = "rdmanet-system"
 SERVICE_ACCOUNT = "rdmanet"
+RECONCILER_ACCOUNT = "rdmanet-reconciler"
 KUBECONFIG = "/etc/cni/net.d/rdmanet.d/rdmanet.kubeconfig"
 IMAGE = "rdmanet:latest"
 
@@ -427,7 +428,10 @@ def test_daemonset_identity_and_scheduling():
     assert spec["serviceAccountName"] == SERVICE_ACCOUNT
     assert spec["hostNetwork"] is True and spec["hostPID"] is True
     assert spec["priorityClassName"] == "system-node-critical"
-    assert spec["terminationGracePeriodSeconds"] == 30
+    from rdmanet.cni.core.deadline import DEFAULT_SECONDS
+
+    # a call in flight at SIGTERM finishes before the kubelet's SIGKILL: the grace outlasts the call deadline
+    assert spec["terminationGracePeriodSeconds"] > DEFAULT_SECONDS + 10
     assert spec["nodeSelector"] == {"kubernetes.io/os": "linux"}
     tolerations = spec["tolerations"]
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in tolerations
@@ -535,6 +539,8 @@ LEASE_VERBS_USED = {"get", "list", "create", "update", "delete"}  # rdmanet/ipam
 
 
 def test_rbac_grants_leases_in_our_namespace_pod_reads_and_node_lists_only():
+    """The node daemon's token is on every node: it may get pods, never list them; only the
+    reconciler's identity lists pods."""
     for path, role in objects("Role"):
         assert role["metadata"]["namespace"] == NAMESPACE, f"{rel(path)}: a Role outside {NAMESPACE}"
         for rule in role["rules"]:
@@ -554,7 +560,21 @@ def test_rbac_grants_leases_in_our_namespace_pod_reads_and_node_lists_only():
                 # Nodes' blocks List them: nothing more
                 assert rule["verbs"] == ["get", "list"]
             granted.add((rule["resources"][0], *sorted(rule["verbs"])))
-    assert objects("Role") and granted == {("pods", "get", "list"), ("nodes", "get", "list"), ("events", "create")}
+    assert objects("Role") and granted == {("pods", "get"), ("pods", "get", "list"), ("nodes", "get", "list"),
+                                           ("events", "create")}
+    assert cluster_grants(SERVICE_ACCOUNT) == {("pods", "get"), ("nodes", "get", "list"), ("events", "create")}
+    assert cluster_grants(RECONCILER_ACCOUNT) == {("pods", "get", "list"), ("nodes", "get", "list"), ("events", "create")}
+
+
+def cluster_grants(account: str) -> set:
+    """(resource, verbs...) the ClusterRoles bound to ``account`` grant."""
+    roles = {r["metadata"]["name"]: r for _, r in objects("ClusterRole")}
+    out = set()
+    for _, binding in objects("ClusterRoleBinding"):
+        if {"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE} in binding["subjects"]:
+            for rule in roles[binding["roleRef"]["name"]]["rules"]:
+                out.add((rule["resources"][0], *sorted(rule["verbs"])))
+    return out
 
 
 def test_bindings_bind_our_service_account_to_our_roles():
@@ -565,13 +585,15 @@ def test_bindings_bind_our_service_account_to_our_roles():
         for path, binding in objects(kind):
             ref = binding["roleRef"]
             assert (ref["kind"], ref["name"]) in roles, f"{rel(path)}: binds {ref}, which deploy/ does not define"
-            assert binding["subjects"] == [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE}]
+            for subject in binding["subjects"]:
+                assert subject in [{"kind": "ServiceAccount", "name": name, "namespace": NAMESPACE}
+                                   for name in (SERVICE_ACCOUNT, RECONCILER_ACCOUNT)]
             if kind == "RoleBinding":
                 assert binding["metadata"]["namespace"] == NAMESPACE and ref["kind"] == "Role"
             bound.add((ref["kind"], ref["name"]))
     assert bound == roles
-    sa = the("ServiceAccount")
-    assert (sa["metadata"]["name"], sa["metadata"]["namespace"]) == (SERVICE_ACCOUNT, NAMESPACE)
+    accounts = {(sa["metadata"]["name"], sa["metadata"]["namespace"]) for _, sa in objects("ServiceAccount")}
+    assert accounts == {(SERVICE_ACCOUNT, NAMESPACE), (RECONCILER_ACCOUNT, NAMESPACE)}
     assert the("Namespace")["metadata"]["name"] == NAMESPACE
 
 
@@ -592,7 +614,7 @@ def test_cronjob_schedule_and_identity():
     assert cj["spec"]["schedule"] == "*/10 * * * *"
     assert cj["spec"]["concurrencyPolicy"] == "Forbid"
     pod = cj["spec"]["jobTemplate"]["spec"]["template"]["spec"]
-    assert pod["serviceAccountName"] == SERVICE_ACCOUNT
+    assert pod["serviceAccountName"] == RECONCILER_ACCOUNT
     (c,) = pod["containers"]
     assert c["image"] == IMAGE
     assert not c["securityContext"].get("privileged")

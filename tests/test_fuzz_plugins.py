@@ -49,7 +49,7 @@ def tree(tmp_path_factory):
     os.chmod(outside / "victim", 0o600)
     (root / "planted-link").symlink_to(outside / "victim")
     (root / "planted-dir" / "sub").symlink_to(outside)
-    policy = write_policy(base / "policy.json", logRoots=[str(root)], dataRoots=[str(root)], kubeconfigRoots=[str(root)],
+    policy = write_policy(base / "policy.json", logRoots=[str(root)], dataRoots=[str(root)], kubeconfigs=[f"{root}/*"],
                           configRoots=[str(root)], deviceInfoDir=str(root), hostDeviceStateDir=str(root / "hd"))
     return {"root": root, "outside": outside, "policy": str(policy), "sys": str(empty_sys)}
 

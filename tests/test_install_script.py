@@ -300,7 +300,7 @@ def test_daemonset_mode_end_to_end(node):
         lines = path.read_text().splitlines()
         assert lines[0] == f"#!{HOST_PYTHON} -IS"
         assert lines[1].startswith(f"# rdmanet CNI shim for {plugin} (daemon only;")
-        assert lines[-1] == f"    sys.exit(run({plugin!r}, None, {str(node.socket)!r}))"
+        assert lines[-1] == f"    sys.exit(run({plugin!r}, None, {str(node.socket)!r}, 0))"
 
     # the kubeconfig: 0600 in a 0700 dir, the CA copied beside it, loadable, with the token
     assert node.kdir.stat().st_mode & 0o777 == 0o700
@@ -558,6 +558,22 @@ def test_prefix_without_rdmanet_is_refused(node, tmp_path):
     proc = subprocess.run(args, env=node.env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "--prefix" in proc.stderr
     assert not node.bin.exists()
+
+
+@needs_root
+def test_a_socket_directory_others_may_write_is_refused(node, tmp_path):
+    """Anyone could bind the socket there while the daemon is down: install.sh says so and
+    writes nothing (the shims would trust nobody there anyway, the daemon would not start)."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    args = node.args()
+    args[args.index("--socket") + 1] = str(shared / "daemon.sock")
+    proc = subprocess.run(args, env=node.env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    [line] = json_lines(proc.stderr)
+    assert line["event"] == "unsafe_socket_dir" and "writable by others" in line["msg"] and str(shared) in line["msg"]
+    assert not node.bin.exists() and os.listdir(shared) == []
 
 
 @needs_root

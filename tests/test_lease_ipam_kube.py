@@ -440,7 +440,7 @@ def test_namespace_resolution(server, tmp_path):
 
     explicit = write_kubeconfig(tmp_path / "a", server.url, namespace="ctx-ns")
     assert connect(kube_settings(netconf(explicit))).namespace == "ctx-ns"
-    assert connect(kube_settings(netconf(explicit, kube={"namespace": "mine"}))).namespace == "mine"
+    assert connect(kube_settings(netconf(explicit, kube={"namespace": "rdmanet-system"}))).namespace == "rdmanet-system"
     bare = write_kubeconfig(tmp_path / "b", server.url)
     assert connect(kube_settings(netconf(bare))).namespace == DEFAULT_NAMESPACE
     code, _ = call("ADD", netconf(bare))

@@ -35,7 +35,7 @@ def tree(tmp_path):
     victim.write_text('{"keep": true}\n')
     os.chmod(victim, 0o600)
     policy = write_policy(tmp_path / "policy.json", logRoots=[str(root / "log")], dataRoots=[str(root / "data")],
-                          kubeconfigRoots=[str(root / "kube")], configRoots=[str(root / "kube")],
+                          kubeconfigs=[f"{root / 'kube'}/*"], configRoots=[str(root / "kube")],
                           deviceInfoDir=str(root / "devinfo"), hostDeviceStateDir=str(root / "hd"))
     return root, outside, victim, {roots.POLICY_ENV: str(policy)}
 
@@ -138,7 +138,7 @@ def test_lease_namespace_is_limited_by_the_node_owner(tree, tmp_path):
 
     root, _, _, _ = tree
     (root / "kube").mkdir()
-    policy = write_policy(tmp_path / "ns-policy.json", kubeconfigRoots=[str(root / "kube")],
+    policy = write_policy(tmp_path / "ns-policy.json", kubeconfigs=[f"{root / 'kube'}/*"],
                           leaseNamespaces=["rdmanet-system"])
     penv = {roots.POLICY_ENV: str(policy)}
     with KubeAPIServer() as server:
@@ -238,6 +238,9 @@ def test_example_nads_and_a_whereabouts_nad_pass_the_default_roots():
             if isinstance(doc, dict) and doc.get("kind") == "NetworkAttachmentDefinition":
                 _, uses = network_uses(json.loads(doc["spec"]["config"]), path)
                 assert uses and policy_checks.check_networks(uses, roots.NodePolicy()) == [], path
+                for use in uses:  # the default policy moves a device a device ID names, nothing a NAD names
+                    if use.plugin == "host-device-rdma":
+                        assert not {"device", "hwaddr", "kernelpath"} & use.config.keys(), path
                 nads += 1
     assert nads >= 3
     whereabouts = {"cniVersion": "0.3.1", "name": "whereabouts-conf", "type": "macvlan-rdma", "master": "ens1f0",
@@ -247,8 +250,8 @@ def test_example_nads_and_a_whereabouts_nad_pass_the_default_roots():
     _, uses = network_uses(whereabouts, "whereabouts.conf")
     (only,) = policy_checks.check_networks(uses, roots.NodePolicy())
     assert only.severity == "warn" and "ipam.log_file" in only.message
-    roots.place("ipam.kubernetes.kubeconfig", whereabouts["ipam"]["kubernetes"]["kubeconfig"],
-                roots.NodePolicy().kubeconfig_roots)
+    roots.place_kubeconfig("ipam.kubernetes.kubeconfig", whereabouts["ipam"]["kubernetes"]["kubeconfig"],
+                           roots.NodePolicy().kubeconfigs)
     roots.place("ipam.configuration_path", whereabouts["ipam"]["configuration_path"], roots.NodePolicy().config_roots)
 
 

@@ -126,7 +126,7 @@ def test_ipam_reconcile_and_plan_take_a_yaml_nad(tmp_path, capsys, monkeypatch):
         path = tmp_path / "nads.yaml"
         path.write_text(yaml.safe_dump_all(nads))
         policy = tmp_path / "policy.json"
-        policy.write_text(json.dumps({"kubeconfigRoots": [str(tmp_path)]}))
+        policy.write_text(json.dumps({"kubeconfigs": [f"{tmp_path}/*"]}))
         policy.chmod(0o600)
         monkeypatch.setenv("RDMANET_NODE_POLICY", str(policy))  # the kubeconfig under tmp_path
         pod = {"CNI_ARGS": "K8S_POD_NAMESPACE=default;K8S_POD_NAME=gone;K8S_POD_UID=u-gone", "RDMANET_NODE_NAME": "n1"}

@@ -193,3 +193,29 @@ def test_read_local_unlocked_matches_store_list(tmp_path):
 
 def test_human_age():
     assert [ipam_cli.human_age(s) for s in (None, 5, 61, 7200, 90000)] == ["-", "5s", "1m", "2h", "1d"]
+
+
+def test_reconcile_all_takes_the_operators_kubeconfig_and_namespace(tmp_path, capsys, monkeypatch):
+    """The node policy bounds what a network config names; ``--kubeconfig`` and ``--namespace`` on
+    the operator's command line are allowed for that run (a copied reconciler CronJob for another
+    namespace works), and nothing more: the same namespace in a NAD is still refused."""
+    from kube_api_server import KubeAPIServer, write_kubeconfig
+    from policy_file import write_policy
+    from rdmanet.cni.linux import roots
+
+    policy = write_policy(tmp_path / "p.json", leaseNamespaces=["rdmanet-system"])  # lists no kubeconfig of the test's
+    monkeypatch.setenv(roots.POLICY_ENV, str(policy))
+    with KubeAPIServer() as server:
+        kubeconfig = write_kubeconfig(tmp_path / "operator.kubeconfig", server.url, namespace="rdmanet-system")
+        code, out, err = run(capsys, "reconcile", "--all", "--kubeconfig", kubeconfig, "--namespace", "team-x",
+                             "--dry-run", "-o", "json")
+        assert code == 0, err
+        assert json.loads(out)["namespace"] == "team-x"
+        assert roots.current().lease_namespaces == ("rdmanet-system",)  # the run's allowance is gone
+        conf = {"cniVersion": "1.0.0", "name": "n", "type": "macvlan-rdma",
+                "ipam": {"type": "lease-ipam", "range": "10.0.0.0/29",
+                         "kubernetes": {"kubeconfig": kubeconfig, "namespace": "team-x"}}}
+        env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/var/run/netns/x", "CNI_IFNAME": "net1",
+               "CNI_PATH": "/opt/cni/bin", roots.POLICY_ENV: str(policy)}
+        code, out = skel.handle(LeaseIPAM(), env, json.dumps(conf).encode())
+        assert code == 1 and out["code"] == 7 and "ipam.kubernetes.kubeconfig" in out["msg"]

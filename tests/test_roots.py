@@ -32,7 +32,7 @@ def tree(tmp_path, monkeypatch):
     victim.write_text("precious\n")
     os.chmod(victim, 0o600)
     policy = write_policy(tmp_path / "policy.json", logRoots=[str(root)], dataRoots=[str(root)],
-                          kubeconfigRoots=[str(root)], configRoots=[str(root)], deviceInfoDir=str(root),
+                          kubeconfigs=[f"{root}/*"], configRoots=[str(root)], deviceInfoDir=str(root),
                           hostDeviceStateDir=str(root / "hd"))
     monkeypatch.setenv(roots.POLICY_ENV, str(policy))
     return root, outside, victim
@@ -181,11 +181,15 @@ def test_defaults_without_a_policy_file(monkeypatch):
     monkeypatch.setattr(roots, "DEFAULT_POLICY_FILE", "/nonexistent/node-policy.json")
     policy = roots.current()
     assert policy == roots.NodePolicy()
-    assert (policy.log_roots, policy.data_roots, policy.kubeconfig_roots, policy.config_roots) == (
-        ("/var/log/rdmanet",), ("/var/lib/cni",), ("/etc/cni/net.d",), ("/etc/cni/net.d",))
+    assert (policy.log_roots, policy.data_roots, policy.config_roots) == (
+        ("/var/log/rdmanet",), ("/var/lib/cni",), ("/etc/cni/net.d",))
+    assert policy.kubeconfigs == ("/etc/cni/net.d/rdmanet.d/rdmanet.kubeconfig",
+                                  "/etc/cni/net.d/whereabouts.d/whereabouts.kubeconfig")
     assert policy.device_info_dir == "/var/run/k8s.cni.cncf.io/devinfo/cni"
     assert policy.host_device_state_dir == "/var/lib/cni/host-device-rdma"
-    assert policy.lease_namespaces is None
+    assert policy.lease_namespaces == ("rdmanet-system",)
+    assert (policy.host_devices, policy.host_devices_from_device_id, policy.masters, policy.rdma_masters) == (
+        (), True, (), True)
 
 
 def test_policy_file_replaces_the_keys_it_names(tmp_path):
@@ -252,14 +256,17 @@ def test_daemon_flags_build_the_policy(tmp_path, monkeypatch):
                                           "--lease-namespace", "rdmanet-system", "--device-info-dir", "/run/devinfo"]))
     assert policy.log_roots == ("/var/log/rdmanet", "/tmp/wb") and policy.host_device_state_dir == "/srv/hd"
     assert policy.lease_namespaces == ("rdmanet-system",) and policy.device_info_dir == "/run/devinfo"
-    for bad in (["--allow-root", "log"], ["--allow-root", "secrets=/x"], ["--allow-root", "log=rel"]):
+    policy = from_args(parser.parse_args(["--allow-kubeconfig", "/etc/lease/lease.kubeconfig"]))
+    assert policy.kubeconfigs == (*roots.NodePolicy().kubeconfigs, "/etc/lease/lease.kubeconfig")
+    for bad in (["--allow-root", "log"], ["--allow-root", "secrets=/x"], ["--allow-root", "log=rel"],
+                ["--allow-root", "kubeconfig=/etc/cni/net.d"], ["--allow-kubeconfig", "rel.kubeconfig"]):
         with pytest.raises(roots.PolicyError):
             from_args(parser.parse_args(bad))
 
 
 def test_lease_namespace_limit():
-    roots.NodePolicy().check_lease_namespace("anything")  # default: the credentials' RBAC decides
-    limited = roots.NodePolicy(lease_namespaces=("rdmanet-system",))
+    roots.NodePolicy(lease_namespaces=None).check_lease_namespace("anything")  # null: the credentials' RBAC decides
+    limited = roots.NodePolicy()  # default: rdmanet-system only
     limited.check_lease_namespace("rdmanet-system")
     err = refused(limited.check_lease_namespace, "kube-system")
     assert "kube-system" in err.msg and "rdmanet-system" in err.msg and "ipam.kubernetes.namespace" in err.msg

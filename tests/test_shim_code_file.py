@@ -24,7 +24,7 @@ from rdmanet.node.testing import ScriptedDaemon
 PLUGIN = "lease-ipam"
 ANSWER = b"3 4 5\nout\nerr!\n"  # the daemon's answer: exit code 3, stdout "out\n", stderr "err!\n"
 # what a code file that is run prints instead of asking the daemon
-FOREIGN = compile('def run(plugin, site_dir, socket_path, exit_now=False):\n'
+FOREIGN = compile('def run(plugin, site_dir, socket_path, server_uid=0, exit_now=False):\n'
                   '    import sys\n    sys.stdout.write("ran the code file\\n")\n    return 0\n', "foreign", "exec")
 
 

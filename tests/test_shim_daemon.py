@@ -78,7 +78,7 @@ def test_launcher_module_imports_only_stdlib():
 def test_render_shim_shebang_and_refusals(tmp_path):
     text = launcher.render_shim("lease-ipam", "/usr/bin/python3", "/site", "/s.sock")
     assert text.startswith("#!/usr/bin/python3 -IS\n")
-    assert "sys.exit(run('lease-ipam', '/site', '/s.sock'))" in text
+    assert "sys.exit(run('lease-ipam', '/site', '/s.sock', 0))" in text
     with pytest.raises(ValueError):
         launcher.render_shim("nope", "/usr/bin/python3", "/site")
     with pytest.raises(ValueError):

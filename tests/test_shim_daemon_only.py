@@ -79,7 +79,7 @@ def test_shim_sources_parse_as_python_36(module):
 def test_rendered_daemon_only_shim():
     text = launcher.render_shim("macvlan-rdma", "/usr/bin/python3", None, "/run/x.sock")
     assert text.startswith("#!/usr/bin/python3 -IS\n# rdmanet CNI shim for macvlan-rdma (daemon only;")
-    assert text.endswith("sys.exit(run('macvlan-rdma', None, '/run/x.sock'))\n")
+    assert text.endswith("sys.exit(run('macvlan-rdma', None, '/run/x.sock', 0))\n")
     assert launcher.render_shim("macvlan-rdma", "/usr/bin/python3", "", "/run/x.sock") == text  # "" = None
     ast.parse(text, feature_version=(3, 6))
     with pytest.raises(ValueError):
@@ -112,7 +112,7 @@ def test_python_m_shim_daemon_only(tmp_path, capsys):
     for plugin in launcher.PLUGINS:
         text = (tmp_path / "bin" / plugin).read_text()
         assert text.startswith("#!/usr/bin/python3 -IS\n")  # the node's default python3
-        assert text.endswith(f"sys.exit(run({plugin!r}, None, '/run/s.sock'))\n")
+        assert text.endswith(f"sys.exit(run({plugin!r}, None, '/run/s.sock', 0))\n")
     assert shim_main([str(tmp_path / "b2"), "lease-ipam", "--daemon-only", "--python", "/usr/local/bin/python3"]) == 0
     assert os.listdir(tmp_path / "b2") == ["lease-ipam"]
     assert (tmp_path / "b2" / "lease-ipam").read_text().startswith("#!/usr/local/bin/python3 -IS\n")
@@ -282,3 +282,20 @@ def test_hot_path_journal_path_is_the_launchers(socket_path, cid):
 
     environb = {b"CNI_CONTAINERID": cid, b"CNI_IFNAME": b"net1"}
     assert fast.journal_path(socket_path, "macvlan-rdma", environb) == launcher.journal_path(socket_path, "macvlan-rdma", environb)
+
+
+def test_hot_path_peer_check_is_the_launchers():
+    """The hot path's copy of peer_refused (rdmanet.node.fast imports nothing of ours) is the
+    launcher's: the same code, the same answers (a socketpair's peer is this process)."""
+    from rdmanet.node import fast
+
+    def body(fn):
+        tree = ast.parse(__import__("textwrap").dedent(__import__("inspect").getsource(fn))).body[0]
+        return ast.dump(ast.Module(tree.body[1:], []))  # without the docstring
+
+    assert body(fast.peer_refused) == body(launcher.peer_refused)
+    a, b = socket.socketpair(socket.AF_UNIX)
+    with a, b:
+        for uid in (0, os.geteuid(), 12345):
+            assert fast.peer_refused(a, uid) == launcher.peer_refused(a, uid)
+        assert launcher.peer_refused(a, os.geteuid()) is None

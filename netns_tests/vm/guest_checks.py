@@ -53,6 +53,8 @@ SR-IOV VF settings on netdevsim (built by prepare.sh; Debian's kernel has none),
                   host-device-rdma ADD of VF 3 as an IB VF (IBSYS) with runtimeConfig.infinibandGUID:
                   error 100, vfinfo_list, the veth, state, IPAM, rebind files as before
 then, on the same VF 0 and fake tree:
+  hd_pf_vfs_in_use  host-device-rdma ADD of the PF's port netdev while its VFs are enabled (a node
+               policy allowing it by name): refused, the PF and its VFs as before, nothing recorded
   hd_vf_stale  pod A ADDs VF 0 (vlan 100, mac); a reboot is simulated (the VF netdev comes home
                under its name, the VF settings are reset, A's netns is gone); pod B ADDs VF 0
                (vlan 200, another mac); A's late DEL must leave B's VF settings and netdev alone;
@@ -166,8 +168,10 @@ def node_policy(conf: dict) -> dict:
     stores in /tmp, device-info files in RESULTS/devinfo, host-device state in hd_state(conf)."""
     path = f"/tmp/rdmanet-vm-policy-{conf['name']}.json"
     with open(path, "w") as f:
+        # the guest's node owner lets a config name any link (veths stand in for NIC ports and VFs);
+        # host-device-rdma still never takes one the host uses (hd_pf_vfs_in_use)
         json.dump({"dataRoots": ["/tmp"], "logRoots": ["/tmp"], "deviceInfoDir": os.path.join(RESULTS, "devinfo"),
-                   "hostDeviceStateDir": hd_state(conf)}, f)
+                   "hostDeviceStateDir": hd_state(conf), "hostDevices": [{"name": "*"}], "masters": [{"name": "*"}]}, f)
     os.chmod(path, 0o600)
     return {"RDMANET_NODE_POLICY": path}
 
@@ -437,7 +441,8 @@ def rdma_devs(ns: str | None = None) -> list[str]:
 
 
 def hd_conf(name: str, **fields) -> dict:
-    subnet = {"hdreq": "198.18.6.0/24", "hdexcl": "198.18.7.0/24", "hdvf": "198.18.8.0/24", "hdpf": "198.18.9.0/24"}[name]
+    subnet = {"hdreq": "198.18.6.0/24", "hdexcl": "198.18.7.0/24", "hdvf": "198.18.8.0/24", "hdpf": "198.18.9.0/24",
+              "hdpfvfs": "198.18.11.0/24"}[name]
     return {
         "cniVersion": "1.0.0",
         "name": name,
@@ -935,6 +940,28 @@ def hd_call(command: str, container: str, netns: str, conf: dict) -> dict:
 def vf_mac_vlan(pf: str, vf: int) -> dict:
     entry = vfinfo(pf)[vf]
     return {"mac": entry["address"], "vlan": entry["vlan_list"][0].get("vlan", 0)}
+
+
+@section("hd_pf_vfs_in_use")
+def _hd_pf_vfs_in_use(entry):
+    """host-device-rdma asked for the netdevsim PF's port netdev while its 4 VFs are enabled (a
+    node policy that allows every link by name, none with hostInUse): refused, nothing moves."""
+    pf, _ = pf_of_nsim()
+    entry["pf"] = pf
+    with open(f"{NSIM_DEV}/sriov_numvfs") as f:
+        entry["sriov_numvfs"] = int(f.read())
+    entry["before"] = before = link_json(pf)
+    entry["vfinfo_before"] = vfinfo(pf)
+    sh("ip", "netns", "add", "hd-pf-vfs")
+    conf = hd_conf("hdpfvfs", device=pf)
+    # the real sysfs (no fake tree): the PF's sriov_numvfs is the kernel's
+    entry["add"] = Exec("ADD", "pfvfs", "/run/netns/hd-pf-vfs", conf, plugin=HD_PLUGIN).start().finish()
+    entry["after"], _ = settled(pf, before)
+    entry["vfinfo_after"] = vfinfo(pf)
+    entry["pod_links"] = [l["ifname"] for l in json.loads(sh("ip", "-n", "hd-pf-vfs", "-j", "link", "show").stdout)]
+    entry["state_files"] = files_under(hd_state(conf))
+    entry["ipam"] = ipam_ips("hdpfvfs")
+    sh("ip", "netns", "del", "hd-pf-vfs")
 
 
 @section("hd_vf_stale")

@@ -5,6 +5,12 @@ embedded default network below: a macvlan in bridge mode and an address from lea
 embedded file store. This machine may have no RDMA NIC, so unless ``--master`` names a real
 port, the demo creates a veth pair (``rdmademo0``/``rdmademo1``) to stand in for one, and no
 frame leaves the host.
+
+A veth has no RDMA device, so the node policy would not take it as a master (docs/security.md).
+The demo is the runtime here, and a runtime's environment is the node owner's: for the stand-in
+only, it hands the plugin a node policy of its own (``RDMANET_NODE_POLICY``), the policy that
+applies on this node plus ``rdmademo0`` in ``masters``, in a private temporary directory. The
+node's policy, and what every other call may use, stay as they are.
 """
 
 from __future__ import annotations
@@ -14,7 +20,11 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+from typing import Optional
+
+from rdmanet.cni.core.errors import CNIError
 
 STANDIN_MASTER, STANDIN_PEER = "rdmademo0", "rdmademo1"
 NETWORK = "rdmanet-demo"  # its lease-ipam store: /var/lib/cni/lease-ipam/rdmanet-demo (install.sh --uninstall clears it)
@@ -47,7 +57,22 @@ def _plugin_dir(cni_path: str) -> str:
     return str(Path(sys.executable).parent)
 
 
-def _cni(command: str, config: dict, netns_path: str, cni_path: str) -> subprocess.CompletedProcess:
+def standin_policy(directory: str) -> dict[str, str]:
+    """The runtime environment that lets the stand-in be a master: the node policy in force
+    (rdmanet.cni.linux.roots) plus ``rdmademo0`` in ``masters``, written to ``directory``."""
+    from rdmanet.cni.linux import roots
+
+    doc = roots.current().to_json()
+    doc["masters"] = [*doc["masters"], {"name": STANDIN_MASTER}]
+    path = os.path.join(directory, "node-policy.json")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(doc, f)
+    return {roots.POLICY_ENV: path}
+
+
+def _cni(command: str, config: dict, netns_path: str, cni_path: str,
+         extra_env: Optional[dict] = None) -> subprocess.CompletedProcess:
     env = {
         "CNI_COMMAND": command,
         "CNI_CONTAINERID": CONTAINER_ID,
@@ -55,6 +80,7 @@ def _cni(command: str, config: dict, netns_path: str, cni_path: str) -> subproce
         "CNI_IFNAME": IFNAME,
         "CNI_PATH": cni_path,
         "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        **(extra_env or {}),
     }
     plugin = os.path.join(cni_path, "macvlan-rdma")
     return subprocess.run([plugin], input=json.dumps(config).encode(), env=env, capture_output=True)
@@ -122,7 +148,18 @@ def run_demo(args) -> int:
     config = demo_config(master)
     print(f"# CNI ADD: {cni_path}/macvlan-rdma, netns {netns_path}, ifname {IFNAME}, master {master}")
     print(json.dumps(config, indent=2))
-    proc = _cni("ADD", config, netns_path, cni_path)
+    private = tempfile.mkdtemp(prefix="rdmanet-demo-")  # 0700, root's
+    try:
+        try:
+            env = None if args.master else standin_policy(private)
+        except CNIError as exc:  # the node's policy file is unusable: say so, as a call would
+            print(f"rdmanet demo: {exc.msg}\n  fix: {exc.details}", file=sys.stderr)
+            return 1
+        if env:
+            print(f"# the stand-in {STANDIN_MASTER} has no RDMA device: this call's node policy also lists it in masters")
+        proc = _cni("ADD", config, netns_path, cni_path, env)
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
     sys.stderr.write(proc.stderr.decode(errors="replace"))
     print("# result:")
     print(proc.stdout.decode(errors="replace").strip())

@@ -30,6 +30,8 @@ an ADD runs may miss that ADD's addresses, which is all a lock-free read can cos
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -135,7 +137,8 @@ def run(args: argparse.Namespace, out=None) -> int:
             config = {"ipam": {"type": "lease-ipam", "kubernetes": kube}}
         else:
             config = network_config.one_ipam_config(args.network_config, args.network)
-        with freed_events(config, args.dry_run):
+        allowed = operator_allowances(args.kubeconfig, args.namespace) if args.all else contextlib.nullcontext()
+        with allowed, freed_events(config, args.dry_run):
             if args.all:
                 outcome = reconcile.reconcile_all(config, grace_seconds=args.grace_seconds, misses=args.misses,
                                                   dry_run=args.dry_run, deadline_seconds=args.deadline_seconds,
@@ -149,6 +152,32 @@ def run(args: argparse.Namespace, out=None) -> int:
     except CNIError as err:
         sys.stderr.write(f"rdmanet ipam: {err.msg}\n" + (f"  fix: {err.details}\n" if err.details else ""))
         return 2
+
+
+@contextmanager
+def operator_allowances(kubeconfig: Optional[str], namespace: Optional[str]) -> Iterator[None]:
+    """The node policy (docs/security.md) bounds what a network config names; a kubeconfig and a
+    Lease namespace on this command line are the operator's own: for this run the policy in
+    force is widened by them (rdmanet.cni.linux.roots)."""
+    from rdmanet.cni.core import env as request_env
+    from rdmanet.cni.linux import roots
+
+    if not kubeconfig and not namespace:
+        yield
+        return
+    policy = roots.current()
+    changes: dict = {"source": f"{policy.source} + the command line"}
+    if kubeconfig:
+        changes["kubeconfigs"] = policy.kubeconfigs + (os.path.abspath(kubeconfig),)
+    if namespace and policy.lease_namespaces is not None:
+        changes["lease_namespaces"] = policy.lease_namespaces + (namespace,)
+    before = roots.process_policy()
+    roots.set_process_policy(dataclasses.replace(policy, **changes))
+    try:  # the process policy, not a policy file the environment names, answers for this run
+        with request_env.scoped({k: v for k, v in os.environ.items() if k != roots.POLICY_ENV}):
+            yield
+    finally:
+        roots.set_process_policy(before)
 
 
 @contextmanager

@@ -1,7 +1,7 @@
 """The daemon's node-policy flags (docs/security.md): which roots a network config may name.
 
 ``rdmanet daemon --node-policy FILE`` loads a policy file (rdmanet.cni.linux.roots); ``--allow-root
-KIND=DIR`` adds a root, ``--host-device-state-dir``, ``--device-info-dir`` and
+KIND=DIR`` adds a root, ``--allow-kubeconfig FILE`` a kubeconfig, ``--host-device-state-dir``, ``--device-info-dir`` and
 ``--lease-namespace`` set the node's directories and the allowed Lease namespaces. A call whose
 environment names a policy file (RDMANET_NODE_POLICY, set by the runtime) uses that file instead.
 """
@@ -22,6 +22,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "built-in defaults); see docs/security.md")
     parser.add_argument("--allow-root", metavar="KIND=DIR", action="append", default=[],
                         help=f"also allow paths under DIR for KIND ({', '.join(roots.KINDS)}); repeatable")
+    parser.add_argument("--allow-kubeconfig", metavar="FILE", action="append", default=[],
+                        help="also let a network config name this kubeconfig file (repeatable)")
     parser.add_argument("--host-device-state-dir", metavar="DIR", default=None,
                         help="host-device-rdma's state, locks and allocation records (default /var/lib/cni/host-device-rdma)")
     parser.add_argument("--device-info-dir", metavar="DIR", default=None,
@@ -33,7 +35,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 def from_args(args: argparse.Namespace) -> Optional[roots.NodePolicy]:
     """The policy the flags describe, or None when no flag is given (then each call reads the
     policy file anew, so an edited file applies without a restart). Raises roots.PolicyError."""
-    given = (args.node_policy, args.allow_root, args.host_device_state_dir, args.device_info_dir, args.lease_namespace)
+    given = (args.node_policy, args.allow_root, args.allow_kubeconfig, args.host_device_state_dir, args.device_info_dir,
+             args.lease_namespace)
     if not any(given):
         return None
     path = args.node_policy or os.environ.get(roots.POLICY_ENV)
@@ -49,6 +52,9 @@ def from_args(args: argparse.Namespace) -> Optional[roots.NodePolicy]:
         except ValueError as exc:
             raise roots.PolicyError(f"--allow-root {entry!r}: {exc}") from None
     changes: dict = {"source": f"{path or 'built-in defaults'} + flags"}
+    if args.allow_kubeconfig:
+        changes["kubeconfigs"] = policy.kubeconfigs + tuple(roots.absolute_path(f, "--allow-kubeconfig")
+                                                            for f in args.allow_kubeconfig)
     if args.host_device_state_dir:
         changes["host_device_state_dir"] = roots.absolute_path(args.host_device_state_dir, "--host-device-state-dir")
     if args.device_info_dir:

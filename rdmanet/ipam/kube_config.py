@@ -24,11 +24,12 @@ Without ``kubeconfig`` the in-cluster service-account config is used (KUBERNETES
 /var/run/secrets/kubernetes.io/serviceaccount), which only works when the plugin runs in a pod:
 in a cluster that is the daemon's own service account.
 
-A NAD may be a tenant's: ``kubeconfig`` must lie under the node's kubeconfig roots (default
-``/etc/cni/net.d``, where install.sh's DaemonSet mode writes ``rdmanet.d/rdmanet.kubeconfig`` and
-whereabouts its ``whereabouts.d/whereabouts.kubeconfig``), reached without a symlink
-(rdmanet.cni.linux.roots), and the Leases' namespace must be one the node policy allows
-(``leaseNamespaces``; by default whatever the credentials' RBAC grants).
+A NAD may be a tenant's: ``kubeconfig`` must be one of the kubeconfig files the node policy lists
+(default: ``/etc/cni/net.d/rdmanet.d/rdmanet.kubeconfig``, which install.sh's DaemonSet mode
+writes, and whereabouts' ``/etc/cni/net.d/whereabouts.d/whereabouts.kubeconfig``), reached
+without a symlink (rdmanet.cni.linux.roots), and a ``namespace`` it names must be one the node
+policy allows (``leaseNamespaces``, default ``rdmanet-system``). Without ``namespace`` the
+credentials' own namespace (their context's, the service account's) is used: the node owner's.
 """
 
 from __future__ import annotations
@@ -193,7 +194,8 @@ def connect(settings: KubeSettings, *, stdlib: bool = False) -> Connection:
             _cache[key] = (digest, conn)
     if settings.api_root:  # the node's credentials go to no server a NAD picks (docs/security.md)
         policy.check_api_root(settings.api_root, conn.server)
-    policy.check_lease_namespace(conn.namespace)
+    if settings.namespace is not None:  # a NAD's choice; the credentials' own namespace is the node owner's
+        policy.check_lease_namespace(settings.namespace)
     return conn
 
 

@@ -74,7 +74,7 @@ def config_path(value: Any, where: str, example: str) -> str:
     rdmanet.cni.linux.roots."""
     if not isinstance(value, str) or not os.path.isabs(value):
         raise bad(where, f"{value!r} is not an absolute path", f"use an absolute path such as {example!r}")
-    roots.place(where, value, roots.current().roots(ROOT_KINDS[where]))
+    roots.place_kind(ROOT_KINDS[where], where, value)
     return value
 
 

@@ -1,5 +1,8 @@
-"""``python -m rdmanet.node BIN_DIR [--socket PATH] [--python PATH] [--site-dir DIR | --daemon-only] [PLUGIN ...]``:
+"""``python -m rdmanet.node BIN_DIR [--socket PATH] [--server-uid UID] [--python PATH] [--site-dir DIR | --daemon-only] [PLUGIN ...]``:
 write the launchers into a CNI bin dir (used by install.sh and the tests).
+
+``--server-uid``: the uid the daemon runs as when not root (default 0: install.sh runs it as
+root); the shims send a call only to a server of uid 0 or this one (SO_PEERCRED).
 
 ``--daemon-only`` writes shims without an in-process fallback, for a node whose interpreter
 (``--python``, default /usr/bin/python3, a path on the node) cannot import rdmanet: install.sh's
@@ -22,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("bin_dir")
     parser.add_argument("plugins", nargs="*", default=sorted(PLUGINS), help="default: all")
     parser.add_argument("--socket", default=DEFAULT_SOCKET, help="daemon socket baked in (default: %(default)s)")
+    parser.add_argument("--server-uid", type=int, default=0,
+                        help="besides root, the uid the daemon may run as; the shims send calls to no other (default 0)")
     parser.add_argument("--python", default=None,
                         help=f"interpreter (default: this one; with --daemon-only {HOST_PYTHON})")
     where = parser.add_mutually_exclusive_group()
@@ -43,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.plugins:
         path = os.path.join(args.bin_dir, name)
         try:
-            write_shim(path, name, python, site_dir, args.socket)
+            write_shim(path, name, python, site_dir, args.socket, args.server_uid)
         except ValueError as exc:
             parser.error(str(exc))
         print(path)

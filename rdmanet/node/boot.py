@@ -1,6 +1,6 @@
 """The first lines of every shim: :func:`rdmanet.node.launcher.render_shim` writes this module's code (less
 this docstring) at the top of the file, then ``_STAMP``, ``_SOURCES`` and the call
-``sys.exit(run(<plugin>, <site dir or None>, <socket>))``. STANDARD LIBRARY ONLY, Python 3.6
+``sys.exit(run(<plugin>, <site dir or None>, <socket>, <daemon uid>))``. STANDARD LIBRARY ONLY, Python 3.6
 syntax (a test parses it with ``feature_version=(3, 6)``), like :mod:`rdmanet.node.launcher`.
 
 A script is compiled on every exec (never cached as ``.pyc``) and all of it is tokenized, string
@@ -43,7 +43,7 @@ exec(rebuild(fast, path, head, launcher), hot)
 """
 
 
-def run(plugin, site_dir, socket_path):
+def run(plugin, site_dir, socket_path, server_uid=0):
     import binascii
     import marshal
 
@@ -65,4 +65,4 @@ def run(plugin, site_dir, socket_path):
         exec(_REBUILD, {"_SOURCES": _SOURCES, "path": path, "head": head if magic else None, "hot": hot})
     else:
         exec(code, hot)
-    return hot["run"](plugin, site_dir, socket_path, exit_now=True)
+    return hot["run"](plugin, site_dir, socket_path, server_uid, exit_now=True)

@@ -4,8 +4,9 @@ It keeps the plugin modules, pyroute2 and pydantic imported and answers each req
 :mod:`rdmanet.node.launcher` for the protocol) by running :func:`rdmanet.cni.core.skel.handle` in a thread of its
 own, printing exactly what the in-process run would print (``skel.render``) with the same exit code.
 
-- Socket: 0600 (its directory, when the daemon creates it, 0700); peers other than root
-  (SO_PEERCRED) are disconnected without an answer. Under systemd (install.sh's ``rdmanet.socket``)
+- Socket: 0600 (its directory, when the daemon creates it, 0700; a directory others may write
+  is refused: :mod:`rdmanet.node.socket_dir`); peers other than root (SO_PEERCRED) are
+  disconnected without an answer, and the shims send nothing to a server other than root. Under systemd (install.sh's ``rdmanet.socket``)
   the socket is passed in (LISTEN_FDS/LISTEN_PID, :mod:`rdmanet.node.socket_activation`): systemd binds it
   (SocketMode=0600, DirectoryMode=0700), the first call starts the daemon, and the peer check is
   the same.
@@ -78,6 +79,7 @@ from rdmanet.ipam import node_gc
 
 from . import del_journal, memory, socket_activation
 from .call_record import CallRecord
+from .socket_dir import unsafe_socket_dir
 from .workers import WorkerPool
 
 from .launcher import DEFAULT_SOCKET, JSON_PROTOCOL, LATEST, PLUGINS, PROTOCOL, DaemonLost, NoDaemon, b64, exchange, unb64
@@ -648,7 +650,10 @@ def _prepare_socket(path: str) -> None:
     try:
         os.makedirs(directory, mode=0o700)  # a directory of its own: 0700
     except FileExistsError:
-        pass  # an existing one (/tmp, /run) keeps its mode: the socket itself is 0600
+        pass  # an existing one keeps its mode: the socket itself is 0600
+    why = unsafe_socket_dir(path)
+    if why is not None:  # another user could bind the path while the daemon is down (rdmanet.node.socket_dir)
+        raise RuntimeError(f"{why}; use a --socket in a directory only root may write, such as /run/rdmanet")
     if os.path.exists(path):
         try:
             exchange(path, {"health": True})
@@ -690,6 +695,8 @@ def run(socket_path: str = DEFAULT_SOCKET, allowed_uids: Iterable[int] = (0,), w
     try:
         if listening is None:
             _prepare_socket(socket_path)
+        elif (why := unsafe_socket_dir(socket_path)) is not None:  # systemd's: its directory is checked all the same
+            raise RuntimeError(f"{why}; set ListenStream= of rdmanet.socket to a path in a directory only root may write")
         server = DaemonServer(socket_path, plugins, allowed_uids, workers=workers, call_timeout=call_timeout,
                               listening=listening)
     except (OSError, RuntimeError) as exc:

@@ -88,8 +88,23 @@ def _launcher_code(body):
     return code if getattr(code, "co_filename", None) == LAUNCHER_FILENAME else None
 
 
-def _ask(path, request):
-    """(answer bytes, None), or (None, ("connect" | "lost", why))."""
+def peer_refused(sock, server_uid):
+    """= :func:`rdmanet.node.launcher.peer_refused` (a test compares them): None when the server is
+    root or ``server_uid``, else why nothing may be sent to it."""
+    try:
+        creds = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)  # struct ucred: pid, uid, gid
+    except OSError as exc:
+        return "cannot read the credentials of its server: %s" % (exc,)
+    uid = int.from_bytes(creds[4:8], sys.byteorder)
+    if uid in (0, server_uid):
+        return None
+    return ("it is served by uid %d, not by root%s: nothing was sent to it (is the socket's directory writable "
+            "by others?)" % (uid, "" if not server_uid else " or uid %d" % server_uid))
+
+
+def _ask(path, request, server_uid=0):
+    """(answer bytes, None), or (None, ("connect" | "lost", why)). Nothing is sent to a server
+    that is not root or ``server_uid`` (SO_PEERCRED): a "connect" failure, the launcher decides."""
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         sock.settimeout(5.0)
@@ -97,6 +112,9 @@ def _ask(path, request):
             sock.connect(path)
         except OSError as exc:  # absent, refused, or a full accept queue: the launcher decides
             return None, ("connect", str(exc))
+        refused = peer_refused(sock, server_uid)
+        if refused is not None:
+            return None, ("connect", refused)
         sock.settimeout(None)
         answer = b""
         try:
@@ -144,7 +162,7 @@ def _parse(answer):
     return code, rest[:n_out], rest[n_out:]
 
 
-def run(plugin, site_dir, socket_path=DEFAULT_SOCKET, exit_now=False):
+def run(plugin, site_dir, socket_path=DEFAULT_SOCKET, server_uid=0, exit_now=False):
     """One CNI call, as :func:`rdmanet.node.launcher.run`. ``exit_now`` (the shim): a call the daemon
     answered ends the process once the answer is written (``posix._exit``), without the
     interpreter's teardown (~1 ms: nothing of this process needs it); other calls end through
@@ -163,7 +181,7 @@ def run(plugin, site_dir, socket_path=DEFAULT_SOCKET, exit_now=False):
             _launcher()["forget_del"](path, plugin, environb)
     env = b"\0".join(k + b"=" + v for k, v in environb.items())
     head = ("RDMANET %d %s %d %d\n" % (PROTOCOL, plugin, len(env), len(stdin))).encode("ascii")
-    answer, failed = _ask(path, head + env + stdin)
+    answer, failed = _ask(path, head + env + stdin, server_uid)
     first = None
     if failed is None:
         parsed = _parse(answer)
@@ -188,7 +206,7 @@ def run(plugin, site_dir, socket_path=DEFAULT_SOCKET, exit_now=False):
     launcher = _launcher()
     if failed is not None:
         first = None if failed[0] == "connect" else launcher["DaemonLost"](failed[1])
-    code = launcher["resume"](plugin, site_dir, path, command, stdin, first)
+    code = launcher["resume"](plugin, site_dir, path, command, stdin, first, server_uid)
     if exit_now:  # the shim: no teardown of what an in-process call imported (launcher.finish)
         return launcher["finish"](code)
     return code

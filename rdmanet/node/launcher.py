@@ -33,6 +33,11 @@ An ADD of the attachment removes its entry first.
 A connect that finds the daemon's accept queue full (EAGAIN: a burst of calls, many pods starting
 at once) is retried for up to ``BUSY_SECONDS``: a busy daemon is not an absent one.
 
+Nothing is sent before the server is known to be the daemon: its credentials (SO_PEERCRED, those
+of whoever bound the socket) must be root's or those of the uid the shim was rendered with
+(``server_uid``, install.sh: 0). Anyone else listening there (a socket bound in a directory others
+may write, while the daemon was down) gets nothing: the call goes on as with no daemon at all.
+
 Two kinds of shim:
 
 **With a fallback** (``site_dir`` set; host mode of install.sh, the tests): when nothing answers
@@ -136,8 +141,24 @@ def _connect(sock, socket_path, busy_seconds=BUSY_SECONDS):
             delay = min(delay * 2, 0.05)
 
 
-def _send(socket_path, data, timeout):
-    """Connect, send ``data``, return everything the daemon sends until it closes."""
+def peer_refused(sock, server_uid=0):
+    """Why the server on the connected unix socket ``sock`` is not the daemon (None: it is): its
+    uid (SO_PEERCRED: whoever bound and listens) must be 0 or ``server_uid``.
+    Shared with :mod:`rdmanet.node.fast` (a copy there: it imports nothing of ours)."""
+    try:
+        creds = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)  # struct ucred: pid, uid, gid
+    except OSError as exc:
+        return "cannot read the credentials of its server: %s" % (exc,)
+    uid = int.from_bytes(creds[4:8], sys.byteorder)
+    if uid in (0, server_uid):
+        return None
+    return ("it is served by uid %d, not by root%s: nothing was sent to it (is the socket's directory writable "
+            "by others?)" % (uid, "" if not server_uid else " or uid %d" % server_uid))
+
+
+def _send(socket_path, data, timeout, server_uid=None):
+    """Connect, send ``data``, return everything the daemon sends until it closes. The server
+    must be root or ``server_uid`` (None: the caller's own uid), else NoDaemon."""
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         sock.settimeout(5.0)
@@ -145,6 +166,9 @@ def _send(socket_path, data, timeout):
             _connect(sock, socket_path)
         except OSError as exc:  # ENOENT, ECONNREFUSED, EACCES, ENOTDIR, timeout: nobody home
             raise NoDaemon(str(exc)) from None
+        refused = peer_refused(sock, os.geteuid() if server_uid is None else server_uid)
+        if refused is not None:
+            raise NoDaemon("%s: %s" % (socket_path, refused))
         sock.settimeout(timeout)
         chunks = []
         try:
@@ -168,10 +192,10 @@ def frame(plugin, environb, stdin):
     return head + env + stdin
 
 
-def call(socket_path, plugin, environb, stdin, timeout=None):
+def call(socket_path, plugin, environb, stdin, timeout=None, server_uid=None):
     """One CNI call in the binary framing: (exit code, stdout, stderr), or (None, why, b"") when
     the daemon declines it (NoDaemon / DaemonLost)."""
-    line, newline, rest = _send(socket_path, frame(plugin, environb, stdin), timeout).partition(b"\n")
+    line, newline, rest = _send(socket_path, frame(plugin, environb, stdin), timeout, server_uid).partition(b"\n")
     if not newline:
         raise DaemonLost("the daemon closed the connection before answering")
     if line.startswith(b"exec"):
@@ -332,6 +356,10 @@ def journal_del(socket_path, plugin, environb, stdin):
             os.mkdir(directory, 0o700)  # not its parents: the socket's directory is the daemon's
         except FileExistsError:
             pass
+        st = os.lstat(directory)  # a symlink or someone else's directory planted there: never written into
+        if (st.st_mode & 0o170000) != 0o040000 or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise OSError("not a directory of uid %d closed to others (uid %d, mode %o)"
+                          % (os.geteuid(), st.st_uid, st.st_mode & 0o7777))
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
             data = memoryview(frame(plugin, environb, stdin))
@@ -391,8 +419,9 @@ def forget_del(socket_path, plugin, environb):
             os.close(fd)
 
 
-def run(plugin, site_dir, socket_path=DEFAULT_SOCKET):
+def run(plugin, site_dir, socket_path=DEFAULT_SOCKET, server_uid=0):
     """One CNI call. ``site_dir`` None (or empty): daemon only, no in-process fallback.
+    ``server_uid``: besides root, the uid the daemon may run as (see :func:`peer_refused`).
 
     A DEL that fails, by any path, is journaled for the daemon to replay (see :func:`journal_del`)."""
     environ = os.environ
@@ -401,23 +430,23 @@ def run(plugin, site_dir, socket_path=DEFAULT_SOCKET):
     path = environ.get(SOCKET_ENV) or socket_path or DEFAULT_SOCKET
     if command == "ADD":
         forget_del(path, plugin, os.environb)  # before the ADD: a replay never undoes what it adds
-    return resume(plugin, site_dir, path, command, stdin)
+    return resume(plugin, site_dir, path, command, stdin, server_uid=server_uid)
 
 
-def resume(plugin, site_dir, path, command, stdin, first=None):
+def resume(plugin, site_dir, path, command, stdin, first=None, server_uid=0):
     """The call from its exchange with the daemon on. ``first``: what the shim's hot path
     (:mod:`rdmanet.node.fast`) already got, so nothing is sent twice: an answer tuple (a declined call, or
     a DEL that did not succeed) or a DaemonLost; None to call the daemon here."""
-    code = _run(plugin, site_dir, path, command, stdin, first)
+    code = _run(plugin, site_dir, path, command, stdin, first, server_uid)
     if command == "DEL" and code != 0:
         journal_del(path, plugin, os.environb, stdin)
     return code
 
 
-def _run(plugin, site_dir, path, command, stdin, first=None):
+def _run(plugin, site_dir, path, command, stdin, first=None, server_uid=0):
     try:
         if first is None:
-            code, out, err = call(path, plugin, os.environb, stdin)
+            code, out, err = call(path, plugin, os.environb, stdin, server_uid=server_uid)
         elif isinstance(first, Exception):
             raise first
         else:
@@ -478,10 +507,10 @@ def _shim_sources():
     return sources, stamp.encode("ascii")
 
 
-def render_shim(plugin_name, python, site_dir, socket_path=DEFAULT_SOCKET):
+def render_shim(plugin_name, python, site_dir, socket_path=DEFAULT_SOCKET, server_uid=0):
     """The text of the bin-dir file for ``plugin_name``: :mod:`rdmanet.node.boot`'s code, ``_STAMP`` (a
     digest of :mod:`rdmanet.node.codecache`, :mod:`rdmanet.node.fast` and this module), ``_SOURCES`` (those three:
-    zlib, base64) and the call ``sys.exit(run(<plugin>, <site dir or None>, <socket>))``.
+    zlib, base64) and the call ``sys.exit(run(<plugin>, <site dir or None>, <socket>, <server uid>))``.
     The hot path runs from :func:`code_path` beside the shim, which the shim itself checks and
     writes (see :mod:`rdmanet.node.boot`).
 
@@ -494,6 +523,8 @@ def render_shim(plugin_name, python, site_dir, socket_path=DEFAULT_SOCKET):
         raise ValueError("the interpreter path must be absolute: %r" % (python,))
     if any(c.isspace() for c in python):
         raise ValueError("the interpreter path must not contain white space: %r" % (python,))
+    if not isinstance(server_uid, int) or isinstance(server_uid, bool) or server_uid < 0:
+        raise ValueError("the daemon's uid must be a number: %r" % (server_uid,))
     site_dir = site_dir or None
     sources, stamp = _shim_sources()
     packed = "\0".join(sources[name] for name in ("codecache", "fast", "launcher")).encode("utf-8")
@@ -501,8 +532,9 @@ def render_shim(plugin_name, python, site_dir, socket_path=DEFAULT_SOCKET):
     kind = "daemon only" if site_dir is None else "falls back to %r" % (site_dir,)
     return ("#!%s -IS\n# rdmanet CNI shim for %s (%s; generated by rdmanet.node.launcher.render_shim; do not edit)\n"
             "# rdmanet/node/boot.py; _SOURCES: rdmanet/node/codecache.py, rdmanet/node/fast.py and rdmanet/node/launcher.py (zlib, base64)\n%s\n"
-            "_STAMP = %r\n_SOURCES = %r\n\nif __name__ == \"__main__\":\n    sys.exit(run(%r, %r, %r))\n") % (
-        python, plugin_name, kind, _boot_code(sources["boot"]), stamp, packed, plugin_name, site_dir, socket_path)
+            "_STAMP = %r\n_SOURCES = %r\n\nif __name__ == \"__main__\":\n    sys.exit(run(%r, %r, %r, %d))\n") % (
+        python, plugin_name, kind, _boot_code(sources["boot"]), stamp, packed, plugin_name, site_dir, socket_path,
+        server_uid)
 
 
 def _beside(shim_path, suffix):
@@ -524,7 +556,7 @@ def texts_path(shim_path):
     return _beside(shim_path, ".texts")
 
 
-def write_shim(path, plugin_name, python, site_dir, socket_path=DEFAULT_SOCKET):
+def write_shim(path, plugin_name, python, site_dir, socket_path=DEFAULT_SOCKET, server_uid=0):
     """Write the shim at ``path`` (0755) by write + rename: a runtime never execs half a file.
 
     The temporary file is ``.<name>.<random>.tmp`` in the same directory: a leading dot (a runtime
@@ -536,7 +568,7 @@ def write_shim(path, plugin_name, python, site_dir, socket_path=DEFAULT_SOCKET):
     that may name another python here): its first exec on the node writes it."""
     import tempfile
 
-    text = render_shim(plugin_name, python, site_dir, socket_path)
+    text = render_shim(plugin_name, python, site_dir, socket_path, server_uid)
     directory = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), suffix=".tmp", dir=directory)
     try:

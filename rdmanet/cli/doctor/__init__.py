@@ -116,7 +116,8 @@ def diagnose(options: Options) -> Report:
     inventory["networks"] = [{"source": u.source, "network": u.network, "plugin": u.plugin, "ipam": u.ipam} for u in uses]
     node_policy = policy_checks.load(options.node_policy) if options.node_policy else None
     out += _guarded(out, "network", policy_checks.check_networks, uses, node_policy, default=[])
-    policy = _guarded(out, "policy", policy_checks.gather, options.euid, node_policy, options.node_policy)
+    policy = _guarded(out, "policy", policy_checks.gather, options.euid, node_policy, options.node_policy,
+                      options.sysfs_root)
     if policy is not None:
         out += _guarded(out, "policy", policy_checks.check, policy, default=[])
         inventory["policy"] = asdict(policy)

@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
 import signal
 from typing import TYPE_CHECKING, Callable, Mapping, Optional
 
 from . import deadline as call_deadline
+from . import nesting
 from .errors import INVALID_CONFIG, IPAM_FAILURE, CNIError
 from .invocation import Invocation
 from .result import Result
@@ -43,6 +45,7 @@ IN_PROCESS: dict[str, InProcessHandler] = {}
 IN_PROCESS_PLUGINS = {"lease-ipam": ("rdmanet.ipam.plugin", "LeaseIPAM")}
 # Test-only hooks that os._exit() the process that runs the plugin.
 CRASH_HOOKS = ("LEASE_IPAM_TEST_CRASH_AT", "HOST_DEVICE_RDMA_TEST_CRASH_AT")
+log = logging.getLogger("rdmanet.node")  # the daemon writes it whatever the call's log level
 
 
 def find_plugin(name: str, path: list[str]) -> str:
@@ -64,6 +67,7 @@ def exec_plugin(name: str, inv: Invocation, command: str, stdin: Optional[bytes]
     binary = find_plugin(name, inv.path)
     env = dict(inv.env)
     env["CNI_COMMAND"] = command
+    env[nesting.CALLER_ENV] = f"{inv.config.get('type')} {inv.network_name}/{inv.container_id}/{inv.ifname}"
     answer = _in_process(name, env, inv.stdin if stdin is None else stdin)
     if answer is not None:
         code, document = answer
@@ -145,11 +149,24 @@ def _plugin_error(name: str, command: str, out: bytes, returncode: int) -> CNIEr
 
 
 class IPAM:
-    """The IPAM half of a main plugin: allocate on ADD, release/forward on the other verbs."""
+    """The IPAM half of a main plugin: allocate on ADD, release/forward on the other verbs.
+
+    ``ipam.type`` naming one of our interface plugins (:mod:`rdmanet.cni.core.nesting`) is refused
+    on ADD, CHECK and STATUS, and skipped on DEL and GC."""
 
     def __init__(self, ipam_type: str, inv: Invocation) -> None:
         self.type = ipam_type
         self.inv = inv
+
+    def _refused(self, skipping: str = "") -> bool:
+        """Raise (or, with ``skipping``, log and return True) when ipam.type is an interface plugin."""
+        if self.type not in nesting.INTERFACE_PLUGINS:
+            return False
+        if not skipping:
+            raise nesting.not_an_ipam(self.type)
+        log.warning("ipam.type %s is an interface plugin, not an IPAM plugin: %s skipped (its ADD was refused, "
+                    "nothing was allocated)", self.type, skipping)
+        return True
 
     @classmethod
     def of(cls, inv: Invocation) -> "Optional[IPAM]":
@@ -166,6 +183,7 @@ class IPAM:
         return cls(kind, inv)
 
     def add(self) -> Result:
+        self._refused()
         doc = exec_plugin(self.type, self.inv, "ADD")
         result = Result.from_json(doc, f"IPAM plugin {self.type} result")
         if not result.ips:
@@ -191,13 +209,17 @@ class IPAM:
         result.ips, result.routes, result.dns = allocated.ips, allocated.routes, allocated.dns
 
     def delete(self) -> None:
-        exec_plugin(self.type, self.inv, "DEL")
+        if not self._refused(skipping="DEL"):
+            exec_plugin(self.type, self.inv, "DEL")
 
     def check(self) -> None:
+        self._refused()
         exec_plugin(self.type, self.inv, "CHECK")
 
     def gc(self) -> None:
-        exec_plugin(self.type, self.inv, "GC")
+        if not self._refused(skipping="GC"):
+            exec_plugin(self.type, self.inv, "GC")
 
     def status(self) -> None:
+        self._refused()
         exec_plugin(self.type, self.inv, "STATUS")

@@ -1,12 +1,17 @@
 """The network configuration fields every plugin shares, and pydantic errors turned into CNI errors.
 
 Models are strict (JSON types, no "1500" for 1500) and tolerate unknown keys: runtimes and
-Multus add keys of their own (``deviceID``, ``pciBusID``, ``cni.dev/*``, ``args``).
+Multus add keys of their own (``deviceID``, ``pciBusID``, ``cni.dev/*``, ``args``). Any other
+top-level key an interface plugin does not read is most likely a typo (``"mastr"``): it is
+logged as a warning naming the closest key the plugin knows (:func:`unknown_keys`), on the
+``rdmanet.node`` logger the daemon always writes, and ``rdmanet doctor`` flags it.
 Each field's ``description`` is the fix a user reads when the field is wrong.
 """
 
 from __future__ import annotations
 
+import difflib
+import logging
 import sys
 import types
 from typing import Any, Optional, TypeVar
@@ -116,8 +121,37 @@ def _model_of(annotation: Any) -> Any:
     return None
 
 
+# Top-level keys that runtimes, libcni and Multus add to any plugin's config (SPEC, CONVENTIONS,
+# Multus' device-ID injection into every plugin of a conflist): never a typo.
+CONVENTIONAL_KEYS = frozenset(("capabilities", "args", "deviceID", "pciBusID", "cniVersions", "disableCheck",
+                               "disableGC", "loadOnlyInlinedPlugins"))
+_node_log = logging.getLogger("rdmanet.node")  # the daemon writes it whatever the call's log level
+
+
+def unknown_keys(model: type[BaseModel], data: dict) -> list[tuple[str, Optional[str]]]:
+    """(key, the closest key ``model`` reads or None) of each top-level key of ``data`` that
+    neither ``model`` nor a runtime's conventions know."""
+    fields = sorted(model.model_fields)
+    found = []
+    for key in data:
+        if key in model.model_fields or key in CONVENTIONAL_KEYS or key.startswith("cni.dev/"):
+            continue
+        close = difflib.get_close_matches(key, fields, n=1, cutoff=0.6)
+        found.append((key, close[0] if close else None))
+    return found
+
+
+def warn_unknown_keys(model: type[BaseModel], data: dict) -> None:
+    for key, close in unknown_keys(model, data):
+        hint = f"; did you mean {close!r}?" if close else ""
+        _node_log.warning("network %r (%s): unknown key %r is ignored%s", data.get("name"), data.get("type"), key, hint)
+
+
 def load(model: type[M], data: dict, prefix: str = "") -> M:
     try:
-        return model.model_validate(data)
+        conf = model.model_validate(data)
     except ValidationError as exc:
         raise config_error(exc, model, prefix) from None
+    if not prefix and issubclass(model, NetConf):
+        warn_unknown_keys(model, data)
+    return conf

@@ -18,7 +18,7 @@ from typing import IO, Mapping, Protocol
 
 from . import deadline as call_deadline
 from . import env as request_env
-from . import limits
+from . import limits, nesting
 from .errors import INTERNAL, TRY_AGAIN_LATER, CNIError
 from .invocation import Invocation, command_from, parse_invocation
 from .result import Result
@@ -28,6 +28,9 @@ log = logging.getLogger("rdmanet")
 
 
 class Plugin(Protocol):
+    # An interface plugin's executable name (never run as an IPAM: rdmanet.cni.core.nesting); None for an IPAM.
+    interface_plugin: str | None
+
     def add(self, inv: Invocation) -> Result: ...
     def delete(self, inv: Invocation) -> None: ...
     def check(self, inv: Invocation) -> None: ...
@@ -82,6 +85,9 @@ def _handle(plugin: Plugin, environ: Mapping[str, str], stdin: bytes) -> tuple[i
     try:
         if command_from(environ) == "VERSION":
             return 0, version_info()
+        caller = environ.get(nesting.CALLER_ENV)
+        if caller and getattr(plugin, "interface_plugin", None):
+            raise nesting.nested(plugin.interface_plugin, caller)
         inv = parse_invocation(environ, stdin)
         log.debug("%s container=%s ifname=%s netns=%s", inv.command, inv.container_id, inv.ifname, inv.netns)
         if inv.command == "ADD":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import ipaddress
+import os
 import struct
 import time
 from contextlib import contextmanager
@@ -235,6 +236,29 @@ def find_basics(ipr: IPRoute, name: str) -> Optional[LinkBasics]:
 
 def link_by_index(ipr: IPRoute, index: int) -> Optional[Link]:
     return _get_link(ipr, f"#{index}", index=index)
+
+
+def nsid_of(ipr: IPRoute, fd: int) -> Optional[int]:
+    """The nsid the namespace of ``ipr`` gives the namespace open as ``fd`` (as its links'
+    IFLA_LINK_NETNSID name it); None when it gives none."""
+    try:
+        nsid = ipr.get_netnsid(fd=fd).get("nsid")
+    except NetlinkError:
+        return None
+    return nsid if isinstance(nsid, int) and nsid >= 0 else None
+
+
+def link_in(ipr: IPRoute, index: int, nsid: Optional[int]) -> Optional[Link]:
+    """Link ``index`` of the namespace the namespace of ``ipr`` knows as ``nsid`` (None: its
+    own), as that socket sees it: its IFLA_LINK_NETNSID in the terms of ``ipr``'s namespace."""
+    if nsid is None:
+        return link_by_index(ipr, index)
+    try:
+        return Link.from_msg(ipr.get_links(index, IFLA_IF_NETNSID=nsid)[0])
+    except NetlinkError as exc:
+        if exc.code in (errno.ENODEV, errno.EINVAL, errno.ENOENT):
+            return None
+        raise kernel_error(f"look up link #{index} of netns id {nsid}", exc) from exc
 
 
 def default_route_link(ipr: IPRoute) -> Optional[str]:

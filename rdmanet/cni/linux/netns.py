@@ -74,8 +74,21 @@ def is_alive(path: str, recorded: Optional[dict]) -> bool:
     return found is not None and (not recorded or found == recorded)
 
 
+THREAD_NETNS = "/proc/thread-self/ns/net"  # the calling thread's network namespace
+
+
+@contextmanager
+def opened(path: str) -> Iterator[int]:
+    """An fd of the namespace at ``path`` for the body (NetnsGone: :func:`open_netns`)."""
+    fd = open_netns(path)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
 def current_netns_fd() -> int:
-    return os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    return os.open(THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)
 
 
 @contextmanager

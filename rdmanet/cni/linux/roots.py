@@ -22,10 +22,16 @@ A policy file must be a regular file owned by root and writable by nobody else. 
 replace the defaults they name::
 
     {"logRoots": ["/var/log/rdmanet"], "dataRoots": ["/var/lib/cni"],
-     "kubeconfigRoots": ["/etc/cni/net.d"], "configRoots": ["/etc/cni/net.d"],
+     "kubeconfigs": ["/etc/cni/net.d/rdmanet.d/rdmanet.kubeconfig"], "configRoots": ["/etc/cni/net.d"],
      "deviceInfoDir": "/var/run/k8s.cni.cncf.io/devinfo/cni",
      "hostDeviceStateDir": "/var/lib/cni/host-device-rdma",
-     "leaseNamespaces": ["rdmanet-system"]}
+     "leaseNamespaces": ["rdmanet-system"],
+     "hostDevices": [{"name": "ens2f1"}], "masters": [{"name": "ens1f*"}]}
+
+Kubeconfigs are listed by file, not by root: a directory of CNI configs also holds credentials a
+NAD must not borrow (Multus' own kubeconfig). The device allow-lists (``hostDevices``,
+``hostDevicesFromDeviceID``, ``masters``, ``rdmaMasters``) are read by
+:mod:`rdmanet.cni.linux.device_policy`.
 
 Errors: a path outside the roots, with ``..``, through a symlink, or through a directory others
 may write is CNI error 7 naming the key, the path and the allowed roots; an I/O failure is 5.
@@ -34,6 +40,7 @@ may write is CNI error 7 naming the key, the path and the allowed roots; an I/O 
 from __future__ import annotations
 
 import errno
+import fnmatch
 import json
 import logging
 import os
@@ -46,10 +53,16 @@ from typing import Iterable, Optional, Sequence
 from rdmanet.cni.core import env as request_env
 from rdmanet.cni.core.errors import INVALID_CONFIG, IO_FAILURE, CNIError
 
+from . import device_policy
+from .device_policy import Rule  # rules only: device_policy imports pyroute2 when it checks a link
+
 POLICY_ENV = "RDMANET_NODE_POLICY"
 DEFAULT_POLICY_FILE = "/etc/rdmanet/node-policy.json"
 POLICY_MAX_BYTES = 64 << 10
-KINDS = ("log", "data", "kubeconfig", "config")
+KINDS = ("log", "data", "config")  # directories; kubeconfigs are listed by file
+KUBECONFIG_KIND = "kubeconfig"
+RDMANET_KUBECONFIG = "/etc/cni/net.d/rdmanet.d/rdmanet.kubeconfig"  # install.sh --daemonset writes it
+WHEREABOUTS_KUBECONFIG = "/etc/cni/net.d/whereabouts.d/whereabouts.kubeconfig"  # whereabouts' NADs name it
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 HOW_TO_WIDEN = "the node owner can widen the roots in the node policy (docs/security.md), a network config cannot"
@@ -62,15 +75,22 @@ class NodePolicy:
 
     log_roots: tuple[str, ...] = ("/var/log/rdmanet",)
     data_roots: tuple[str, ...] = ("/var/lib/cni",)
-    kubeconfig_roots: tuple[str, ...] = ("/etc/cni/net.d",)
+    kubeconfigs: tuple[str, ...] = (RDMANET_KUBECONFIG, WHEREABOUTS_KUBECONFIG)  # files, not roots
     config_roots: tuple[str, ...] = ("/etc/cni/net.d",)
     device_info_dir: str = "/var/run/k8s.cni.cncf.io/devinfo/cni"
     host_device_state_dir: str = "/var/lib/cni/host-device-rdma"
-    lease_namespaces: Optional[tuple[str, ...]] = None  # None: whatever the credentials' RBAC grants
+    # the namespaces a config's ipam.kubernetes.namespace may name (None: any the credentials' RBAC grants)
+    lease_namespaces: Optional[tuple[str, ...]] = ("rdmanet-system",)
     api_roots: tuple[str, ...] = ()  # API servers a config's k8s_api_root may name besides its kubeconfig's own
+    host_devices: tuple[Rule, ...] = ()  # devices host-device-rdma may move besides the device plugin's
+    host_devices_from_device_id: bool = True  # the device a deviceID / pciBusID / runtimeConfig.deviceID names
+    masters: tuple[Rule, ...] = ()  # masters of macvlan-rdma and ipoib-rdma besides links with an RDMA device
+    rdma_masters: bool = True  # every link with an RDMA device may be a master
     source: str = field(default="built-in defaults", compare=False)
 
     def roots(self, kind: str) -> tuple[str, ...]:
+        if kind == KUBECONFIG_KIND:
+            return self.kubeconfigs
         return getattr(self, f"{kind}_roots")
 
     def widened(self, kind: str, directory: str) -> "NodePolicy":
@@ -78,6 +98,18 @@ class NodePolicy:
         if kind not in KINDS:
             raise ValueError(f"unknown root kind {kind!r}: one of {', '.join(KINDS)}")
         return replace(self, **{f"{kind}_roots": self.roots(kind) + (absolute_path(directory, f"{kind} root"),)})
+
+    def to_json(self) -> dict:
+        """The policy as a policy file would say it (what ``rdmanet doctor`` shows, what the demo extends)."""
+        doc: dict = {}
+        for key, attr in _FILE_KEYS.items():
+            value = getattr(self, attr)
+            if attr in _RULE_KEYS:
+                value = [rule.to_json() for rule in value]
+            elif isinstance(value, tuple):
+                value = list(value)
+            doc[key] = value
+        return doc
 
     def check_lease_namespace(self, namespace: str) -> None:
         if self.lease_namespaces is not None and namespace not in self.lease_namespaces:
@@ -99,10 +131,14 @@ class NodePolicy:
                        f"{HOW_TO_WIDEN} (apiRoots)")
 
 
-_FILE_KEYS = {"logRoots": "log_roots", "dataRoots": "data_roots", "kubeconfigRoots": "kubeconfig_roots",
+_FILE_KEYS = {"logRoots": "log_roots", "dataRoots": "data_roots", "kubeconfigs": "kubeconfigs",
               "configRoots": "config_roots", "deviceInfoDir": "device_info_dir",
               "hostDeviceStateDir": "host_device_state_dir", "leaseNamespaces": "lease_namespaces",
-              "apiRoots": "api_roots"}
+              "apiRoots": "api_roots", "hostDevices": "host_devices",
+              "hostDevicesFromDeviceID": "host_devices_from_device_id", "masters": "masters",
+              "rdmaMasters": "rdma_masters"}
+_RULE_KEYS = {"host_devices", "masters"}
+_REPLACED_KEYS = {"kubeconfigRoots": "kubeconfigs (a list of kubeconfig files: a NAD may name only those)"}
 
 
 class PolicyError(ValueError):
@@ -125,6 +161,9 @@ def absolute_path(value: object, what: str) -> str:
 def policy_from_dict(doc: object, source: str) -> NodePolicy:
     if not isinstance(doc, dict):
         raise PolicyError(f"{source}: not a JSON object")
+    for key, instead in _REPLACED_KEYS.items():
+        if key in doc:
+            raise PolicyError(f"{source}: {key} is no longer read: use {instead}")
     unknown = sorted(set(doc) - set(_FILE_KEYS))
     if unknown:
         raise PolicyError(f"{source}: unknown keys {unknown} (known: {sorted(_FILE_KEYS)})")
@@ -138,10 +177,20 @@ def policy_from_dict(doc: object, source: str) -> NodePolicy:
                                                       for v in value):
                 raise PolicyError(f"{source}: apiRoots must be a list of http(s) URLs of API servers")
             values[attr] = tuple(api_url(v) for v in value)
-        elif key.endswith("Roots"):
+        elif key.endswith("Roots") or key == "kubeconfigs":
+            what = "files" if key == "kubeconfigs" else "directories"
             if not isinstance(value, list):
-                raise PolicyError(f"{source}: {key} must be a list of absolute directories")
+                raise PolicyError(f"{source}: {key} must be a list of absolute {what}")
             values[attr] = tuple(absolute_path(v, f"{source}: {key} entry") for v in value)
+        elif attr in _RULE_KEYS:
+            try:
+                values[attr] = device_policy.rules_from_json(value, key, host_in_use=key == "hostDevices")
+            except ValueError as exc:
+                raise PolicyError(f"{source}: {exc}") from None
+        elif key in ("hostDevicesFromDeviceID", "rdmaMasters"):
+            if not isinstance(value, bool):
+                raise PolicyError(f"{source}: {key} must be true or false")
+            values[attr] = value
         elif key == "leaseNamespaces":
             if value is None:
                 values[attr] = None
@@ -190,6 +239,11 @@ def load_policy_file(path: str) -> NodePolicy:
     with _cache_lock:
         _cache[path] = (key, policy)
     return policy
+
+
+def process_policy() -> Optional[NodePolicy]:
+    """The policy :func:`set_process_policy` set (None: none)."""
+    return _process_policy
 
 
 def set_process_policy(policy: Optional[NodePolicy]) -> None:
@@ -254,6 +308,44 @@ def place(key: str, path: object, roots: Sequence[str]) -> Placed:
                 rest = norm[len(form):].strip("/")
                 return Placed(root, tuple(rest.split("/")) if rest else ())
     raise _outside(key, path, roots)
+
+
+def place_kubeconfig(key: str, path: object, files: Sequence[str]) -> Placed:
+    """A kubeconfig a config names, which must be one the node policy lists (``kubeconfigs``:
+    files, or shell patterns such as ``/etc/cni/net.d/rdmanet.d/*.kubeconfig``): placed below the
+    listed file's directory (a pattern's: the directory before its first wildcard, so every
+    component the pattern leaves open is checked like one below a root); else CNI error 7 naming
+    the key, the path and the files."""
+    if isinstance(path, str) and path.startswith("/") and "\0" not in path and ".." not in path.split("/"):
+        norm = os.path.normpath(path)
+        for listed in files:
+            literal = _literal_dir(listed)
+            for form in dict.fromkeys((literal, os.path.realpath(literal))):
+                pattern = os.path.join(form, os.path.relpath(listed, literal))
+                if norm.startswith(form.rstrip("/") + "/") and fnmatch.fnmatchcase(norm, pattern):
+                    return Placed(literal, tuple(norm[len(form):].strip("/").split("/")))
+    allowed = ", ".join(files) or "none"
+    raise CNIError(INVALID_CONFIG, f"invalid network config: {key}: {path!r} is not a kubeconfig this node lets a "
+                   f"network config name (kubeconfigs: {allowed})",
+                   f"name one of {allowed}, or remove the key (lease-ipam then uses the daemon's own service "
+                   f"account); the node owner lists kubeconfigs by file in the node policy (docs/security.md)")
+
+
+def _literal_dir(listed: str) -> str:
+    """The directory of a listed kubeconfig: of the file, or before a pattern's first wildcard."""
+    parts = listed.split("/")
+    for i, part in enumerate(parts):
+        if any(c in part for c in "*?["):
+            return "/".join(parts[:i]) or "/"
+    return os.path.dirname(listed) or "/"
+
+
+def place_kind(kind: str, key: str, path: object, policy: Optional[NodePolicy] = None) -> Placed:
+    """:func:`place` under the roots of ``kind`` (``kubeconfig``: :func:`place_kubeconfig`)."""
+    policy = policy or current()
+    if kind == KUBECONFIG_KIND:
+        return place_kubeconfig(key, path, policy.kubeconfigs)
+    return place(key, path, policy.roots(kind))
 
 
 def _unsafe(key: str, placed: Placed, detail: str) -> CNIError:
@@ -370,9 +462,7 @@ def open_file(kind: str, key: str, path: object, flags: int, *, mode: int = 0o60
     is opened with O_NOFOLLOW (a planted symlink is refused) and must be a regular file; a file
     opened for writing must be ours and writable by nobody else. Missing directories are created
     with ``dir_mode`` when ``create_dirs``. FileNotFoundError passes through (the caller decides)."""
-    if roots is None:
-        roots = (policy or current()).roots(kind)
-    placed = place(key, path, roots)
+    placed = place(key, path, roots) if roots is not None else place_kind(kind, key, path, policy)
     if not placed.parts:
         raise _unsafe(key, placed, "it is the root directory itself, not a file in it")
     dir_fd = _walk(key, placed, placed.parts[:-1], create=create_dirs, mode=dir_mode)
@@ -427,6 +517,8 @@ def roots_of(policy: NodePolicy) -> Iterable[tuple[str, str]]:
     for kind in KINDS:
         for root in policy.roots(kind):
             yield f"{kind} root", root
+    for kubeconfig in policy.kubeconfigs:
+        yield "kubeconfig directory", _literal_dir(kubeconfig)
     yield "device-info dir", policy.device_info_dir
     yield "host-device-rdma state dir", policy.host_device_state_dir
 

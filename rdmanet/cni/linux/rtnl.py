@@ -12,8 +12,9 @@ tests/test_rtnl_messages.py); the plain ones are filled directly (:func:`_plain`
 through pyroute2's request filters.
 
 Only the requests the plugins make on their hot path are served this way (see :data:`FAST`, and
-the dumps :meth:`Rtnl.get_links`, :meth:`Rtnl.get_addr` and :meth:`Rtnl.get_rules`); anything else (``put``/``get`` of a
-hand-built message, ``get_routes``, ...) goes to a real ``IPRoute`` opened on first use in the
+the dumps :meth:`Rtnl.get_links`, :meth:`Rtnl.get_addr`, :meth:`Rtnl.get_routes` and :meth:`Rtnl.get_rules`,
+and :meth:`Rtnl.get_netnsid`); anything else (``put``/``get`` of a
+hand-built message, ...) goes to a real ``IPRoute`` opened on first use in the
 same network namespace, so the two always agree.
 
 A netlink socket stays bound to the namespace it was created in, whichever namespace the thread
@@ -36,11 +37,13 @@ from pyroute2.netlink.rtnl import (
     RTM_DELRULE,
     RTM_GETADDR,
     RTM_GETLINK,
+    RTM_GETNSID,
     RTM_GETROUTE,
     RTM_GETRULE,
     RTM_NEWADDR,
     RTM_NEWLINK,
     RTM_NEWLINKPROP,
+    RTM_NEWNSID,
     RTM_NEWROUTE,
     RTM_NEWRULE,
     RTM_SETLINK,
@@ -49,6 +52,7 @@ from pyroute2.netlink.rtnl import (
 from pyroute2.netlink.rtnl.fibmsg import fibmsg
 from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
+from pyroute2.netlink.rtnl.nsidmsg import nsidmsg
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
 from . import netns
@@ -161,6 +165,7 @@ class MarshalLinks(Marshal):
         **dict.fromkeys((RTM_NEWADDR, RTM_DELADDR, RTM_GETADDR), ifaddrmsg),
         **dict.fromkeys((RTM_NEWROUTE, RTM_DELROUTE, RTM_GETROUTE), rtmsg),
         **dict.fromkeys((RTM_NEWRULE, RTM_DELRULE, RTM_GETRULE), fibmsg),
+        RTM_NEWNSID: nsidmsg,
     }
 
     def fix_message(self, msg) -> None:  # as MarshalRtnl's
@@ -212,11 +217,35 @@ class Rtnl:
         (the kernel does not filter a dump unless strict checking is on), the link's kept here."""
         if argv or not kwarg.keys() <= {"family", "index"}:
             return self._fallback().get_addr(*argv, **kwarg)
-        family = kwarg.get("family") or 0
-        dump = self._filled(ifaddrmsg, RTM_GETADDR, NLM_F_REQUEST | NLM_F_DUMP, {"family": family}, [])
         index = kwarg.get("index")
-        return [msg for msg in self._exchange(dump)
-                if (index is None or msg["index"] == index) and (not family or msg["family"] == family)]
+        return self._family_dump(ifaddrmsg, RTM_GETADDR, kwarg.get("family") or 0,
+                                 lambda msg: index is None or msg["index"] == index)
+
+    def get_routes(self, *argv: Any, **kwarg: Any):
+        """``IPRoute.get_routes`` by ``family`` and ``table``: one dump of the family's routes of
+        every table, the table's kept here."""
+        if argv or not kwarg.keys() <= {"family", "table"}:
+            return self._fallback().get_routes(*argv, **kwarg)
+        table = kwarg.get("table")
+        return self._family_dump(rtmsg, RTM_GETROUTE, kwarg.get("family") or 0,
+                                 lambda msg: table is None or msg.get("RTA_TABLE") == table)
+
+    def _family_dump(self, cls: type, msg_type: int, family: int, keep) -> list:
+        """The answers of one dump of ``family`` (0: all) that ``keep`` keeps."""
+        dump = self._filled(cls, msg_type, NLM_F_REQUEST | NLM_F_DUMP, {"family": family}, [])
+        return [msg for msg in self._exchange(dump) if (not family or msg["family"] == family) and keep(msg)]
+
+    def get_netnsid(self, *argv: Any, **kwarg: Any) -> dict:
+        """``IPRoute.get_netnsid(fd=...)``: ``{"nsid": n}``, the id this namespace gives the one
+        open as ``fd`` (-1: it gives it none)."""
+        if argv or kwarg.keys() != {"fd"}:
+            return self._fallback().get_netnsid(*argv, **kwarg)
+        nsid = -1
+        for answer in self._exchange(self._filled(nsidmsg, RTM_GETNSID, REQ, {}, [["NETNSA_FD", kwarg["fd"]]])):
+            value = answer.get("NETNSA_NSID")
+            if isinstance(value, int):
+                nsid = value - (1 << 32) if value >= 1 << 31 else value  # the kernel's s32
+        return {"nsid": nsid}
 
     def get_rules(self, *argv: Any, **kwarg: Any):
         """``IPRoute.get_rules`` by ``family`` (0: every family): one dump."""

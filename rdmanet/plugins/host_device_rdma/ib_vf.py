@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from rdmanet.cni.core.errors import INVALID_CONFIG, IO_FAILURE, LINK_FAILURE, CNIError
 from rdmanet.cni.core.infiniband import ALL_ONES_GUID, ZERO_GUID, derive_guid, guid_of_hwaddr, guid_text, parse_guid
 from rdmanet.cni.core.invocation import Invocation
-from rdmanet.cni.linux import infiniband, links, sysfs, vf_guid
+from rdmanet.cni.linux import ib_guids, infiniband, links, sysfs, vf_guid
 
 from .selection import DeviceRef
 
@@ -91,9 +91,26 @@ def plan(host, ref: DeviceRef, conf: HostDeviceConf, inv: Invocation) -> dict:
         guid, source = derive_guid(f"{inv.network_name}/{inv.container_id}/{inv.ifname}"), DERIVED
         log.info("VF %s has no GUID (%s): using %s, %s", ref.device_id, "unknown" if current is None else guid_text(current),
                  guid_text(guid), source)
+    if guid is not None:
+        _refuse_taken(host, ref, guid, source)
     record = {"pf": ref.pf_netdev, "vf": ref.vf_index, "previous": {"node": _text(previous_node), "port": _text(previous_port)},
               "guid": _text(guid if guid is not None else current), "source": source or KEPT, "set": False}
     return record
+
+
+def _refuse_taken(host, ref: DeviceRef, guid: int, source: str) -> None:
+    """A GUID another port or VF of the node has (rdmanet.cni.linux.ib_guids) is CNI error 7:
+    the VF would take that port's partition membership."""
+    root = sysfs.default_root()
+    own = sysfs.rdma_devices_for_device_id(ref.device_id, root) if ref.device_id else []
+    user = ib_guids.in_use(host, root, guid, own_devices=own, own_vf=(ref.pf_netdev, ref.vf_index))
+    if user is None:
+        return
+    where = source.removeprefix("from ")
+    raise CNIError(INVALID_CONFIG, f"invalid network config: {where}: GUID {guid_text(guid)} is already {user} on this "
+                   f"node; given to {ref.describe()} it would take that port's partition membership",
+                   "give a GUID no port or VF of the node has (ib-kubernetes allocates unique ones from its pool), "
+                   "or none: a VF without a GUID gets one derived from the attachment")
 
 
 def apply(host, ref: DeviceRef, record: dict, save) -> DeviceRef:

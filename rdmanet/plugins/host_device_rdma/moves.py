@@ -22,8 +22,12 @@ looked at by DEL, a repeat ADD and a takeover (:func:`rescue_from_staging`).
 
 A moved link is followed by its ifindex (the kernel keeps it across a netns move unless the
 target already uses it), never found again by a name a pod could have given another link.
-:func:`identify` tells the device ADD moved from a link that only looks like it (same name):
-ifindex, kind, permanent MAC and bus device (e.g. the PCI address) as recorded at ADD.
+:func:`identify` tells the device ADD moved from a link that only looks like it: a pod may delete
+the device and create a link of the same kind, name, MAC and even ifindex. What it cannot forge is
+checked, as recorded at ADD: a physical device's permanent MAC and bus device (e.g. the PCI
+address); a veth's peer, its ifindex and network namespace (a pod cannot make a link there). A
+virtual device with neither (a dummy) cannot be told from a forgery once it is in a pod: DEL
+leaves what it finds there, which dies with the pod.
 """
 
 from __future__ import annotations
@@ -54,20 +58,37 @@ def _crash(step: str) -> None:
 
 
 def identity_of(link: Link) -> dict:
-    """What ADD records of the device to recognise it later (beside its ifindex)."""
-    return {"kind": link.kind, "perm_mac": link.perm_mac, "parent_dev": link.parent_dev}
+    """What ADD records of the device (read in the host) to recognise it later, beside its
+    ifindex: kind, permanent MAC, bus device; for a veth its peer's ifindex and network namespace
+    (the nsid the host gives it; None: the host itself)."""
+    found = {"kind": link.kind, "perm_mac": link.perm_mac, "parent_dev": link.parent_dev}
+    if link.kind == "veth":
+        found.update(peer_index=link.parent_index, peer_nsid=link.parent_netnsid)
+    return found
 
 
-def identify(link: Optional[Link], recorded: dict) -> bool:
-    """Whether ``link`` is the device recorded at ADD (``identity_of`` fields present in ``recorded``)."""
+def identify(link: Optional[Link], recorded: dict, pod_fd: Optional[int] = None) -> bool:
+    """Whether ``link`` is the device recorded at ADD (``identity_of`` fields present in ``recorded``).
+
+    ``pod_fd``: the namespace ``link`` was read in when it is a pod's (None: the host's or a
+    staging netns, where no pod makes links). There a device without a permanent identity is
+    the one recorded only if it is a veth whose peer, still at its recorded ifindex in its
+    recorded netns, is a veth whose own peer is ``link`` in that pod: a link a pod made has its
+    peer in the pod or in a netns of the pod's, never where the device's was."""
     if link is None:
         return False
     if "kind" in recorded and link.kind != recorded["kind"]:
         return False
-    for field in ("perm_mac", "parent_dev"):
-        if recorded.get(field) and getattr(link, field) != recorded[field]:
-            return False
-    return True
+    if strongly_identified(recorded):
+        return all(not recorded.get(f) or getattr(link, f) == recorded[f] for f in ("perm_mac", "parent_dev"))
+    if pod_fd is None:
+        return True
+    if link.kind != "veth" or "peer_index" not in recorded or link.parent_index != recorded["peer_index"]:
+        return False
+    with links.rtnl_in() as host:  # the peer's dump first: it makes the host name the pod's netns by an nsid
+        peer = links.link_in(host, recorded["peer_index"], recorded.get("peer_nsid"))
+        return (peer is not None and peer.kind == "veth" and peer.parent_index == link.index
+                and peer.parent_netnsid is not None and peer.parent_netnsid == links.nsid_of(host, pod_fd))
 
 
 def strongly_identified(recorded: dict) -> bool:

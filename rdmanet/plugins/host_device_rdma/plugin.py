@@ -65,12 +65,13 @@ from rdmanet.cni.core.result import DNS, Interface, Result
 from rdmanet.cni.core.rollback import Undo
 from rdmanet.cni.linux import device_info, links, netns, rail_routing, roots, sysfs
 from rdmanet.cni.linux import pod as pod_ns
+from rdmanet.cni.linux import device_policy
 from rdmanet.cni.linux.state import StateDir
 
 from . import device_lock, ib_vf, state_dir
 from .moves import (identify, identity_of, move_into_pod, move_to_host, rescue_from_staging, restore_in_host,
                     strongly_identified)
-from .selection import DeviceRef, select_device
+from .selection import DEVICE_ID_SHOWN, DeviceRef, select_device
 
 if TYPE_CHECKING:
     from .config import HostDeviceConf
@@ -80,6 +81,8 @@ STATE_VERSION = 2  # 2: token, netns_id, netdev intent, identity of the device; 
 
 
 class HostDeviceRdma:
+    interface_plugin = "host-device-rdma"  # never an IPAM (rdmanet.cni.core.nesting)
+
     def add(self, inv: Invocation) -> Result:
         from .config import effective_mac, load_conf, state_root  # pydantic: the verbs that read the whole config
 
@@ -141,12 +144,12 @@ class HostDeviceRdma:
         expected = next((i for i in prev.interfaces if i.name == inv.ifname), None)
         try:
             if not ref.dpdk:
-                with links.rtnl_in(inv.netns) as pod:
+                with netns.opened(inv.netns) as pod_fd, links.rtnl_in_fd(pod_fd) as pod:
                     link = links.find_link(pod, inv.ifname)
                     if link is None:
                         raise check_failed(f"{inv.ifname} is missing from {inv.netns}")
                     if state.get("netdev") and (link.index != state["netdev"].get("pod_index")
-                                                or not _is_the_device(link, state)):
+                                                or not _is_the_device(link, state, pod_fd)):
                         raise check_failed(f"{inv.ifname} in {inv.netns} is not the device ADD moved there "
                                            f"({state['original']['name']}, ifindex {state['netdev'].get('pod_index')})")
                     if expected and expected.mac and link.mac != expected.mac.lower():
@@ -489,11 +492,11 @@ def _after_rebind(host, ref: DeviceRef, state: dict) -> links.Link:
     return link
 
 
-def _is_the_device(link: Optional[links.Link], state: dict) -> bool:
-    return identify(link, state["original"])
+def _is_the_device(link: Optional[links.Link], state: dict, pod_fd: Optional[int] = None) -> bool:
+    return identify(link, state["original"], pod_fd)
 
 
-def _find_in_pod(pod, state: dict) -> Optional[links.Link]:
+def _find_in_pod(pod, pod_fd: int, state: dict) -> Optional[links.Link]:
     """The device ADD moved, in the pod: at its recorded ifindex if that link is it, else (a
     physical device the pod moved away and back) by its permanent MAC / bus device. A version 1
     state (no ifindex recorded) falls back to CNI_IFNAME with the alias ADD set."""
@@ -503,7 +506,7 @@ def _find_in_pod(pod, state: dict) -> Optional[links.Link]:
         link = links.find_link(pod, state["ifname"])
         return link if link is not None and link.alias == original["name"] else None
     link = links.link_by_index(pod, index)
-    if _is_the_device(link, state):
+    if _is_the_device(link, state, pod_fd):
         return link
     if strongly_identified(original):
         return next((l for l in map(links.Link.from_msg, pod.get_links()) if _is_the_device(l, state)), None)
@@ -533,15 +536,18 @@ def _netdev_to_host(state: dict, netns_path: str, root: str) -> None:
         try:
             with _open_pod(netns_path) as pod_fd:
                 with links.rtnl_in_fd(pod_fd) as pod:
-                    link = _find_in_pod(pod, state)
-                    named = links.find_link(pod, state["ifname"]) if link is None else None
+                    link = _find_in_pod(pod, pod_fd, state)
+                    index = (state.get("netdev") or {}).get("pod_index")
+                    found = None if link is not None else (links.find_link(pod, state["ifname"])
+                                                           or (links.link_by_index(pod, index) if index else None))
                 if link is not None:
                     move_to_host(pod_fd, link, original)
                     return
-                if named is not None:
-                    log.warning("%s in %s is not the device ADD moved there (%s, ifindex %s; found a %s, ifindex %d): "
-                                "it is left where it is", state["ifname"], netns_path, original["name"],
-                                (state.get("netdev") or {}).get("pod_index"), named.kind or "link", named.index)
+                if found is not None:
+                    log.warning("DEL %s/%s: %s (%s, ifindex %d) in %s is not the device ADD moved there (%s, "
+                                "ifindex %s: %s): it is left in the pod and nothing of the host's is touched",
+                                state.get("containerID"), state["ifname"], found.name, found.kind or "link", found.index,
+                                netns_path, original["name"], index, _identity_text(original))
         except CNIError as exc:
             if exc.code != INVALID_ENVIRONMENT:  # INVALID_ENVIRONMENT: the netns went away meanwhile
                 raise
@@ -550,6 +556,16 @@ def _netdev_to_host(state: dict, netns_path: str, root: str) -> None:
     if not restore_in_host(original):
         log.info("%s: the device is neither in the pod nor in the host (a virtual device dies with its netns): "
                  "nothing to restore", original["name"])
+
+
+def _identity_text(original: dict) -> str:
+    """What DEL recognises the device by (moves.identify), for the log."""
+    if strongly_identified(original):
+        return f"permanent MAC {original.get('perm_mac') or '-'}, bus device {original.get('parent_dev') or '-'}"
+    if "peer_index" in original:
+        where = "the host" if original.get("peer_nsid") is None else f"the netns of id {original['peer_nsid']}"
+        return f"a veth whose peer is ifindex {original['peer_index']} in {where}"
+    return f"a {original.get('kind') or 'virtual'} device with nothing a pod could not forge"
 
 
 def _collect(errors: list, fn, *args) -> None:
@@ -589,7 +605,19 @@ def _select(conf: HostDeviceConf, host) -> DeviceRef:
                 return msg.get("IFLA_IFNAME")
         return None
 
-    return select_device(fields, netdev_by_mac=netdev_by_mac, root=sysfs.default_root())
+    ref = select_device(fields, netdev_by_mac=netdev_by_mac, root=sysfs.default_root())
+    _check_allowed(ref, host)
+    return ref
+
+
+def _check_allowed(ref: DeviceRef, host) -> None:
+    """The node policy lets a network config move this device, and the host does not use it
+    (rdmanet.cni.linux.device_policy); else CNI error 7 naming the key and the policy setting."""
+    root = sysfs.default_root()
+    dev = device_policy.device(ref.netdev, ref.device_id if ref.kind == "pci" else None, root)
+    link = links.find_link(host, ref.netdev) if ref.netdev else None
+    in_use = device_policy.host_uses(host, link.index, link.name, root) if link is not None else []
+    device_policy.check_host_device(roots.current(), ref.selector, dev, ref.selector in DEVICE_ID_SHOWN, in_use)
 
 
 def _rdma_device(conf: HostDeviceConf, ref: DeviceRef) -> Optional[str]:

@@ -38,6 +38,7 @@ Kind = Literal["pci", "auxiliary"]
 
 # (conf_fields key, name shown to the user), in precedence order.
 DEVICE_ID_KEYS = (("deviceID", "deviceID"), ("pciBusID", "pciBusID"), ("runtimeDeviceID", "runtimeConfig.deviceID"))
+DEVICE_ID_SHOWN = frozenset(shown for _, shown in DEVICE_ID_KEYS)
 NAME_KEYS = ("device", "hwaddr", "kernelpath")
 
 _AUX_NAME_RE = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)+$")  # <module>.<device>.<id>

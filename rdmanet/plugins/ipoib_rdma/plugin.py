@@ -41,6 +41,7 @@ from rdmanet.cni.core.result import DNS, Interface, Result
 from rdmanet.cni.core.rollback import quietly
 from rdmanet.cni.linux import (attachment_link, attachment_lock, device_info, infiniband, ipoib, links, netns, rail_routing,
                                shared_rdma, sysctl, sysfs)
+from rdmanet.cni.linux import device_policy
 from rdmanet.cni.linux import pod as pod_ns
 from rdmanet.cni.linux.links import Link
 from rdmanet.cni.linux.pod import check_addresses, check_routes
@@ -51,6 +52,8 @@ log = logging.getLogger("rdmanet.ipoib-rdma")
 
 
 class IpoibRdma:
+    interface_plugin = "ipoib-rdma"  # never an IPAM (rdmanet.cni.core.nesting)
+
     @attachment_lock.serialised
     def add(self, inv: Invocation) -> Result:
         conf = load_conf(inv)
@@ -59,7 +62,7 @@ class IpoibRdma:
         with ExitStack() as stack:
             host = stack.enter_context(links.rtnl_in())
             pod = stack.enter_context(pod_ns.rtnl(inv.netns))
-            master = _master(conf, host)
+            master = _master(conf, host, allowed=True)
             pkey, mode = _pkey_and_mode(conf, master)
             rdma = shared_rdma.decide(conf.rdma, master.name)
             _remove_owned(host, inv, "host", leftovers_only=True)  # what a killed ADD of this attachment left
@@ -164,7 +167,8 @@ def temporary_name(inv: Invocation) -> str:
     return attachment_link.temporary_name(TEMP_PREFIX, inv.container_id, inv.ifname)
 
 
-def _master(conf: IpoibConf, host) -> Link:
+def _master(conf: IpoibConf, host, *, allowed: bool = False) -> Link:
+    """The master link; ``allowed``: also one the node policy lets a config use (ADD)."""
     root = sysfs.default_root()
     link = links.find_link(host, conf.master)
     if link is None:
@@ -172,6 +176,8 @@ def _master(conf: IpoibConf, host) -> Link:
                        'set "master" to the IPoIB netdev of an InfiniBand port, e.g. "ib0" (see \'ip -br link\')')
     if not infiniband.is_ipoib(link.name, root):
         raise not_ipoib(link.name, root)
+    if allowed:
+        device_policy.check_master_link("master", link.name)
     return link
 
 

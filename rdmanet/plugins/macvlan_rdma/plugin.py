@@ -33,6 +33,7 @@ from rdmanet.cni.core.result import DNS, Interface, Result
 from rdmanet.cni.core.rollback import quietly
 from rdmanet.cni.linux import (attachment_link, attachment_lock, device_info, link_delete, links, netns, rail_routing,
                                shared_rdma, sysfs)
+from rdmanet.cni.linux import device_policy
 from rdmanet.cni.linux import pod as pod_ns
 from rdmanet.cni.linux.links import Link, LinkBasics
 from rdmanet.cni.linux.pod import check_addresses, check_routes
@@ -44,6 +45,8 @@ log = logging.getLogger("rdmanet.macvlan-rdma")
 
 
 class MacvlanRdma:
+    interface_plugin = "macvlan-rdma"  # never an IPAM (rdmanet.cni.core.nesting)
+
     @attachment_lock.serialised
     def add(self, inv: Invocation) -> Result:
         from .config import effective_mac, load_conf  # pydantic: only the verbs that read the whole config
@@ -55,7 +58,7 @@ class MacvlanRdma:
         with ExitStack() as stack:
             host = stack.enter_context(links.rtnl_in())
             pod = stack.enter_context(pod_ns.rtnl(inv.netns))
-            master = _master(conf, host, pod)
+            master = _master(conf, host, pod, allowed=True)
             rdma = shared_rdma.decide(conf.rdma, master.name)
             stale, named = attachment_link.look_up(pod, TEMP_PREFIX, "macvlan", inv.container_id, inv.ifname)
             _remove_leftovers(pod, inv, stale)
@@ -152,7 +155,8 @@ class MacvlanRdma:
 
 
 
-def _master(conf: MacvlanConf, host, pod) -> LinkBasics:
+def _master(conf: MacvlanConf, host, pod, *, allowed: bool = False) -> LinkBasics:
+    """The master link; ``allowed``: also one the node policy lets a config use (ADD)."""
     where = pod if conf.linkInContainer else host
     name = conf.master or links.default_route_link(where)
     if not name:
@@ -163,6 +167,8 @@ def _master(conf: MacvlanConf, host, pod) -> LinkBasics:
         ns = "the pod's" if conf.linkInContainer else "the host"
         raise CNIError(INVALID_CONFIG, f"master {name!r} does not exist in {ns} network namespace",
                        "set \"master\" to an existing interface (see 'ip link')")
+    if allowed and not conf.linkInContainer:  # a link in the pod's netns is the pod's own
+        device_policy.check_master_link("master", link.name, defaulted=conf.master is None)
     if conf.mtu and conf.mtu > link.mtu:
         raise CNIError(INVALID_CONFIG, f"invalid network config: mtu {conf.mtu} is above master {name}'s MTU {link.mtu}",
                        f"set mtu between 0 and {link.mtu}")

@@ -44,12 +44,20 @@ class Objects:
                 "spec": {"nodeName": node, "containers": [{"name": "main", "image": "pause"}]}}
         return self.core.create_namespaced_pod("default", body).metadata.uid
 
+    def node(self, name):
+        try:
+            self.core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+        except kubernetes.client.ApiException as e:
+            if e.status != 409:
+                raise
+
     def delete_pod(self, name):
         self.core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
 
     def clean(self):
         self.coord.delete_collection_namespaced_lease(NS)
         self.core.delete_collection_namespaced_pod("default", grace_period_seconds=0)
+        self.core.delete_collection_node()
 
 
 class Node:
@@ -77,17 +85,24 @@ class Node:
         return d
 
     def cni(self, command, cid, uid="none", stdin=None):
+        """One CNI call through the shim; ``uid`` None: no pod identity (podman, cnitool)."""
         env = {"PATH": BARE_PATH, "CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": "/proc/self/ns/net",
-               "CNI_IFNAME": "net1", "CNI_PATH": os.path.dirname(self.shim),
-               "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={cid};K8S_POD_UID={uid}"}
+               "CNI_IFNAME": "net1", "CNI_PATH": os.path.dirname(self.shim)}
+        if uid is not None:
+            env["CNI_ARGS"] = f"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={cid};K8S_POD_UID={uid}"
         proc = subprocess.run([self.shim], input=json.dumps(stdin or self.conf).encode(), env=env,
                               capture_output=True, timeout=60)
         return proc.returncode, proc.stdout.decode()
 
-    def reconcile(self, *args):
-        """``rdmanet ipam reconcile`` as deploy/reconciler.yaml runs it (its own process, same identity)."""
+    def reconcile(self, token, *args):
+        """``rdmanet ipam reconcile`` as deploy/reconciler.yaml runs it: its own process, with its own
+        ServiceAccount's ``token``."""
+        kubeconfig = self.dir / "reconciler.kubeconfig"
+        self.cluster.write_kubeconfig(kubeconfig, namespace=NS, token=token)
+        conf = json.loads(json.dumps(self.conf))
+        conf["ipam"]["kubernetes"]["kubeconfig"] = str(kubeconfig)
         path = self.dir / "net.json"
-        path.write_text(json.dumps(self.conf))
+        path.write_text(json.dumps(conf))
         rdmanet = os.path.join(os.path.dirname(sys.executable), "rdmanet")
         return subprocess.run([rdmanet, "ipam", "reconcile", "--network-config", str(path),
                                "--grace-seconds", "0", "-o", "json", *args],

@@ -1,9 +1,9 @@
 """The DaemonSet's identity on a real kube-apiserver: the ``rdmanet`` ServiceAccount's token with
-exactly the RBAC of ``deploy/rbac.yaml`` (applied as an operator applies it).
+exactly the RBAC of ``deploy/rbac.yaml`` (applied as an operator applies it), and the reconciler's.
 
 A node daemon (a real ``rdmanet daemon`` behind install.sh's daemon-only shim) serves ADD, CHECK,
-DEL, the CNI GC verb and its node GC with that token, and ``rdmanet ipam reconcile`` runs with it as
-``deploy/reconciler.yaml`` runs it. The server's audit log says which requests the ServiceAccount
+DEL, the CNI GC verb and its node GC with that token, and ``rdmanet ipam reconcile`` runs with the
+``rdmanet-reconciler`` ServiceAccount's, as ``deploy/reconciler.yaml`` runs it. The server's audit log says which requests the ServiceAccount
 made: none may be refused. Each verb of the Lease Role, taken away in turn, must make the same
 run fail or be refused, so a verb the code needs and the manifest lacks is a test failure here,
 not a node's in production. A rotated token (the old one revoked) is taken without a restart.
@@ -27,7 +27,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_real_nodes import NS, Node, Objects  # noqa: E402
 from kube_real_server import REPO  # noqa: E402
 
-SA_USER = f"system:serviceaccount:{NS}:rdmanet"
+SA, RECONCILER_SA = "rdmanet", "rdmanet-reconciler"  # deploy/daemonset.yaml's and deploy/reconciler.yaml's
+SA_USER = f"system:serviceaccount:{NS}:{SA}"
+RECONCILER_USER = f"system:serviceaccount:{NS}:{RECONCILER_SA}"
 LEASE_VERBS = ("get", "list", "watch", "create", "update", "delete")
 
 
@@ -43,11 +45,12 @@ class _Failed(Exception):
     pass
 
 
-def lifecycle(node, objects) -> list[str]:
-    """A node's day through its daemon, then the reconciler: what went wrong first (empty: nothing)."""
+def lifecycle(node, objects, reconciler_token) -> list[str]:
+    """A node's day through its daemon, then the reconciler with its own token: what went wrong
+    first (empty: nothing)."""
     wrong: list[str] = []
     try:
-        _lifecycle(node, objects, wrong)
+        _lifecycle(node, objects, reconciler_token, wrong)
     except _Failed:
         pass
     finally:
@@ -55,7 +58,7 @@ def lifecycle(node, objects) -> list[str]:
     return wrong
 
 
-def _lifecycle(node, objects, wrong) -> None:
+def _lifecycle(node, objects, reconciler_token, wrong) -> None:
     def fail(what):
         wrong.append(what)
         raise _Failed(what)
@@ -64,17 +67,18 @@ def _lifecycle(node, objects, wrong) -> None:
         if got[0] != want:
             fail(f"{what}: exit {got[0]} {got[1][:300]}")
 
-    uids = {name: objects.pod(name) for name in ("live", "gone", "short", "stale")}
+    objects.node("node-a")  # the daemon confirms its Node before its node GC runs
+    uids = {name: objects.pod(name) for name in ("live", "gone", "short")}
     live = uids["live"]
     node.daemon(RDMANET_NODE_GC_SECONDS="0.3", RDMANET_NODE_GC_GRACE_SECONDS="0", RDMANET_NODE_GC_MISSES="2")
     for name, uid in uids.items():
         expect(f"ADD {name}", node.cni("ADD", name, uid))
+    expect("ADD bare", node.cni("ADD", "bare", None))  # no pod (podman, cnitool): the runtime's word decides
     again = node.cni("ADD", "live", live)  # a repeat ADD returns the result, as the runtime hands it to CHECK
     expect("repeat ADD live", again)
-    if again[0] == 0:
-        expect("CHECK live", node.cni("CHECK", "live", live, {**node.conf, "prevResult": json.loads(again[1])}))
+    expect("CHECK live", node.cni("CHECK", "live", live, {**node.conf, "prevResult": json.loads(again[1])}))
     expect("DEL short", node.cni("DEL", "short", uids["short"]))
-    # the runtime's GC: stale's attachment is not in its keep-list (its pod still is in the API)
+    # the runtime's GC: bare's attachment is not in its keep-list (claims of pods are judged by their pods)
     keep = [{"containerID": c, "ifname": "net1"} for c in ("live", "gone")]
     expect("GC", node.cni("GC", "", stdin={**node.conf, "cni.dev/valid-attachments": keep}))
     if objects.holders() != ["gone/net1", "live/net1"]:
@@ -94,7 +98,7 @@ def _lifecycle(node, objects, wrong) -> None:
     node.stop()
     objects.delete_pod("orphan")
     for run in range(2):  # a miss recorded (GET + PUT), then freed
-        r = node.reconcile("--misses", "2")
+        r = node.reconcile(reconciler_token, "--misses", "2")
         expect(f"reconcile {run}", (r.returncode, r.stdout + r.stderr))
     if objects.holders() != ["live/net1"]:
         fail(f"reconcile: claims {objects.holders()}")
@@ -102,67 +106,93 @@ def _lifecycle(node, objects, wrong) -> None:
     expect("DEL live", node.cni("DEL", "live", live))
 
 
-def refused(cluster, since, user=SA_USER):
-    """The requests the server refused since ``since``, from the audit log: the user's 403s and
+def refused(cluster, since, users=(SA_USER, RECONCILER_USER)):
+    """The requests the server refused since ``since``, from the audit log: the users' 403s and
     every 401 (a token the server does not take names no user)."""
     out = set()
     for e in cluster.audit_events(since, stage="ResponseComplete"):
         code = (e.get("responseStatus") or {}).get("code")
-        if code == 401 or (code == 403 and (e.get("user") or {}).get("username") == user):
+        if code == 401 or (code == 403 and (e.get("user") or {}).get("username") in users):
             out.add(f"{e['verb']} {(e.get('objectRef') or {}).get('resource')}: {code}")
     return sorted(out)
 
 
-def used(cluster, since, user=SA_USER):
+def used(cluster, since, user):
     return sorted({(e["verb"], (e.get("objectRef") or {}).get("resource"))
                    for e in cluster.audit_events(since) if e["user"]["username"] == user})
 
 
+def granted(user_sa: str, docs: list[dict]) -> set[tuple[str, str]]:
+    """(verb, resource) the RBAC documents grant a ServiceAccount of rdmanet-system."""
+    roles = {(d["kind"], d["metadata"]["name"]): d for d in docs if d["kind"] in ("Role", "ClusterRole")}
+    out = set()
+    for b in docs:
+        if b["kind"] in ("RoleBinding", "ClusterRoleBinding") and any(
+                s["kind"] == "ServiceAccount" and s["name"] == user_sa for s in b["subjects"]):
+            for rule in roles[(b["roleRef"]["kind"], b["roleRef"]["name"])]["rules"]:
+                out |= {(v, r) for v in rule["verbs"] for r in rule["resources"]}
+    return out
+
+
+def rbac_docs() -> list[dict]:
+    return [d for d in yaml.safe_load_all((REPO / "deploy" / "rbac.yaml").read_text()) if d]
+
+
 def test_the_daemonset_identity_serves_add_del_gc_and_the_reconciler(real_apiserver, objects, tmp_path):
     since = real_apiserver.audit_offset()
-    node = Node(real_apiserver, tmp_path, real_apiserver.token())
-    try:
-        assert lifecycle(node, objects) == []
-    finally:
-        node.stop()
-    assert refused(real_apiserver, since) == []
-    # every Lease verb the Role grants is used (none is granted for nothing), pods only read
-    leases = {v for v, r in used(real_apiserver, since) if r == "leases"}
-    assert leases == set(LEASE_VERBS)
-    assert {v for v, r in used(real_apiserver, since) if r != "leases"} <= {"get", "list"}
+    node = Node(real_apiserver, tmp_path, real_apiserver.token(SA))
+    assert lifecycle(node, objects, real_apiserver.token(RECONCILER_SA)) == []
+    assert refused(real_apiserver, since, (RECONCILER_USER,)) == []
+    # deploy/rbac.yaml lets the daemon get pods but not list them: its node GC tries a List of its
+    # node's pods first, is refused, and GETs each claim's pod (rdmanet/ipam/reconcile.py). That
+    # refusal, once per GC round, is the only one.
+    assert refused(real_apiserver, since, (SA_USER,)) == ["list pods: 403"]
+    # what each identity used is what deploy/rbac.yaml grants it, and every Lease verb is used
+    daemon, reconciler = used(real_apiserver, since, SA_USER), used(real_apiserver, since, RECONCILER_USER)
+    docs = rbac_docs()
+    assert set(daemon) - {("list", "pods")} <= granted(SA, docs) and set(reconciler) <= granted(RECONCILER_SA, docs)
+    assert {v for v, r in daemon + reconciler if r == "leases"} == set(LEASE_VERBS)
+    assert ("create", "leases") not in reconciler  # the reconciler only reads, records misses and frees
+
+
+def _without(docs: list[dict], verb: str, suffix: str) -> list[dict]:
+    """deploy/rbac.yaml for ServiceAccounts of their own (``<name><suffix>``), with ``verb`` taken
+    out of the Lease Role."""
+    out = []
+    for d in docs:
+        d = json.loads(json.dumps(d))
+        d["metadata"]["name"] += suffix
+        if d["kind"] == "Role":
+            for rule in d["rules"]:
+                if "leases" in rule["resources"]:
+                    rule["verbs"] = [v for v in rule["verbs"] if v != verb]
+        if d["kind"] in ("RoleBinding", "ClusterRoleBinding"):
+            d["roleRef"]["name"] += suffix
+            for sub in d["subjects"]:
+                sub["name"] += suffix
+        out.append(d)
+    for sa in (SA, RECONCILER_SA):
+        out.append({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa + suffix, "namespace": NS}})
+    return out
 
 
 @pytest.mark.parametrize("verb", LEASE_VERBS)
 def test_a_lease_verb_missing_from_the_role_fails_the_run(real_apiserver, objects, tmp_path, verb):
-    """deploy/rbac.yaml with one verb taken out of the Lease Role, bound to a ServiceAccount of its
-    own: the same run fails, or the server refuses the ServiceAccount something."""
-    name = f"rdmanet-minus-{verb}"
-    docs = [d for d in yaml.safe_load_all((REPO / "deploy" / "rbac.yaml").read_text()) if d]
-    role = next(d for d in docs if d["kind"] == "Role")
-    role["metadata"]["name"] = name
-    role["rules"][0]["verbs"] = [v for v in role["rules"][0]["verbs"] if v != verb]
-    pods = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "rdmanet-pod-reader")
-    sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": NS}}
-    subject = [{"kind": "ServiceAccount", "name": name, "namespace": NS}]
-    bindings = [{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                 "metadata": {"name": name, "namespace": NS}, "subjects": subject,
-                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name}},
-                {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                 "metadata": {"name": name}, "subjects": subject,
-                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                             "name": pods["metadata"]["name"]}}]
-    manifest = yaml.safe_dump_all([sa, role, *bindings])
+    """deploy/rbac.yaml with one verb taken out of the Lease Role, bound to ServiceAccounts of its
+    own: the same run fails, or the server refuses one of them that verb on Leases (and nothing else)."""
+    suffix = f"-minus-{verb}"
+    manifest = yaml.safe_dump_all(_without(rbac_docs(), verb, suffix))
     real_apiserver.kubectl("apply", "-f", "-", input=manifest)
     since = real_apiserver.audit_offset()
-    node = Node(real_apiserver, tmp_path, real_apiserver.token(name))
+    node = Node(real_apiserver, tmp_path, real_apiserver.token(SA + suffix))
     try:
-        wrong = lifecycle(node, objects)
+        wrong = lifecycle(node, objects, real_apiserver.token(RECONCILER_SA + suffix))
     finally:
-        node.stop()
         real_apiserver.kubectl("delete", "-f", "-", input=manifest)
-    denied = refused(real_apiserver, since, f"system:serviceaccount:{NS}:{name}")
+    denied = refused(real_apiserver, since, (f"system:serviceaccount:{NS}:{SA}{suffix}",
+                                             f"system:serviceaccount:{NS}:{RECONCILER_SA}{suffix}"))
     assert wrong or denied, f"without {verb!r} on leases nothing failed and nothing was refused"
-    assert not denied or all(d.startswith(f"{verb} leases") for d in denied), denied
+    assert all(d.startswith(f"{verb} leases") or d == "list pods: 403" for d in denied), denied
 
 
 def test_a_rotated_token_is_taken_and_the_revoked_one_never_used_again(real_apiserver, objects, tmp_path):
@@ -190,8 +220,8 @@ def test_a_rotated_token_is_taken_and_the_revoked_one_never_used_again(real_apis
         real_apiserver.restart_apiserver()  # every connection and watch breaks
         assert node.cni("ADD", "c", live)[0] == 0
         assert objects.holders() == ["b/net1", "c/net1"]
-        assert refused(real_apiserver, since) == []  # the revoked token was never sent again
-        assert ("watch", "leases") in used(real_apiserver, since)  # the watch re-opened, with the new token
+        assert [r for r in refused(real_apiserver, since) if r != "list pods: 403"] == []  # the revoked token was never sent again
+        assert ("watch", "leases") in used(real_apiserver, since, SA_USER)  # the watch re-opened, with the new token
     finally:
         node.stop()
         for n in ("old", "new"):

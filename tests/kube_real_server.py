@@ -20,12 +20,13 @@ requests the proxy answered itself (an injected fault), as the fake counts them.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import http.client
 import json
 import os
+import random
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
@@ -50,23 +51,28 @@ ADMIN = "rdmanet-test-admin"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port below the ephemeral range: no outgoing connection of this machine's
+    takes it while kube-apiserver restarts on it."""
+    try:
+        low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def build() -> Path:
     """The directory holding ``kube-apiserver`` and ``kubectl`` (built once, then cached)."""
     out = subprocess.run([str(BUILD)], check=True, stdout=subprocess.PIPE, text=True, timeout=1800)
     return Path(out.stdout.strip().splitlines()[-1])
-
-
-def _die_with_parent() -> None:
-    """In the child: SIGKILL when the test process dies, however it dies (a kill -9 of pytest
-    leaves no etcd or kube-apiserver behind)."""
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -110,6 +116,7 @@ class KubeCluster:
         self.admin_kubeconfig = self.dir / "admin.kubeconfig"
         self.audit_log = self.dir / "audit.log"
         self._marks = 0
+        atexit.register(self.stop)  # also when the test process exits without the fixture's teardown
 
     # -- processes -----------------------------------------------------------------------------
 
@@ -124,7 +131,7 @@ class KubeCluster:
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
         log = open(self.dir / f"{name}.log", "wb")
         p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             start_new_session=True, preexec_fn=_die_with_parent)
+                             start_new_session=True)
         log.close()
         self.procs.append(p)
         return p
@@ -192,8 +199,23 @@ class KubeCluster:
         self._apiserver.kill()
         self._apiserver.wait(30)
         self.procs.remove(self._apiserver)
-        self._apiserver = self._spawn("kube-apiserver", self._apiserver_argv)
-        self._wait_ready()
+        for attempt in range(3):
+            self._apiserver = self._spawn("kube-apiserver", self._apiserver_argv)
+            try:
+                self._wait_ready()
+                return
+            except RuntimeError:
+                if self._apiserver.poll() is None or attempt == 2:
+                    raise
+                self.procs.remove(self._apiserver)  # it exited (its port taken a moment): again
+                time.sleep(1)
+
+    def ensure_running(self) -> None:
+        """Start kube-apiserver again if it is not running (a restart that failed in an earlier test)."""
+        if self._apiserver.poll() is not None:
+            self.procs.remove(self._apiserver)
+            self._apiserver = self._spawn("kube-apiserver", self._apiserver_argv)
+            self._wait_ready()
 
     def logs(self, tail: int = 3000) -> str:
         return "\n".join(f"--- {f.name}\n{f.read_text(errors='replace')[-tail:]}"
@@ -562,6 +584,7 @@ class RealServer:
 
     def __init__(self, cluster: KubeCluster):
         self.cluster = cluster
+        cluster.ensure_running()
         self.proxy = FaultProxy(cluster)
         self.url = self.proxy.url
         self.api = cluster.api_client()

@@ -193,7 +193,7 @@ class Prefill:
             if store == "kube":
                 # One create per claim: the object allocate() makes, without its List of the domain
                 # (which would make the pre-fill quadratic in the pool size).
-                claim = self.kube._create(ip, att, NETWORK, self.rs, self.kube._deadline())
+                claim = self.kube.leases.create(ip, att, NETWORK, self.rs, self.kube.leases.deadline())
                 if claim is None:
                     raise SystemExit(f"pre-fill: {ip} is already claimed")
             else:
@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = tempfile.mkdtemp(prefix="ipam-bench-")
     policy = os.path.join(tmp, "node-policy.json")  # the node policy (rdmanet.cni.linux.roots): stores, kubeconfig in tmp
     with open(policy, "w") as f:
-        json.dump({"dataRoots": [tmp], "kubeconfigs": [f"{tmp}/*"]}, f)
+        json.dump({"dataRoots": [tmp], "kubeconfigs": [f"{tmp}/*"], "leaseNamespaces": [NAMESPACE]}, f)
     os.chmod(policy, 0o600)
     os.environ["RDMANET_NODE_POLICY"] = policy  # the workers inherit it, as plugins their runtime's
     server = KubeAPIServer()

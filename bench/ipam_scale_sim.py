@@ -86,18 +86,18 @@ RESTART_NETWORK_READS = 2.0  # all daemons together may read the network's Lease
 
 # The store's steps a request is counted under (``--json`` rows: ``reasons``): the innermost of
 # ``_STEPS`` on the caller's stack names what the request was for, the innermost of ``_PATHS`` what
-# the verb was doing (its own blocks, acquiring one, borrowing), e.g. ``POST _try_record in _acquire_block 409``.
-_STEPS = ("_try_record", "_acquire_in_group", "_acquire_in_records", "_acquire_seen", "_claim_at", "_borrow_round_robin", "_scan_domain",
-          "_take_record", "_free_record", "_drop_block", "_settle", "_sweep_uncertain", "_rollback",
-          "_attachment_claims", "_claim_requested", "_remove", "_whereabouts_holder")
+# the verb was doing (its own blocks, acquiring one, borrowing), e.g. ``POST _try_record in acquire 409``.
+_STEPS = ("_try_record", "_acquire_in_group", "_acquire_in_records", "_acquire_seen", "_claim_at", "_borrow_round_robin", "scan_domain",
+          "take_record", "free_record", "drop_block", "_settle", "_sweep_uncertain", "_rollback",
+          "attachment_claims", "_claim_requested", "remove", "whereabouts_holder")
 _VIA = ("_try_after_newest", "_try_free_seen", "_acquire_in_group", "_acquire_in_records", "_acquire_seen", "_claim_seen")  # shown as step<via
-_PATHS = ("_acquire_block", "_borrow", "_pick", "_allocate_cached", "_allocate", "_release_cached",
-          "_release_idle_blocks", "allocate", "release", "gc", "status")
+_PATHS = ("acquire", "borrow", "_pick", "_allocate_cached", "_allocate", "_release_cached",
+          "release_idle", "allocate", "release", "gc", "status")
 
 
 class Reasons:
     """Counts the requests of every ``KubeStore`` by the store step that made them (installed
-    around ``KubeStore._call``; the fake server's own counts are unchanged)."""
+    around ``DomainLeases.call``; the fake server's own counts are unchanged)."""
 
     def __init__(self) -> None:
         self.counts: Counter = Counter()
@@ -105,9 +105,9 @@ class Reasons:
         self._real = None
 
     def install(self) -> None:
-        from rdmanet.ipam.store.kube import KubeStore
+        from rdmanet.ipam.store.domain_leases import DomainLeases
 
-        real = self._real = KubeStore._call
+        real = self._real = DomainLeases.call
         reasons = self
 
         def _call(store: Any, method: str, path: str, what: str, deadline: float, query: Any = (), body: Any = None):
@@ -115,13 +115,13 @@ class Reasons:
             reasons.count(method, getattr(resp, "status", 0))
             return resp, retried
 
-        KubeStore._call = _call
+        DomainLeases.call = _call
 
     def uninstall(self) -> None:
-        from rdmanet.ipam.store.kube import KubeStore
+        from rdmanet.ipam.store.domain_leases import DomainLeases
 
         if self._real is not None:
-            KubeStore._call = self._real
+            DomainLeases.call = self._real
             self._real = None
 
     def count(self, method: str, status: int) -> None:
@@ -175,7 +175,7 @@ def network_config(size: int, block_size: Optional[int] = None) -> dict:
 
 def effective_block_size(block_size: Optional[int]) -> int:
     """The IPv4 block size the stores use (the sim's network is IPv4)."""
-    from rdmanet.ipam.store.kube_blocks import DEFAULT_BLOCK_SIZE
+    from rdmanet.ipam.store.block_records import DEFAULT_BLOCK_SIZE
 
     return block_size or DEFAULT_BLOCK_SIZE[4]
 

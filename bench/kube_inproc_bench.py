@@ -11,8 +11,9 @@ token, the credentials a node's kubeconfig carries. CPU is the child's user + sy
 (``getrusage(RUSAGE_CHILDREN)`` around each call; the server's threads are not children), so it is
 the plugin's own cost whatever else the machine runs. Reference rows: the interpreter start
 (``python -IS -c pass``), the same ADD/DEL with the local file store, and the import of the
-``kubernetes`` client the in-process path no longer pays. Target (issue 16): ADD and DEL p50
-CPU <= 100 ms, printed as PASS/MISS; never asserted. No root needed.
+``kubernetes`` client, which every in-process call of the Kubernetes store pays. The figures
+are ratios in one run: the Kubernetes store's CPU per verb over the local store's (what talking
+to the API server adds), printed, never asserted. No root needed.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ from kube_api_server import KubeAPIServer  # noqa: E402
 from rdmanet.node.launcher import write_shim  # noqa: E402
 from rdmanet.node.testing import plain_site_dir  # noqa: E402
 
-TARGET_CPU_MS = 100.0
 NS = "bench"
 TOKEN = "bench-token"
 
@@ -145,19 +145,18 @@ def run(tmp: str, args) -> int:
         site = sysconfig.get_path("purelib")
         kimp = [timed([sys.executable, "-IS", "-c", f"import site; site.addsitedir({site!r}); "
                        "import kubernetes.client, kubernetes.config"], base_env, b"")[2] for _ in range(5)]
-        rows.append({"row": "import kubernetes.client + config (what the in-process path used to pay)", "verb": "exec",
+        rows.append({"row": "import kubernetes.client + config (part of every in-process kube store call)", "verb": "exec",
                      "n": len(kimp), "cpu_p50_ms": pct(kimp, .5), "cpu_p95_ms": pct(kimp, .95), "wall_p50_ms": None})
         counts = {f"{v} {r}": n for (v, r), n in server.counts().items()}
     finally:
         server.stop()
-    verdicts = []
+    ratios = []
     for verb in ("ADD", "DEL"):
-        r = next(x for x in rows if x["row"].endswith("kube store") and x["verb"] == verb)
-        v = r["cpu_p50_ms"]
-        status = "SKIP" if v is None else ("PASS" if v <= TARGET_CPU_MS else "MISS")
-        verdicts.append({"target": f"in-process Kubernetes store {verb} CPU p50 (ms)", "value": v,
-                         "limit": f"<= {TARGET_CPU_MS:g}", "status": status})
-    doc = {"rows": rows, "verdicts": verdicts, "api_requests": counts, "tls": pki is not None, "failures": failures,
+        kube, local = (next(x["cpu_p50_ms"] for x in rows if x["row"].endswith(f"{store} store") and x["verb"] == verb)
+                       for store in ("kube", "local"))
+        ratios.append({"ratio": f"in-process {verb} CPU p50, Kubernetes store / local store",
+                       "value": round(kube / local, 2) if kube and local else None})
+    doc = {"rows": rows, "ratios": ratios, "api_requests": counts, "tls": pki is not None, "failures": failures,
            "python": sys.version.split()[0], "cpus": os.cpu_count()}
     if args.json:
         print(json.dumps(doc, indent=2))
@@ -172,9 +171,9 @@ def run(tmp: str, args) -> int:
             print("| " + " | ".join(x.ljust(w) for x, w in zip(c, widths)) + " |")
         print(f"\nAPI server: {'HTTPS (CA file), ' if pki else 'plain HTTP (no openssl), '}bearer token; requests: "
               + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-        print("\nverdicts:")
-        for v in verdicts:
-            print(f"  {v['status']:4}  {v['target']}: {v['value']} (target {v['limit']})")
+        print("\nratios:")
+        for r in ratios:
+            print(f"  {r['ratio']}: {r['value']}")
         for f in failures[:5]:
             print("FAILED", f)
     return 1 if failures else 0

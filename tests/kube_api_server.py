@@ -1996,7 +1996,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return
 
             if srv.token is not None:
-                if self.headers.get("Authorization", "") != f"Bearer {srv.token}":
+                scheme, _, given = self.headers.get("Authorization", "").partition(" ")
+                if scheme.lower() != "bearer" or given != srv.token:  # the scheme in any case, as kube-apiserver takes it
                     self._send_error(ApiError(401, "Unauthorized"))
                     return
 

@@ -282,7 +282,7 @@ def test_claims_of_other_nodes_are_never_delivered_and_never_double_allocated(se
     theirs = [str(others.allocate(Attachment(f"o{i}", "net1"), "net-a", rs, {})[0]) for i in range(10)]
     free_mine = sorted(set(f"10.0.0.{n}" for n in range(1, 31)) - set(theirs), key=ipaddress.ip_address)
     posted = free_mine[-1]  # a claim by a bare POST (an old-version node), labelled for node-b
-    body = others._body(ipaddress.ip_address(posted), Attachment("posted", "net1"), "net-a", rs[0])
+    body = others.leases.body(ipaddress.ip_address(posted), Attachment("posted", "net1"), "net-a", rs[0])
     assert raw(kubeconfig, "POST", body=body).status == 201
     time.sleep(0.2)
     with inf._cond:
@@ -387,7 +387,7 @@ def test_dropped_stream_recovers_without_a_list(server, kubeconfig, cache):
     assert server.drop_watches() == 1
     # another process on this node (the in-process plugin): its claims carry this node's label
     theirs = other_store(kubeconfig, node="node-a").allocate(Attachment("o", "net1"), "net-a", range_sets(conf), {})
-    body = other_store(kubeconfig, node="node-a")._body(ipaddress.ip_address("10.0.0.250"), Attachment("p", "net1"), "net-a",
+    body = other_store(kubeconfig, node="node-a").leases.body(ipaddress.ip_address("10.0.0.250"), Attachment("p", "net1"), "net-a",
                                          range_sets(conf)[0])
     assert raw(kubeconfig, "POST", body=body).status == 201
     wait_for(lambda: inf.claims_of(Attachment("p", "net1")) != [], "the re-opened watch to deliver the claims")
@@ -459,7 +459,7 @@ def test_del_also_frees_a_claim_the_cache_had_not_seen(server, kubeconfig, cache
     rs = range_sets(conf)
     # not 10.0.0.1: the record of the node's block (freed by the warm-up's DEL)
     other_ip = next(f"10.0.0.{n}" for n in range(2, 255) if f"10.0.0.{n}" != mine)
-    body = other_store(kubeconfig, node="node-a")._body(ipaddress.ip_address(other_ip), Attachment("d", "net1"), "net-a", rs[0])
+    body = other_store(kubeconfig, node="node-a").leases.body(ipaddress.ip_address(other_ip), Attachment("d", "net1"), "net-a", rs[0])
     assert raw(kubeconfig, "POST", body=body).status == 201
     server.reset_counts()
     resumer = resume_after(server, "delete", 200)
@@ -758,7 +758,7 @@ def test_a_404_about_an_old_claim_never_hides_the_new_claim_of_its_name(server, 
             hook.done = True
             original(self, "DELETE", path, [], None, timeout)
             resp = original(self, method, path, query, body, timeout)  # 404: uid 1 is gone
-            remade = other_store(kubeconfig, node="node-a")._body(ipaddress.ip_address(first), Attachment("b", "net1"), "net-a", rs[0])
+            remade = other_store(kubeconfig, node="node-a").leases.body(ipaddress.ip_address(first), Attachment("b", "net1"), "net-a", rs[0])
             assert original(self, "POST", LEASES_PATH.format(namespace=NS), [], remade, timeout).status == 201
             wait_for(lambda: in_sync(server, inf), "the watch to deliver b's claim")
             return resp

@@ -24,6 +24,7 @@ import pytest
 
 from rdmanet.ipam.config import parse_ipam_config
 from rdmanet.ipam.store import lease_cache
+from rdmanet.ipam.store.candidates import next_candidate
 from rdmanet.ipam.store.kube import LEASES_PATH, ApiClientTransport, KubeStore, domain_hash, lease_name, node_selector, parse_lease
 from rdmanet.ipam.store.lease_names import block_id, block_name
 
@@ -263,11 +264,11 @@ def test_the_candidate_is_the_one_a_search_of_every_block_gives(window, monkeypa
             cache.choose(4, lambda pending: value)
         used = cache.used(4)
         cursor = ipaddress.ip_address(rng.choice(used)) if used and rng.random() < 0.9 else None
-        everything = store._own(rs, cache.blocks())
+        everything = store.blocks.own(rs, cache.blocks())
         want = everything.next_free(sorted(set(used) | set(cache.pending(4))), cursor) if everything else None
-        own = store._own(rs, store._searched_blocks(cache, cursor))
-        store.cache = cache
-        got = store._next(own, [], cursor, 0) if own is not None else None
+        own = store.blocks.own(rs, store._searched_blocks(cache, cursor))
+        store.leases.cache = cache
+        got = next_candidate(cache, own, [], cursor, 0) if own is not None else None
         assert got == want, (trial, cursor, got, want)
         if got is not None:
             cache.done(4, got)
@@ -280,7 +281,7 @@ def test_the_candidate_is_the_one_a_search_of_every_block_gives(window, monkeypa
         # STATUS counts free addresses of the open blocks only: the same count as over every block
         assert (everything.count_free(used) if everything else 0) == \
             (own_open.count_free(cache.used_within(4, [(r.start, r.end) for r in own_open.ranges], pending=False))
-             if (own_open := store._own(rs, cache.open_blocks())) is not None else 0)
+             if (own_open := store.blocks.own(rs, cache.open_blocks())) is not None else 0)
 
 
 def test_the_informer_keeps_the_index_through_events_bookmarks_and_relists():

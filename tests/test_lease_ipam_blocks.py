@@ -34,7 +34,7 @@ from rdmanet.ipam.store.kube import (
     lease_name,
     use_watch_cache,
 )
-from rdmanet.ipam.store.kube_blocks import free_record_body
+from rdmanet.ipam.store.block_records import free_record_body
 from rdmanet.ipam.store.lease_names import L_PLANNED, block_id
 from rdmanet.cli import main as cli
 
@@ -637,7 +637,7 @@ def test_claims_made_before_the_upgrade_stay_their_attachments(server, kubeconfi
     before = {}
     for n in (5, 6, 7, 20, 21):  # spread over two would-be blocks
         ip = ipaddress.ip_address(f"10.9.12.{n}")
-        body = old._body(ip, Attachment(f"old{n}", "net1"), "net-a", rs)
+        body = old.leases.body(ip, Attachment(f"old{n}", "net1"), "net-a", rs)
         del body["metadata"]["labels"]["rdmanet.io/block"]  # the old version had no blocks
         assert t.request("POST", LEASES_PATH.format(namespace=NS), [], body, 5.0).status == 201
         before[f"old{n}"] = str(ip)
@@ -653,16 +653,16 @@ def fill_blocks(server, filler, rs, wanted, size=4):
     """Claim, as node ``filler``'s (its block records included), address ``k`` of each block ``j``
     of the single-range set ``rs`` (first address ``first``) for which ``wanted(j, first, k)``."""
     [r] = rs.ranges
-    for j in range(filler._block_count(rs)):
-        first = filler._position(rs, j)[1]
+    for j in range(filler.blocks._block_count(rs)):
+        first = filler.blocks._position(rs, j)[1]
         for k in range(size):
             value = first + k
             if not r.start <= value <= r.end or not wanted(j, first, k):
                 continue
             ip = r.address(value)
-            body = filler._body(ip, Attachment(f"full-{value}", "net1"), "net-a", rs)
-            if ip == filler._record_ip(r, first):
-                body = filler._record_body(body, filler.node, r, first)
+            body = filler.leases.body(ip, Attachment(f"full-{value}", "net1"), "net-a", rs)
+            if ip == filler.blocks._record_ip(r, first):
+                body = filler.leases._record_body(body, filler.node, r, first)
             assert server.api_create(RESOURCES["leases"], NS, body, False)[0] == 201
 
 
@@ -687,17 +687,17 @@ def test_a_node_whose_acquisition_gave_up_takes_a_block_the_domain_read_shows_fr
     conf = netconf(kubeconfig, "10.9.32.0/19", block_size=4)  # 2,048 blocks of 4: 32 groups of 64
     [rs] = parse_ipam_config(conf).range_sets
     filler = store(kubeconfig, "node-full", conf)
-    total = filler._block_count(rs)
+    total = filler.blocks._block_count(rs)
     group_of = {}
     for j in range(total):
-        group_of[j] = filler._position(rs, j)[1] // (4 * 64)
+        group_of[j] = filler.blocks._position(rs, j)[1] // (4 * 64)
 
     def order(s):  # the groups an acquisition of node s looks at: two hashed probes (two 409s: the
         # pool looks crowded), then Lists of `wide` adjacent groups each, GROUPS_READ groups or more in all
-        seen = [group_of[s._probe(rs, i) % total] for i in range(2)]
+        seen = [group_of[s.blocks._probe(rs, i) % total] for i in range(2)]
         spans = []
         for i in range(2, 64):
-            span = group_of[s._probe(rs, i) % total] // wide
+            span = group_of[s.blocks._probe(rs, i) % total] // wide
             if span not in spans:
                 spans.append(span)
         return seen + [g for span in spans[:lists] for g in range(wide * span, wide * span + wide)]
@@ -707,7 +707,7 @@ def test_a_node_whose_acquisition_gave_up_takes_a_block_the_domain_read_shows_fr
         s = store(kubeconfig, f"node-{n}", conf)
         groups = order(s)
         left = sorted(set(group_of.values()) - set(groups)
-                      - {group_of[s._probe(rs, i, "borrow") % total] for i in range(borrowed_blocks)})
+                      - {group_of[s.blocks._probe(rs, i, "borrow") % total] for i in range(borrowed_blocks)})
         if left:
             node, free_group, candidate = f"node-{n}", left[0], s
             break
@@ -728,12 +728,12 @@ def hold_every_block_but(server, kubeconfig, conf, free):
     [rs] = parse_ipam_config(conf).range_sets
     [r] = rs.ranges
     filler = store(kubeconfig, "node-full", conf)
-    for j in range(filler._block_count(rs)):
-        first = filler._position(rs, j)[1]
+    for j in range(filler.blocks._block_count(rs)):
+        first = filler.blocks._position(rs, j)[1]
         if r.address(first) in free:
             continue
-        ip = filler._record_ip(r, first)
-        body = filler._record_body(filler._body(ip, Attachment(f"full-{first}", "net1"), "net-a", rs), "node-full", r, first)
+        ip = filler.blocks._record_ip(r, first)
+        body = filler.leases._record_body(filler.leases.body(ip, Attachment(f"full-{first}", "net1"), "net-a", rs), "node-full", r, first)
         assert server.api_create(RESOURCES["leases"], NS, body, False)[0] == 201
 
 
@@ -741,8 +741,8 @@ def hashed_blocks(kubeconfig, conf, node, n):
     """The first addresses of the first ``n`` blocks of ``node``'s hashed acquisition order."""
     s = store(kubeconfig, node, conf)
     [rs] = parse_ipam_config(conf).range_sets
-    total = s._block_count(rs)
-    return [rs.ranges[0].address(s._position(rs, s._probe(rs, i) % total)[1]) for i in range(n)]
+    total = s.blocks._block_count(rs)
+    return [rs.ranges[0].address(s.blocks._position(rs, s.blocks._probe(rs, i) % total)[1]) for i in range(n)]
 
 
 def test_a_daemon_finds_the_free_blocks_of_a_crowded_range_with_one_read_and_uses_them_one_by_one(
@@ -790,10 +790,10 @@ def test_a_borrower_near_a_full_pool_reads_eight_blocks_per_list(server, kubecon
     [r] = rs.ranges
     filler = store(kubeconfig, "node-full", conf)
     borrower = store(kubeconfig, "node-b", conf)
-    total = filler._block_count(rs)
+    total = filler.blocks._block_count(rs)
     order = []
     for i in range(64):
-        first = borrower._position(rs, borrower._probe(rs, i, "borrow") % total)[1]
+        first = borrower.blocks._position(rs, borrower.blocks._probe(rs, i, "borrow") % total)[1]
         if first not in order:
             order.append(first)
     spare = order[5]  # the only block with a free address: its last one
@@ -828,7 +828,7 @@ def test_a_node_whose_run_meets_another_nodes_lists_the_free_blocks_instead_of_p
     conf = netconf(kubeconfig, "10.9.32.0/20", block_size=4)  # 1,024 blocks of 4
     [rs] = parse_ipam_config(conf).range_sets
     node = next(n for n in (f"node-{k}" for k in range(100))
-                if store(kubeconfig, n, conf)._probe(rs, 0) % 1024 % 2 == 1)  # its first probe: a held block
+                if store(kubeconfig, n, conf).blocks._probe(rs, 0) % 1024 % 2 == 1)  # its first probe: a held block
     fill_blocks(server, store(kubeconfig, node, conf), rs, lambda j, first, k: j == 0)  # its block, full
     fill_blocks(server, store(kubeconfig, "node-full", conf), rs, lambda j, first, k: j % 2 == 1 and k == 0)
     assert call("DEL", conf, "nothing", node) == (0, None)  # the daemon starts its informer
@@ -856,7 +856,7 @@ def test_a_daemon_in_a_crowded_pool_reads_eight_adjacent_groups_with_one_list(se
     conf = netconf(kubeconfig, "10.9.32.0/20", block_size=4)
     [rs] = parse_ipam_config(conf).range_sets
     s = store(kubeconfig, "node-b", conf)
-    pos = [s._probe(rs, i) % 1024 for i in range(3)]
+    pos = [s.blocks._probe(rs, i) % 1024 for i in range(3)]
     assert len(set(pos)) == 3
     group = pos[2] // 64  # the group of its first List's position: the free block is four groups away, among its eight
     span = group // 8
@@ -889,11 +889,11 @@ def test_a_list_leaves_the_block_after_another_nodes_run_to_that_node(server, ku
     [rs] = parse_ipam_config(conf).range_sets
     [r] = rs.ranges
     b = store(kubeconfig, "node-b", conf)
-    probes = [b._probe(rs, i) % 1024 for i in range(3)]
+    probes = [b.blocks._probe(rs, i) % 1024 for i in range(3)]
     window = probes[2] // 512  # node-b Lists the eight groups around its third hashed position
     first = lambda j: int(first_ip(conf, j))  # noqa: E731
     run_end = next(j for j in range(512 * window + 1, 512 * window + 509)
-                   if not {j, j + 1, j + 2} & set(probes) and b._spread(first(j + 1)) < b._spread(first(j + 2)))
+                   if not {j, j + 1, j + 2} & set(probes) and b.blocks._spread(first(j + 1)) < b.blocks._spread(first(j + 2)))
     fill_blocks(server, store(kubeconfig, "node-a", conf), rs, lambda j, at, k: j == run_end)  # node-a's, full
     hold_every_block_but(server, kubeconfig, conf, {first_ip(conf, j) for j in (run_end, run_end + 1, run_end + 2)})
     got = store_add(b, conf, "b0")
@@ -919,14 +919,14 @@ def test_a_daemon_that_knows_the_block_after_its_newest_held_lists_instead_of_pr
     [rs] = parse_ipam_config(conf).range_sets
     [r] = rs.ranges
     node = next(n for n in (f"node-{k}" for k in range(100))
-                if store(kubeconfig, n, conf)._probe(rs, 0) % 1024 % 2 == 1)  # its first probe: a held block
+                if store(kubeconfig, n, conf).blocks._probe(rs, 0) % 1024 % 2 == 1)  # its first probe: a held block
     s = store(kubeconfig, node, conf)
     fill_blocks(server, s, rs, lambda j, first, k: j == 0)  # its block, full
     fill_blocks(server, store(kubeconfig, "node-full", conf), rs, lambda j, first, k: j % 2 == 1 and k == 0)
     assert call("DEL", conf, "nothing", node) == (0, None)  # the daemon starts its informer
     inf = informer_of(node)
     wait_until(lambda: inf.usable() and len(inf.blocks()) == 1, f"{node}'s informer to sync")
-    inf.notes[("held", rs.index)] = {lease_name(DHASH, s._record_ip(r, int(first_ip(conf, 1))))}
+    inf.notes[("held", rs.index)] = {lease_name(DHASH, s.blocks._record_ip(r, int(first_ip(conf, 1))))}
     inf.notes[("crowded", rs.index)] = 0.1  # what that List showed
     server.reset_counts()
     got = add(conf, "a0", node)

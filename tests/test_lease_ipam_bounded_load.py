@@ -168,7 +168,7 @@ def test_an_expired_continue_token_starts_the_list_over(server, kubeconfig, monk
 
     def for_invocation(cls, settings, domain, inv):
         store = orig_for(cls, settings, domain, inv)
-        store.transport = CompactAfterFirstPage(store.transport, server)
+        store.leases.transport = CompactAfterFirstPage(store.leases.transport, server)
         made.append(store)
         return store
 
@@ -181,7 +181,7 @@ def test_an_expired_continue_token_starts_the_list_over(server, kubeconfig, monk
     statuses = [(bool(e["query"].get("continue")), e["status"]) for e in server.request_log() if e["verb"] == "list"]
     # page 1, then its continue meets 410, then the whole List again: 3 pages
     assert statuses == [(False, 200), (True, 410), (False, 200), (True, 200), (True, 200)], statuses
-    assert made[0].calls.get("relist") == 1
+    assert made[0].leases.calls.get("relist") == 1
 
 
 # -- the reconciler ----------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """lease-ipam's Kubernetes store under API-server faults (issue 12 item 3), against the fake API server.
 
 The plugin's and the store's real code over real HTTP (``skel.handle`` + ``LeaseIPAM``, as a
-runtime calls it), in both modes: in-process (no watch, the stdlib transport) and the node
+runtime calls it), in both modes: in-process (no watch cache) and the node
 daemon's (the watch cache on, the ``kubernetes`` client; one informer per simulated node, each
 node with its own kubeconfig).
 
@@ -418,7 +418,7 @@ class After:
 
         def for_invocation(cls, settings, domain, inv):
             store = real(cls, settings, domain, inv)
-            store.transport = Wrapped(store.transport)
+            store.leases.transport = Wrapped(store.leases.transport)
             return store
 
         monkeypatch.setattr(kube_store.KubeStore, "for_invocation", classmethod(for_invocation))
@@ -519,11 +519,11 @@ def test_another_node_claims_while_this_nodes_watch_is_broken(server, kubeconfig
 
 
 def node_b_store(conf):
-    """Node B as the in-process plugin runs it: a store without a watch cache (the stdlib transport)."""
+    """Node B as the in-process plugin runs it: a store without a watch cache."""
     from rdmanet.ipam.kube_config import connect, kube_settings
     from rdmanet.ipam.location import CLUSTER_DOMAIN
 
-    conn = connect(kube_settings(conf), stdlib=True)
+    conn = connect(kube_settings(conf))
     return kube_store.KubeStore(conn.transport(), conn.namespace, CLUSTER_DOMAIN, node="node-b",
                                 timeout=TIMEOUT, request_timeout=REQUEST_TIMEOUT)
 

@@ -23,7 +23,6 @@ from rdmanet.cni.core.errors import (ADDRESS_UNAVAILABLE, CHECK_FAILED, INVALID_
 from rdmanet.ipam.kube_config import DEFAULT_NAMESPACE, kube_settings
 from rdmanet.ipam.location import CLUSTER_DOMAIN
 from rdmanet.ipam.plugin import LeaseIPAM
-from rdmanet.ipam.store.http_transport import HTTPTransport
 from rdmanet.ipam.store.kube import ApiClientTransport, block_first, block_id, domain_hash, lease_name
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -244,7 +243,7 @@ def test_del_precondition_spares_a_claim_remade_between_lookup_and_delete(server
     assert call("ADD", conf, cid="first")[0] == 0  # its claim records the node's block: "a" gets a plain claim
     code, out = call("ADD", conf, cid="a")
     name = _name(out)
-    original = HTTPTransport.request  # the in-process store's transport (tests run without the daemon's cache)
+    original = ApiClientTransport.request  # the in-process store's transport (tests run without the daemon's cache)
 
     def racing_request(self, method, path, query, body, timeout):
         if method == "DELETE" and path.endswith(name) and not racing_request.done:
@@ -258,12 +257,12 @@ def test_del_precondition_spares_a_claim_remade_between_lookup_and_delete(server
         return original(self, method, path, query, body, timeout)
 
     racing_request.done = False
-    HTTPTransport.request = racing_request
+    ApiClientTransport.request = racing_request
     try:
         server.reset_counts()
         assert call("DEL", conf, cid="a") == (0, None)
     finally:
-        HTTPTransport.request = original
+        ApiClientTransport.request = original
     assert held(server)[_ip(out)] == "b/net1"
     c = counts(server)
     assert c["delete leases"] == 2 and c["get leases"] == 2  # ours refused with 409, then the re-lookup

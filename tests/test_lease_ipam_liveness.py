@@ -17,7 +17,7 @@ from rdmanet.cni.core.errors import POOL_EXHAUSTED
 from rdmanet.ipam import reconcile
 from rdmanet.ipam.kube_config import kube_settings
 from rdmanet.ipam.plugin import LeaseIPAM
-from rdmanet.ipam.store import kube as kube_store
+from rdmanet.ipam.store import domain_leases
 from rdmanet.ipam.store.lease_names import L_BLOCK_OWNER, L_NODE
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -135,10 +135,10 @@ def test_a_new_sandbox_whose_node_clock_lags_keeps_its_claim_and_the_replaced_on
     pod = start_pod(cluster, "db", "node-a")
     old = add(conf, "old", "node-a", pod)
     cluster.wait(2)  # the server's creationTimestamp has whole seconds
-    real = kube_store._now_micro
-    monkeypatch.setattr(kube_store, "_now_micro", lambda: _shifted(real(), -600))
+    real = domain_leases._now_micro
+    monkeypatch.setattr(domain_leases, "_now_micro", lambda: _shifted(real(), -600))
     new = add(conf, "new", "node-a", pod)
-    monkeypatch.setattr(kube_store, "_now_micro", real)
+    monkeypatch.setattr(domain_leases, "_now_micro", real)
     assert old != new
     outcome = reconciler(cluster)
     assert cluster.holders() == {old: "old/net1", new: "new/net1"}  # one check frees nothing

@@ -38,6 +38,7 @@ from rdmanet.cni.core.errors import CNIError
 from rdmanet.ipam import block_planner, node_gc, reconcile
 from rdmanet.ipam.kube_config import kube_settings
 from rdmanet.ipam.plugin import LeaseIPAM
+from rdmanet.ipam.store import domain_leases
 from rdmanet.ipam.store import kube as kube_store
 from rdmanet.ipam.store import lease_cache
 
@@ -85,7 +86,7 @@ class Soak:
         self.last_cron = self.now()
         self.serial = 0
         self.log: list[str] = []
-        self.real_now_micro = kube_store._now_micro
+        self.real_now_micro = domain_leases._now_micro
         for _ in range(NODES):
             self.join()
         for _ in range(90):  # a busy cluster to start with
@@ -118,7 +119,7 @@ class Soak:
             when = datetime.strptime(real(), "%Y-%m-%dT%H:%M:%S.%fZ") + timedelta(seconds=offset)
             return when.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
-        kube_store._now_micro = skewed
+        domain_leases._now_micro = skewed
 
     def cni(self, command: str, node: str, cid: str, pod: Optional[Pod] = None, **extra):
         self.as_node(node)
@@ -129,7 +130,7 @@ class Soak:
         try:
             return skel.handle(LeaseIPAM(), env, json.dumps(dict(self.conf, **extra)).encode())
         finally:
-            kube_store._now_micro = self.real_now_micro
+            domain_leases._now_micro = self.real_now_micro
 
     def held(self) -> dict[str, str]:
         return {o["metadata"]["annotations"]["rdmanet.io/ip"]: o["spec"]["holderIdentity"]
@@ -199,7 +200,7 @@ class Soak:
         try:
             node_gc.run_once(node, grace=GRACE, misses=MISSES, say=lambda *a, **k: None)
         finally:
-            kube_store._now_micro = self.real_now_micro
+            domain_leases._now_micro = self.real_now_micro
 
     def cni_gc(self) -> None:
         node = self.rng.choice(self.nodes)

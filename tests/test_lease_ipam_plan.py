@@ -24,7 +24,7 @@ from rdmanet.ipam.location import CLUSTER_DOMAIN
 from rdmanet.ipam.reconcile import KubeTarget
 from rdmanet.ipam.store.base import Attachment
 from rdmanet.ipam.store.kube import L_DOMAIN, L_NODE, ApiClientTransport, domain_hash, lease_name, use_watch_cache
-from rdmanet.ipam.store.kube_blocks import free_record_body
+from rdmanet.ipam.store.block_records import free_record_body
 from rdmanet.ipam.store.lease_names import L_PLANNED
 from rdmanet.cli.main import main
 

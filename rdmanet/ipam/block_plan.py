@@ -18,7 +18,7 @@ each):
   listed node's. Their blocks are free again for this plan's creates.
 - Nothing else: blocks are never taken back from listed nodes, even above the share.
 
-The block arithmetic is the store's (:mod:`rdmanet.ipam.store.kube_blocks`), so a planned record is
+The block arithmetic is the store's (:mod:`rdmanet.ipam.store.block_records`), so a planned record is
 exactly the record the node itself would make for that block.
 """
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Iterator, Optional, Sequence
 
 from .ranges import IPAddress, RangeSet
-from .store.kube_blocks import block_count, block_position, block_size_in, record_address
+from .store.block_records import block_count, block_position, block_size_in, record_address
 from .store.lease_names import block_id
 
 PLAN_BLOCK_LIMIT = 1 << 20  # a range set of more blocks needs an explicit share (a /64 has 2^58 blocks of 64)

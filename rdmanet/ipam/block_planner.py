@@ -24,7 +24,7 @@ from rdmanet.cni.core.errors import INVALID_CONFIG, NOT_AVAILABLE, CNIError
 from .block_plan import PlanBlock, PlanError, Record, block_sets, make_plan
 from .reconcile import ApiError, KubeTarget
 from .ranges import RangeSet
-from .store.kube_blocks import free_record_body
+from .store.block_records import free_record_body
 
 NODES_PATH = "/api/v1/nodes"
 

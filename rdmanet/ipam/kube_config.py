@@ -35,14 +35,16 @@ credentials' own namespace (their context's, the service account's) is used: the
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import os
 import re
+import ssl
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from rdmanet.cni.core.errors import INVALID_CONFIG, CNIError
+from rdmanet.cni.core.errors import INVALID_CONFIG, IO_FAILURE, CNIError
 from rdmanet.cni.linux import roots
 
 from .location import KUBERNETES, bad, config_path, ipam_block, store_kind
@@ -53,10 +55,11 @@ DEFAULT_REQUEST_TIMEOUT = 5.0
 DEFAULT_GC_GRACE = 60.0
 DEFAULT_BLOCK_RELEASE = 300.0
 MAX_BLOCK_SIZE = 1 << 16
-SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # the pod's service account: token, ca.crt, namespace
 KUBECONFIG_KEY = "ipam.kubernetes.kubeconfig"
 KUBECONFIG_MAX_BYTES = 1 << 20
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+log = logging.getLogger("rdmanet.ipam")
 
 
 @dataclass(frozen=True)
@@ -132,25 +135,46 @@ def _block_size(raw: dict) -> Optional[int]:
 
 @dataclass
 class Connection:
-    api_client: Any  # kubernetes.client.ApiClient; None for a standard-library connection
+    api_client: Any  # kubernetes.client.ApiClient
     namespace: str
     host: Optional[str] = None  # k8s_api_root: used instead of the kubeconfig's server
-    endpoint: Any = None  # rdmanet.ipam.kube_credentials.Endpoint of a standard-library connection
     server: str = ""  # the API server the credentials name (kubeconfig or in-cluster): k8s_api_root must match
+    settings: Optional[KubeSettings] = None  # what the credentials are loaded again from (:meth:`renew`)
     _transport: Any = None
+    _renew_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def transport(self) -> Any:
         """The store's Transport over this connection (one per connection: its keep-alive pool)."""
         if self._transport is None:
-            if self.api_client is not None:
-                from .store.kube import ApiClientTransport
+            from .store.kube_transport import ApiClientTransport
 
-                self._transport = ApiClientTransport(self.api_client, self.host)
-            else:
-                from .store.http_transport import HTTPTransport
-
-                self._transport = HTTPTransport(self.endpoint)
+            self._transport = ApiClientTransport(self.api_client, self.host, renew=self.renew)
         return self._transport
+
+    def renew(self, rejected: Any) -> Optional[Any]:
+        """After the API server refused the credentials of API client ``rejected`` (401): load
+        them again through the official loaders (a token file read again, an exec plugin asked
+        again, the service account's token read again) and answer the API client that carries
+        them, or None when they are the same (asking again cannot help). Concurrent callers
+        share one reload; the connection keeps the new client, so later verbs use it."""
+        with self._renew_lock:
+            if self.api_client is not rejected:
+                return self.api_client  # another request renewed them meanwhile
+            if self.settings is None:
+                return None
+            try:
+                fresh = _connect(self.settings)
+            except CNIError as err:
+                log.info("the Kubernetes credentials could not be loaded again: %s", err.msg)
+                return None
+            if _credentials(fresh.api_client.configuration) == _credentials(rejected.configuration):
+                return None
+            self.api_client = fresh.api_client
+            return self.api_client
+
+
+def _credentials(cfg: Any) -> tuple:
+    return (dict(cfg.api_key), cfg.cert_file, cfg.key_file)
 
 
 _cache: dict[tuple, tuple[Optional[str], Connection]] = {}  # settings -> (kubeconfig digest, connection)
@@ -168,21 +192,20 @@ def _read_kubeconfig(path: Optional[str]) -> Optional[bytes]:
         return None
 
 
-def connect(settings: KubeSettings, *, stdlib: bool = False) -> Connection:
-    """A connection for the settings, cached per process (a daemon reuses its connection pool).
-
-    ``stdlib``: without the ``kubernetes`` client (whose import costs ~0.5 s of CPU), through
-    ``http.client`` with the kubeconfig read by :mod:`rdmanet.ipam.kube_credentials` (same credentials:
-    client certificates, tokens, token files, exec plugins, in-cluster service account); a
-    kubeconfig using what only the official client implements (auth-provider, proxy-url) gets
-    the official client anyway. The in-process plugin asks for it; the daemon and the CLI do not.
+def connect(settings: KubeSettings) -> Connection:
+    """A connection for the settings through the official ``kubernetes`` client, cached per
+    process (a daemon reuses its connection pool). Its credentials come from the client's own
+    loaders (``kubernetes.config``): tokens, token files, exec credential plugins, client
+    certificates, CAs, the in-cluster service account.
 
     The connection is made anew when the kubeconfig's content changes (a rotated token or CA:
-    install.sh's DaemonSet mode rewrites it by rename), and the old one is dropped from the cache.
-    urllib3's own retries are off: the store retries with its own budget and backoff.
+    install.sh's DaemonSet mode rewrites it by rename), and the old one is dropped from the cache;
+    credentials the kubeconfig only points to (a token file, an exec plugin) are loaded again
+    when the API server refuses them (:meth:`Connection.renew`). urllib3's own retries are off:
+    the store retries with its own budget and backoff.
     """
     policy = roots.current()
-    key = (settings.kubeconfig, settings.api_root, settings.namespace, stdlib)
+    key = (settings.kubeconfig, settings.api_root, settings.namespace)
     text = _read_kubeconfig(settings.kubeconfig)  # CNI error 7 when outside the kubeconfig roots or through a symlink
     digest = None if text is None else hashlib.sha256(text).hexdigest()
     with _cache_lock:
@@ -190,7 +213,7 @@ def connect(settings: KubeSettings, *, stdlib: bool = False) -> Connection:
         if cached is not None and cached[0] == digest:
             conn = cached[1]
         else:
-            conn = (_connect_stdlib(settings, text) if stdlib else None) or _connect(settings)
+            conn = _connect(settings)
             _cache[key] = (digest, conn)
     if settings.api_root:  # the node's credentials go to no server a NAD picks (docs/security.md)
         policy.check_api_root(settings.api_root, conn.server)
@@ -199,45 +222,9 @@ def connect(settings: KubeSettings, *, stdlib: bool = False) -> Connection:
     return conn
 
 
-def _connect_stdlib(settings: KubeSettings, text: Optional[bytes]) -> Optional[Connection]:
-    """A standard-library connection, or None when only the official client covers the kubeconfig."""
-    from . import kube_credentials as kc
-
-    namespace = settings.namespace
-    if settings.kubeconfig:
-        where = "ipam.kubernetes.kubeconfig"
-        if text is None or not os.path.isfile(settings.kubeconfig):
-            raise bad(where, f"{settings.kubeconfig} does not exist",
-                      "create the kubeconfig (e.g. from a ServiceAccount token) or fix the path")
-        try:
-            endpoint = kc.from_kubeconfig(text, settings.kubeconfig, settings.timeout)
-            if endpoint.exec_plugin is None:
-                endpoint.ssl_context()  # a CA or client certificate that does not load is the kubeconfig's fault
-        except kc.NotCovered:
-            return None
-        except kc.KubeconfigError as exc:
-            raise bad(where, f"{settings.kubeconfig} is not a usable kubeconfig: {exc}",
-                      "give a kubeconfig with a current-context, cluster server and credentials") from None
-        if namespace is None and endpoint.namespace and _DNS_LABEL.match(endpoint.namespace):
-            namespace = endpoint.namespace
-    else:
-        try:
-            endpoint = kc.in_cluster()
-        except kc.KubeconfigError as exc:
-            raise CNIError(INVALID_CONFIG, f"invalid network config: ipam.kubernetes: no kubeconfig and no in-cluster config ({exc})",
-                           'set "kubernetes": {"kubeconfig": "/path/to/kubeconfig"}, or run the plugin in a pod') from None
-        if namespace is None:
-            namespace = _sa_namespace()
-    server = endpoint.server
-    if settings.api_root:
-        endpoint.server = settings.api_root.rstrip("/")
-    return Connection(None, namespace or DEFAULT_NAMESPACE, settings.api_root.rstrip("/") if settings.api_root else None,
-                      endpoint=endpoint, server=server)
-
-
 def _sa_namespace() -> Optional[str]:
     try:
-        with open(SA_NAMESPACE_FILE) as f:
+        with open(os.path.join(SA_DIR, "namespace")) as f:
             sa_ns = f.read().strip()
     except OSError:
         return None
@@ -245,39 +232,97 @@ def _sa_namespace() -> Optional[str]:
 
 
 def _connect(settings: KubeSettings) -> Connection:
-    from kubernetes import client, config  # ~300-400 ms: only ever imported for the Lease store
-    from kubernetes.config.config_exception import ConfigException
+    from kubernetes import client  # ~200 ms of CPU: only ever imported for the Lease store
 
     cfg = client.Configuration()
-    namespace = settings.namespace
-    if settings.kubeconfig:
-        where = "ipam.kubernetes.kubeconfig"
-        if not os.path.isfile(settings.kubeconfig):
-            raise bad(where, f"{settings.kubeconfig} does not exist",
-                      "create the kubeconfig (e.g. from a ServiceAccount token) or fix the path")
-        try:
-            _, active = config.list_kube_config_contexts(config_file=settings.kubeconfig)
-            config.load_kube_config(config_file=settings.kubeconfig, client_configuration=cfg, persist_config=False)
-        except (ConfigException, OSError, ValueError, TypeError, KeyError) as exc:
-            raise bad(where, f"{settings.kubeconfig} is not a usable kubeconfig: {exc}",
-                      "give a kubeconfig with a current-context, cluster server and credentials") from None
-        except Exception as exc:  # yaml errors and the like
-            raise bad(where, f"{settings.kubeconfig} cannot be read: {type(exc).__name__}: {exc}",
-                      "give a valid YAML kubeconfig") from None
-        if namespace is None and isinstance(active, dict):
-            ctx_ns = (active.get("context") or {}).get("namespace")
-            if isinstance(ctx_ns, str) and _DNS_LABEL.match(ctx_ns):
-                namespace = ctx_ns
-    else:
-        try:
-            config.load_incluster_config(client_configuration=cfg)
-        except ConfigException as exc:
-            raise CNIError(INVALID_CONFIG, f"invalid network config: ipam.kubernetes: no kubeconfig and no in-cluster config ({exc})",
-                           'set "kubernetes": {"kubeconfig": "/path/to/kubeconfig"}, or run the plugin in a pod') from None
-        if namespace is None:
-            namespace = _sa_namespace()
+    with _LoaderErrors() as errors:
+        if settings.kubeconfig:
+            namespace = _load_kubeconfig(settings, cfg)
+        else:
+            namespace = _load_in_cluster(settings, cfg)
+    if errors.messages and not _credentials(cfg)[0] and not cfg.cert_file:
+        # the loader logs what went wrong (an exec plugin that failed) and goes on without credentials
+        raise CNIError(IO_FAILURE, f"no credentials for the Kubernetes API {cfg.host}: {errors.messages[-1]}",
+                       "fix the kubeconfig's user (token, tokenFile, exec plugin) or what it relies on")
+    _check_tls(settings, cfg)
     cfg.retries = False
     # k8s_api_root is applied per request (Connection.host): the kubeconfig loader's token-refresh
     # hook re-sets cfg.host from the kubeconfig before every request.
     return Connection(client.ApiClient(cfg), namespace or DEFAULT_NAMESPACE,
-                      settings.api_root.rstrip("/") if settings.api_root else None, server=cfg.host)
+                      settings.api_root.rstrip("/") if settings.api_root else None, server=cfg.host, settings=settings)
+
+
+def _load_kubeconfig(settings: KubeSettings, cfg: Any) -> Optional[str]:
+    """Load the kubeconfig's current context into ``cfg``; its namespace (None: it names none)."""
+    from kubernetes import config
+    from kubernetes.config.config_exception import ConfigException
+
+    where = "ipam.kubernetes.kubeconfig"
+    if not os.path.isfile(settings.kubeconfig):
+        raise bad(where, f"{settings.kubeconfig} does not exist",
+                  "create the kubeconfig (e.g. from a ServiceAccount token) or fix the path")
+    try:
+        _, active = config.list_kube_config_contexts(config_file=settings.kubeconfig)
+        config.load_kube_config(config_file=settings.kubeconfig, client_configuration=cfg, persist_config=False)
+    except (ConfigException, OSError, ValueError, TypeError, KeyError) as exc:
+        raise bad(where, f"{settings.kubeconfig} is not a usable kubeconfig: {exc}",
+                  "give a kubeconfig with a current-context, cluster server and credentials") from None
+    except Exception as exc:  # yaml errors and the like
+        raise bad(where, f"{settings.kubeconfig} cannot be read: {type(exc).__name__}: {exc}",
+                  "give a valid YAML kubeconfig") from None
+    if settings.namespace is not None:
+        return settings.namespace
+    ctx_ns = (active.get("context") or {}).get("namespace") if isinstance(active, dict) else None
+    return ctx_ns if isinstance(ctx_ns, str) and _DNS_LABEL.match(ctx_ns) else None
+
+
+def _load_in_cluster(settings: KubeSettings, cfg: Any) -> Optional[str]:
+    """Load the pod's service account into ``cfg`` (its token is read again every minute); its namespace."""
+    from kubernetes.config.config_exception import ConfigException
+    from kubernetes.config.incluster_config import InClusterConfigLoader
+
+    try:
+        InClusterConfigLoader(token_filename=os.path.join(SA_DIR, "token"),
+                              cert_filename=os.path.join(SA_DIR, "ca.crt")).load_and_set(cfg)
+    except ConfigException as exc:
+        raise CNIError(INVALID_CONFIG, f"invalid network config: ipam.kubernetes: no kubeconfig and no in-cluster config ({exc})",
+                       'set "kubernetes": {"kubeconfig": "/path/to/kubeconfig"}, or run the plugin in a pod') from None
+    return settings.namespace if settings.namespace is not None else _sa_namespace()
+
+
+def _check_tls(settings: KubeSettings, cfg: Any) -> None:
+    """A CA or client certificate that does not load is the kubeconfig's fault (error 7), not an
+    unreachable server's: loaded once here, as urllib3 loads them for every connection (to the
+    server requests go to: ``k8s_api_root`` when set)."""
+    if not (settings.api_root or cfg.host).startswith("https://") or not (cfg.ssl_ca_cert or cfg.cert_file):
+        return
+    try:
+        ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert)
+        if cfg.cert_file:
+            ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        where = "ipam.kubernetes.kubeconfig" if settings.kubeconfig else "ipam.kubernetes"
+        raise bad(where, f"{settings.kubeconfig or 'the in-cluster config'} is not a usable kubeconfig: "
+                         f"the certificate authority or client certificate is not usable: {exc}",
+                  "give a kubeconfig whose certificate-authority and client-certificate are PEM files or data") from None
+
+
+class _LoaderErrors(logging.Handler):
+    """The errors the ``kubernetes`` config loaders log (they log a failed exec credential plugin
+    and go on without credentials) while this thread loads a configuration."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.messages: list[str] = []
+        self._thread = threading.get_ident()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.thread == self._thread and f"{os.sep}kubernetes{os.sep}config{os.sep}" in record.pathname:
+            self.messages.append(record.getMessage())
+
+    def __enter__(self) -> "_LoaderErrors":
+        logging.getLogger().addHandler(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        logging.getLogger().removeHandler(self)

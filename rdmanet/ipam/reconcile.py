@@ -67,7 +67,6 @@ from .store.kube import (
     L_NODE,
     L_POD_UID,
     LEASES_PATH,
-    ApiClientTransport,
     Transport,
     Unreachable,
     domain_hash,
@@ -75,7 +74,7 @@ from .store.kube import (
     label_value,
     parse_holder,
 )
-from .store.kube_blocks import A_TAKEN
+from .store.block_records import A_TAKEN
 from .store.lease_names import parse_time, server_date
 
 MISSES_ANNOTATION = f"{GROUP}/reconcile-misses"
@@ -238,7 +237,7 @@ class KubeTarget:
         selector, what = L_DOMAIN, "every domain"
         if node is not None:
             selector, what = f"{L_DOMAIN},{L_NODE}={label_value(node)}", f"node {node}"
-        return cls(KubeAPI(ApiClientTransport(conn.api_client, conn.host), settings.request_timeout), conn.namespace,
+        return cls(KubeAPI(conn.transport(), settings.request_timeout), conn.namespace,
                    what, selector, node)
 
     @classmethod
@@ -252,7 +251,7 @@ class KubeTarget:
                            "the reconciler serves the Kubernetes Lease store only; add \"kubernetes\": {...} to ipam")
         _, domain = store_location(config)
         conn = connect(settings)
-        return cls(KubeAPI(ApiClientTransport(conn.api_client, conn.host), settings.request_timeout), conn.namespace, domain)
+        return cls(KubeAPI(conn.transport(), settings.request_timeout), conn.namespace, domain)
 
     @property
     def leases(self) -> str:

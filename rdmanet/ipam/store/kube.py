@@ -1,6 +1,6 @@
 """The Kubernetes store: one ``coordination.k8s.io/v1`` Lease per allocated address, claimed by create.
 
-Facts relied on (research/ipam-anchors.md §1.2, §8; Kubernetes API conventions):
+Facts relied on (Kubernetes API conventions):
 - POST of an object whose name exists answers 409 AlreadyExists; the name is the lock. So a
   claim is one create: 201 = ours, 409 = taken (try the next candidate). No leader election, no
   shared object rewritten per ADD, no object-size ceiling.
@@ -64,33 +64,28 @@ the address of the domain's most recently made claim in the range set (its ``acq
 the List or the cache), over the used set, passing over a per-node count of free addresses
 (below ``NODE_WINDOW``, at most 1/16 of the range set; none under 32 addresses) so that nodes
 adding at the same instant seldom aim at the same address; a 409 adds the address to the used
-set and the walk goes on from it.
+set and the walk goes on from it (:mod:`.candidates`).
 So a freed address is handed out again only after the range has gone round (whereabouts #288,
-Calico #6968). In the daemon, ADDs running at once skip each other's candidates
-(:meth:`_next`). A range is never enumerated.
+Calico #6968). In the daemon, ADDs running at once skip each other's candidates. A range is
+never enumerated.
 
-Faults: every request has a timeout (``request_timeout_seconds``); 429 (Retry-After honoured),
-5xx and transport errors are retried with jittered exponential backoff within the verb's budget
-(``timeout_seconds``), after which the verb fails with code 11 (50 for STATUS). A create retried
-after an ambiguous failure that then meets 409 reads the Lease back: it may be our own.
-A failed ADD deletes the claims it made before reporting the error.
+The store holds two collaborators: the domain's Leases (:class:`.domain_leases.DomainLeases`:
+every request, with the verb's budget and retries, and every write, written through to the watch
+cache) and this node's blocks (:class:`.kube_blocks.NodeBlocks`: acquiring, borrowing, releasing).
+Faults: a request the API server does not answer within the verb's budget fails the verb with
+code 11 (50 for STATUS); a failed ADD deletes the claims it made before reporting the error.
 """
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
 import logging
-import random
 import socket
-import sys
 import time
 from bisect import bisect_left, bisect_right, insort
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
-from datetime import datetime, timezone
 from functools import partial
-from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 from rdmanet.cni.core.errors import (
     ADDRESS_UNAVAILABLE,
@@ -105,29 +100,27 @@ from ..location import whereabouts_check
 from ..ranges import IPAddress, RangeSet
 from . import lease_cache
 from .base import Attachment, Reservation, Store, Usage, place_held, refuse_other_request
-from .lease_cache import LeaseCache
-from .whereabouts import WhereaboutsView
-from .kube_blocks import Block, NodeBlocks, _any_within, parse_block  # noqa: F401  (parse_block re-exported)
+from .block_records import Block, parse_block  # noqa: F401  (re-exported)
+from .candidates import next_candidate, round_robin_start
+from .claims import (  # noqa: F401  (parse_claim, latest_by_range ... re-exported: tests and tools use them from here)
+    Claim, DomainScan, PodInfo, latest_by_range, node_selector, parse_claim, parse_lease,
+)
+from .domain_leases import LEASES_PATH, LIST_PAGE, DomainLeases  # noqa: F401  (LIST_PAGE re-exported)
+from .kube_blocks import NodeBlocks
 from .kube_transport import ApiClientTransport, Response, Transport, Unreachable  # noqa: F401  (re-exported)
+from .lease_cache import LeaseCache
 from .lease_names import (  # noqa: F401  (GROUP, L_POD_UID ... re-exported: tests and tools use them from here)
     GROUP, KIND_BLOCK, L_ATTACHMENT, L_BLOCK, L_BLOCK_OWNER, L_DOMAIN, L_KIND, L_NETWORK, L_NODE, L_PLANNED,
-    L_POD_UID, _now_micro, parse_time, attachment_hash, block_first, block_id, domain_hash, holder_of,
+    L_POD_UID, parse_time, attachment_hash, block_first, block_id, domain_hash, holder_of,
     ip_of_name, label_value, lease_name, parse_block_id, parse_holder,
 )
 
 log = logging.getLogger("rdmanet.ipam")
 
-NODE_WINDOW = 64  # a borrowing node's first candidate passes over fewer free addresses than this
 SEARCH_WINDOW = 8  # open blocks an ADD first searches beyond its creates in flight (see KubeStore._search)
 EXHAUSTED_SECONDS = 30.0  # after an ADD here found a range exhausted (it read the domain), STATUS says so for this long
 NODE_ENV = node_identity.NODE_ENV
-LEASES_PATH = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
-
-_BACKOFF_BASE = 0.05
-_BACKOFF_CAP = 1.0
 _ROLLBACK_GRACE = 1.0  # a failed ADD's rollback may run this long past the verb's deadline
-LIST_PAGE = 500  # Leases per List page: a List holds one page's JSON at a time
-_T = TypeVar("_T")
 
 
 # -- the store ------------------------------------------------------------------------------------
@@ -140,125 +133,8 @@ def use_watch_cache(on: bool = True, **settings: Any) -> None:
     """
     lease_cache.enable(on, **settings)
 
-@dataclass(frozen=True)
-class PodInfo:
-    namespace: str = ""
-    name: str = ""
-    uid: str = ""
-
-
-@dataclass(frozen=True, slots=True)  # a daemon's cache holds one per Lease: no per-instance dict
-class Claim:
-    name: str
-    ip: IPAddress
-    attachment: Optional[Attachment]
-    uid: str
-    resource_version: str
-    network: str
-    time: Optional[datetime]
-    range: str = ""  # the subnet annotation: the range the claim was made in (the round-robin cursor)
-    block: str = ""  # a block record (the claim Lease of a block's first usable address): the block's id
-    owner: str = ""  # a block record: the node that holds the block
-    planned: bool = False  # a block record a plan gave its node (``rdmanet ipam plan``): kept while empty
-
-    @property
-    def free(self) -> bool:
-        """A block record that names no attachment: its address is free, its block still held."""
-        return bool(self.block) and self.attachment is None
-
-    def as_block(self) -> Optional[Block]:
-        """The block this record holds (None: not a record)."""
-        found = parse_block_id(self.block) if self.block else None
-        if found is None:
-            return None
-        return Block(self.name, found[0], found[1], self.owner, self.uid, self.resource_version, self.time, self.ip,
-                     self.planned)
-
-
-def parse_claim(item: Any, dhash: str) -> Optional[Claim]:
-    """The claim a Lease of domain ``dhash`` records; None for anything else."""
-    if not isinstance(item, dict):
-        return None
-    md = item.get("metadata") or {}
-    name = md.get("name") or ""
-    ip = ip_of_name(name, dhash)
-    if ip is None:
-        return None
-    spec = item.get("spec") or {}
-    notes = md.get("annotations") or {}
-    when = parse_time(spec.get("acquireTime")) or parse_time(md.get("creationTimestamp"))
-    block = owner = ""
-    labels = md.get("labels") or {}
-    if labels.get(L_BLOCK_OWNER):  # a block record: its block and owner
-        block, owner = str(labels.get(L_BLOCK) or ""), str(notes.get(f"{GROUP}/block-owner") or "")
-    return Claim(name, ip, parse_holder(spec.get("holderIdentity")), str(md.get("uid") or ""),
-                 str(md.get("resourceVersion") or ""), sys.intern(str(notes.get(f"{GROUP}/network") or "")), when,
-                 sys.intern(str(notes.get(f"{GROUP}/range") or "")),  # shared by every claim of a network
-                 block, owner, bool(block) and labels.get(L_PLANNED) == "true")
-
-
-def parse_lease(item: Any, dhash: str) -> Any:
-    """A :class:`Claim`, a :class:`Block`, or None (another domain's or another program's Lease)."""
-    return parse_claim(item, dhash) or parse_block(item, dhash)
-
-
-def latest_by_range(claims: Iterable[Claim]) -> dict[str, Claim]:
-    """The most recently made claim per range (its ``range`` annotation): the round-robin cursor."""
-    out: dict[str, Claim] = {}
-    for c in claims:
-        if c.time is None or not c.range:
-            continue
-        best = out.get(c.range)
-        if best is None or (c.time, int(c.ip)) > (best.time, int(best.ip)):
-            out[c.range] = c
-    return out
-
-
-class DomainScan:
-    """What an ADD keeps of a List of its domain, folded page by page: the used addresses (as
-    ints), the attachment's own claims, the round-robin cursor per range, and the holders of the
-    requested addresses. Never the whole List."""
-
-    def __init__(self, attachment: Optional[Attachment], wanted: set) -> None:
-        self.attachment = attachment
-        self.wanted = wanted
-        self.used: dict[int, list[int]] = {4: [], 6: []}
-        self.mine: list[Claim] = []
-        self.by_ip: dict[IPAddress, Claim] = {}
-        self.latest: dict[str, Claim] = {}
-        self.free: dict[int, Claim] = {}  # free block records by address: taken by an update, not a create
-        self.blocks: list[Block] = []  # the blocks the records among these claims hold
-
-    def add(self, c: Claim) -> None:
-        if c.block:
-            block = c.as_block()
-            if block is not None:
-                self.blocks.append(block)
-            if c.attachment is None:
-                self.free[int(c.ip)] = c
-                return
-        self.used[c.ip.version].append(int(c.ip))
-        if self.attachment is not None and c.attachment == self.attachment:
-            self.mine.append(c)
-        if c.ip in self.wanted:
-            self.by_ip[c.ip] = c
-        if c.time is not None and c.range:
-            best = self.latest.get(c.range)
-            if best is None or (c.time, int(c.ip)) > (best.time, int(best.ip)):
-                self.latest[c.range] = c
-
-    def sorted_used(self) -> dict[int, list[int]]:
-        for values in self.used.values():
-            values.sort()
-        return self.used
-
 
 CacheSource = Callable[[bool], Optional[LeaseCache]]
-
-
-def node_selector(dhash: str, node: str) -> str:
-    """A node's own objects of a domain: its claims (borrowed ones too) and its blocks."""
-    return f"{L_DOMAIN}={dhash},{L_NODE}={label_value(node)}"
 
 
 def cache_key(settings: Any, conn: Any, domain: str, node: str) -> tuple[tuple, tuple]:
@@ -276,49 +152,43 @@ def cache_source(settings: Any, conn: Any, domain: str, node: str) -> CacheSourc
     connection_key, domain_key = cache_key(settings, conn, domain, node)
 
     def make(cache_settings: lease_cache.Settings) -> LeaseCache:
-        return LeaseCache(ApiClientTransport(conn.api_client, conn.host), path, node_selector(dhash, node),
+        return LeaseCache(ApiClientTransport(conn.api_client, conn.host, conn.renew), path, node_selector(dhash, node),
                           partial(parse_lease, dhash=dhash), owner=conn.api_client,
                           name=f"lease-cache {conn.namespace}/{dhash}/{label_value(node)}", settings=cache_settings)
 
     return lambda start: lease_cache.informer(connection_key, domain_key, conn.api_client, make, start,
-                                              transport=lambda: ApiClientTransport(conn.api_client, conn.host))
+                                              transport=lambda: ApiClientTransport(conn.api_client, conn.host, conn.renew))
 
 
-class KubeStore(NodeBlocks, Store):
+class KubeStore(Store):
+    """The Lease store of domain ``domain`` for the verbs of node ``node`` (see the module's
+    docstring): allocation, release, lookups, GC and STATUS over the domain's Leases
+    (``leases``) and this node's blocks (``blocks``)."""
+
     def __init__(self, transport: Transport, namespace: str, domain: str, *, node: str,
                  pod: PodInfo = PodInfo(), timeout: float = 20.0, request_timeout: float = 5.0,
                  gc_grace: float = 60.0, sleep: Callable[[float], None] = time.sleep,
                  cache: Optional[CacheSource] = None, whereabouts: Optional[str] = None,
                  whereabouts_namespace: Optional[str] = None, block_size: Optional[int] = None,
                  block_release: float = 300.0, gc_misses: int = 3) -> None:
-        self.transport = transport
+        self.leases = DomainLeases(transport, namespace, domain, node=node, pod=pod, timeout=timeout,
+                                   request_timeout=request_timeout, sleep=sleep, block_size=block_size,
+                                   whereabouts=whereabouts, whereabouts_namespace=whereabouts_namespace)
+        self.blocks = NodeBlocks(self.leases, node, block_size, block_release)
         self.namespace = namespace
         self.domain = domain
-        self.dhash = domain_hash(domain)
+        self.dhash = self.leases.dhash
         self.node = node
-        self.pod = pod
         self.timeout = timeout
-        self.request_timeout = request_timeout
         self.gc_grace = gc_grace
         self.gc_misses = gc_misses  # checks (spaced by gc_grace / gc_misses, server time) before a gone pod's claim goes
-        self.sleep = sleep
-        self.path = LEASES_PATH.format(namespace=namespace)
-        self.calls: dict[str, int] = {}  # per method, for logs and tests
-        self._uncertain: list[str] = []  # creates whose outcome is unknown (no answer within the budget)
         self._cache_source = cache
-        self.cache: Optional[LeaseCache] = None  # the informer this verb writes its answers through to
-        self.whereabouts = whereabouts  # None: no check; else whereabouts' network_name ("" for none)
-        self.whereabouts_namespace = whereabouts_namespace or namespace
-        self._wb: Optional[WhereaboutsView] = None
-        self.block_size = block_size  # None: DEFAULT_BLOCK_SIZE of the family
-        self.block_release = block_release  # an empty block of this node is released after this long
 
     @classmethod
     def for_invocation(cls, settings: Any, domain: str, inv: Any) -> "KubeStore":
         from ..kube_config import connect
 
-        # in-process (no watch cache): http.client, not the kubernetes client's ~0.5 s import
-        conn = connect(settings) if lease_cache.enabled() else connect(settings, stdlib=True)
+        conn = connect(settings)
         # the claim's node label: which node's ADD made it (no cleaner judges liveness by it)
         node = node_identity.configured(inv.env).name or socket.gethostname()
         pod = PodInfo(inv.args.get("K8S_POD_NAMESPACE", ""), inv.args.get("K8S_POD_NAME", ""),
@@ -333,273 +203,11 @@ class KubeStore(NodeBlocks, Store):
                    whereabouts_namespace=wb_namespace, block_size=getattr(settings, "block_size", None),
                    block_release=getattr(settings, "block_release", 300.0))
 
-    # -- requests with retries ------------------------------------------------------------------
-
-    def _deadline(self, budget: Optional[float] = None) -> float:
-        return time.monotonic() + (self.timeout if budget is None else budget)
-
-    def _unreachable(self, what: str, last: str, extra: str = "") -> CNIError:
-        return CNIError(TRY_AGAIN_LATER,
-                        f"Kubernetes API {self.transport.host} did not serve {what} within {self.timeout:g} s: {last}{extra}",
-                        "check the API server address (kubeconfig server or kubernetes.k8s_api_root), the network "
-                        "and the API server's load; the runtime retries the call")
-
-    def _call(self, method: str, path: str, what: str, deadline: float, query: Sequence[tuple[str, str]] = (),
-              body: Any = None) -> tuple[Response, bool]:
-        """(response, retried): any answer but 429, 5xx or a transport failure, which are retried."""
-        attempt, last = 0, "no attempt made"
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0.01:
-                raise self._unreachable(what, last)
-            self.calls[method] = self.calls.get(method, 0) + 1
-            wait = None
-            try:
-                resp = self.transport.request(method, path, query, body, min(self.request_timeout, remaining))
-            except Unreachable as exc:
-                last = str(exc)
-            else:
-                if resp.status != 429 and resp.status < 500:
-                    return resp, attempt > 0
-                last = f"HTTP {resp.status} {_message(resp)}".rstrip()
-                wait = _retry_after(resp)
-            told = wait is not None
-            backoff = min(_BACKOFF_CAP, _BACKOFF_BASE * 2 ** attempt) * random.uniform(0.5, 1.0)
-            wait = backoff if wait is None else wait * random.uniform(1.0, 1.1)
-            attempt += 1
-            if time.monotonic() + wait >= deadline:
-                raise self._unreachable(what, last, f" (Retry-After {wait:.1f} s passes the deadline)" if told else "")
-            log.debug("%s %s: %s; retry %d in %.2f s", method, what, last, attempt, wait)
-            self.sleep(wait)
-
-    def _refused(self, resp: Response, what: str) -> CNIError:
-        hint = {401: "the credentials of the kubeconfig were rejected: renew the token or certificate",
-                403: f"grant get, list, create and delete on leases.coordination.k8s.io in namespace {self.namespace}",
-                404: f"create namespace {self.namespace} or set ipam.kubernetes.namespace"}
-        return CNIError(IO_FAILURE, f"Kubernetes API refused {what}: HTTP {resp.status} {_message(resp)}".rstrip(),
-                        hint.get(resp.status, "see the API server's message"))
-
-    def _claims_selector(self) -> str:
-        """Every claim of the domain (old-version claims carry no kind label: != keeps them)."""
-        return f"{L_DOMAIN}={self.dhash},{L_KIND}!={KIND_BLOCK}"
-
-    def _selector(self, **extra: str) -> str:
-        labels = {L_DOMAIN: self.dhash, **extra}
-        return ",".join(f"{k}={v}" for k, v in labels.items())
-
-    def _pages(self, selector: str, deadline: float, what: str, limit: int = LIST_PAGE) -> Iterator[Optional[list[Any]]]:
-        """The selected Leases, one page (``limit``, default ``LIST_PAGE``) at a time: a List never holds more than a
-        page of documents in memory. A continue token that expired (410) restarts the List: None
-        is yielded then, and what was gathered so far must be dropped."""
-        cont, restarts = "", 0
-        while True:
-            query = [("labelSelector", selector), ("limit", str(limit))]
-            if cont:
-                query.append(("continue", cont))
-            resp, _ = self._call("GET", self.path, what, deadline, query=query)
-            if resp.status == 410 and cont and restarts < 3:
-                log.info("%s: the continue token expired (HTTP 410): listing again from the start", what)
-                self.calls["relist"] = self.calls.get("relist", 0) + 1
-                cont, restarts = "", restarts + 1
-                yield None
-                continue
-            if resp.status != 200 or not isinstance(resp.doc, dict):
-                raise self._refused(resp, what)
-            yield resp.doc.get("items") or []
-            cont = (resp.doc.get("metadata") or {}).get("continue") or ""
-            if not cont:
-                return
-
-    def _list_all(self, selector: str, deadline: float, what: str, limit: int = LIST_PAGE,
-                  pods: Optional[dict[str, tuple[str, str, str]]] = None) -> tuple[list[Claim], list[Block]]:
-        """The selected claims and blocks; ``pods``, when given, gets each claim's pod (namespace,
-        name, UID from its annotations, "" where absent) by Lease name."""
-        claims: dict[str, Claim] = {}
-        blocks: dict[str, Block] = {}
-        for page in self._pages(selector, deadline, what, limit):
-            if page is None:
-                claims.clear()
-                blocks.clear()
-                continue
-            for item in page:
-                got = parse_lease(item, self.dhash)
-                if isinstance(got, Claim):
-                    claims[got.name] = got
-                    if pods is not None:
-                        notes = (item.get("metadata") or {}).get("annotations") or {}
-                        pods[got.name] = tuple(str(notes.get(f"{GROUP}/pod-{k}") or "") for k in ("namespace", "name", "uid"))
-                    got = got.as_block()  # a block record: the block too
-                if isinstance(got, Block):
-                    blocks[got.name] = got
-        return list(claims.values()), list(blocks.values())
-
-    def _list(self, selector: str, deadline: float, what: str) -> list[Claim]:
-        return self._fold(selector, deadline, what, list, list.append)
-
-    def _fold(self, selector: str, deadline: float, what: str, start: Callable[[], _T],
-              add: Callable[[_T, Claim], Any]) -> _T:
-        """``add(acc, claim)`` for each claim the selector matches, ``acc`` made by ``start()``;
-        the List is paginated (``limit=LIST_PAGE``) and parsed page by page, so only one page's
-        JSON is held at once whatever the domain's size. A continue token that expired (410:
-        the server compacted the List's snapshot) starts the List over with a fresh ``acc``;
-        every attempt stays within the verb's deadline."""
-        acc, cont = start(), ""
-        while True:
-            query = [("labelSelector", selector), ("limit", str(LIST_PAGE))]
-            if cont:
-                query.append(("continue", cont))
-            resp, _ = self._call("GET", self.path, what, deadline, query=query)
-            if resp.status == 410 and cont:
-                log.info("%s: the continue token expired (HTTP 410): listing again from the start", what)
-                self.calls["relist"] = self.calls.get("relist", 0) + 1
-                acc, cont = start(), ""
-                continue
-            if resp.status != 200 or not isinstance(resp.doc, dict):
-                raise self._refused(resp, what)
-            for item in resp.doc.get("items") or []:
-                claim = self._parse(item)
-                if claim is not None:
-                    add(acc, claim)
-            cont = (resp.doc.get("metadata") or {}).get("continue") or ""
-            if not isinstance(cont, str) or not cont:
-                return acc
-
-    def _scan_domain(self, deadline: float) -> DomainScan:
-        """The domain's claims, folded page by page from one paginated List (kept as ints)."""
-        return self._fold(self._claims_selector(), deadline, f"list leases of domain {self.domain}",
-                          lambda: DomainScan(None, set()), DomainScan.add)
-
-    def _parse(self, item: Any) -> Optional[Claim]:
-        return parse_claim(item, self.dhash)
-
-    def _get(self, name: str, deadline: float, expected_uid: str = "") -> Optional[Claim]:
-        """The Lease as it is now (None: there is none). ``expected_uid``: the UID the caller
-        knew the name by, which a 404 proves gone (the cache forgets only that one)."""
-        resp, _ = self._call("GET", f"{self.path}/{name}", f"get lease {name}", deadline)
-        if resp.status == 404:
-            if self.cache is not None:
-                self.cache.absent(name, expected_uid)
-            return None
-        if resp.status != 200:
-            raise self._refused(resp, f"get lease {name}")
-        claim = self._parse(resp.doc)
-        if claim is not None and self.cache is not None:
-            self.cache.observed(claim)
-        return claim
-
-    def _body(self, ip: IPAddress, attachment: Attachment, network: str, rs: RangeSet) -> dict:
-        r = rs.range_of(ip)
-        labels = {L_DOMAIN: self.dhash, L_NETWORK: label_value(network), L_NODE: label_value(self.node),
-                  L_ATTACHMENT: attachment_hash(attachment)}
-        if r is not None:
-            size = self._size(r)
-            labels[L_BLOCK] = block_id(r.address(block_first(r.subnet, int(ip), size)), size)
-        notes = {"ipam-domain": self.domain, "network": network, "range": str(r.subnet) if r else "", "ip": str(ip),
-                 "container-id": attachment.container_id, "ifname": attachment.ifname, "node": self.node,
-                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-        if self.pod.uid:
-            labels[L_POD_UID] = label_value(self.pod.uid)
-            notes["pod-uid"] = self.pod.uid
-        if self.pod.namespace:
-            notes["pod-namespace"] = self.pod.namespace
-        if self.pod.name:
-            notes["pod-name"] = self.pod.name
-        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                "metadata": {"name": lease_name(self.dhash, ip), "namespace": self.namespace, "labels": labels,
-                             "annotations": {f"{GROUP}/{k}": v for k, v in notes.items()}},
-                "spec": {"holderIdentity": holder_of(attachment), "acquireTime": _now_micro()}}
-
-    def _create(self, ip: IPAddress, attachment: Attachment, network: str, rs: RangeSet,
-                deadline: float, record: Optional[tuple[Any, int]] = None) -> Optional[Claim]:
-        """Our new claim on ``ip``, or None when another attachment holds it. ``record``: (range,
-        first address) of the block this claim is made the record of (this node acquires it)."""
-        body = self._body(ip, attachment, network, rs)
-        if record is not None:
-            self._record_body(body, self.node, record[0], record[1])
-        name = body["metadata"]["name"]
-        ambiguous = False
-        for _ in range(3):
-            try:
-                resp, retried = self._call("POST", self.path, f"create lease {name}", deadline, body=body)
-            except CNIError:
-                self._uncertain.append(name)  # an attempt may have reached the server: rollback checks
-                raise
-            if resp.status in (200, 201):
-                claim = self._parse(resp.doc)
-                if claim is None:
-                    raise CNIError(IO_FAILURE, f"Kubernetes API answered the create of lease {name} with an unreadable object",
-                                   "check that the API server (or a proxy) returns the created object")
-                if self.cache is not None:
-                    self.cache.created(claim)  # a repeat ADD in this process sees it before the watch does
-                return claim
-            if resp.status != 409:
-                raise self._refused(resp, f"create lease {name}")
-            if not retried:
-                if self.cache is not None:
-                    self.cache.taken(name, ip)
-                return None
-            # An earlier attempt may have created it before its answer was lost: read it back.
-            current = self._get(name, deadline)
-            if current is None:
-                ambiguous = True  # an attempt that timed out may still be served later
-                continue  # deleted meanwhile: try the create again
-            return current if current.attachment == attachment else None
-        if ambiguous:
-            self._uncertain.append(name)  # checked before the ADD returns (:meth:`_sweep_uncertain`)
-        return None
-
-    def _delete(self, claim: Claim, deadline: float) -> bool:
-        """Delete ``claim`` only while it still names its attachment; True when we removed it."""
-        return self._remove(claim, deadline) is not None
-
-    def _remove(self, claim: Claim, deadline: float) -> Optional[Claim]:
-        """:meth:`_delete`, answering the version of the claim that was deleted (None: not by us).
-        A block record is not deleted but updated to name no attachment (its block stays held):
-        the answer is then the record as freed."""
-        if claim.block:
-            return self._free_record(claim, deadline)
-        current = claim
-        for _ in range(4):
-            body = {"apiVersion": "v1", "kind": "DeleteOptions",
-                    "preconditions": {"uid": current.uid, "resourceVersion": current.resource_version}}
-            resp, retried = self._call("DELETE", f"{self.path}/{current.name}", f"delete lease {current.name}",
-                                       deadline, body=body)
-            if resp.status in (200, 202):
-                if self.cache is not None:
-                    self.cache.deleted(current)
-                return current
-            if resp.status == 404:
-                if self.cache is not None:
-                    if retried:
-                        self.cache.deleted(current)
-                    else:
-                        self.cache.absent(current.name, current.uid)
-                return current if retried else None  # gone: by our own earlier attempt when we retried, else by someone else
-            if resp.status != 409:
-                raise self._refused(resp, f"delete lease {current.name}")
-            # Precondition failed: re-read. Delete again only while it still names the same attachment.
-            fresh = self._get(current.name, deadline, current.uid)
-            if fresh is None or fresh.attachment != claim.attachment:
-                log.info("lease %s was re-made for %s: left alone", current.name, fresh.attachment if fresh else "nobody")
-                return None
-            current = fresh
-        raise CNIError(TRY_AGAIN_LATER, f"lease {claim.name} kept changing while being deleted", "retry the DEL")
-
     # -- allocate -------------------------------------------------------------------------------
-
-    def _start(self, rs: RangeSet, latest: Mapping[str, Claim]) -> Optional[IPAddress]:
-        """The round-robin cursor of a range set: the address of the domain's most recently made
-        claim in one of its ranges (None: no claim yet, start at the lowest). The next candidate
-        is the first free address after it, so a just-freed address is not handed out again
-        until the range has been gone round, whichever node freed it."""
-        found = [latest[str(r.subnet)] for r in rs.ranges if str(r.subnet) in latest]
-        if not found:
-            return None
-        return max(found, key=lambda c: (c.time, int(c.ip))).ip
 
     def allocate(self, attachment: Attachment, network: str, range_sets: Sequence[RangeSet],
                  requested: Mapping[int, IPAddress]) -> list[IPAddress]:
-        deadline = self._deadline()
+        deadline = self.leases.deadline()
         cache = self._synced_cache(deadline)
         if cache is not None:
             with self._holding(cache, attachment, deadline):
@@ -607,14 +215,14 @@ class KubeStore(NodeBlocks, Store):
         hint = self._hint_cache()
         if hint is not None:
             with self._holding(hint, attachment, deadline):
-                mine = self._attachment_claims(attachment, deadline)
+                mine = self.leases.attachment_claims(attachment, deadline)
                 return self._allocate(attachment, network, range_sets, requested, deadline, mine, {4: [], 6: []},
                                       hint.blocks(), hint, hint.latest(), settle=False)
         # Without a watch cache: this node's own claims and blocks, never the domain's; the List
         # is paginated and folded page by page (used ints, the attachment's claims, the cursor).
         scan, blocks = DomainScan(attachment, set()), []
-        for page in self._pages(node_selector(self.dhash, self.node), deadline,
-                                f"list leases of domain {self.domain} on node {self.node}"):
+        for page in self.leases.pages(node_selector(self.dhash, self.node), deadline,
+                                      f"list leases of domain {self.domain} on node {self.node}"):
             if page is None:
                 scan, blocks = DomainScan(attachment, set()), []
                 continue
@@ -638,11 +246,11 @@ class KubeStore(NodeBlocks, Store):
         up then (:meth:`_settle`)."""
         mine = []
         for c in cache.claims_of(attachment):
-            fresh = self._get(c.name, deadline, c.uid)
+            fresh = self.leases.get(c.name, deadline, c.uid)
             if fresh is not None and fresh.attachment == attachment:
                 mine.append(fresh)
         # ``used`` starts empty: the candidate search reads the cache's used addresses within the
-        # blocks it searches (:meth:`_next`), never a copy of every claim of the node.
+        # blocks it searches (:func:`.candidates.next_candidate`), never a copy of every claim of the node.
         return self._allocate(attachment, network, range_sets, requested, deadline, mine, {4: [], 6: []},
                               cache.blocks(), cache, cache.latest())
 
@@ -669,7 +277,7 @@ class KubeStore(NodeBlocks, Store):
                     if new:
                         created.append(claim)
                 else:
-                    claim = self._pick(rs, attachment, network, used[rs.family], deadline, self._start(rs, latest),
+                    claim = self._pick(rs, attachment, network, used[rs.family], deadline, round_robin_start(rs, latest),
                                        blocks, cache)
                     created.append(claim)
                 plan[rs.index] = claim.ip
@@ -681,7 +289,7 @@ class KubeStore(NodeBlocks, Store):
         self._sweep_uncertain(attachment, set(plan.values()), deadline)
         for c in spare:
             try:
-                self._delete(c, deadline)
+                self.leases.delete(c, deadline)
             except CNIError as err:
                 log.warning("could not free %s (outside the configured ranges) of %s: %s", c.ip, attachment, err.msg)
         return [plan[rs.index] for rs in range_sets]
@@ -696,23 +304,23 @@ class KubeStore(NodeBlocks, Store):
         attachment (a claim made by another process) is adopted."""
         claim = None
         holder = by_ip.get(want)
-        wb = self._whereabouts_holder(want, rs, deadline) if holder is None else None
+        wb = self.leases.whereabouts_holder(want, rs, deadline) if holder is None else None
         if wb is not None:
             raise CNIError(ADDRESS_UNAVAILABLE, f"requested address {want} is held by {wb}",
                            "request a free address, or DEL the pod that whereabouts gave it to")
         if holder is None:
-            claim = self._create(want, attachment, network, rs, deadline)
+            claim = self.leases.create(want, attachment, network, rs, deadline)
             if claim is not None:
                 return claim, True
-            holder = self._get(lease_name(self.dhash, want), deadline)
+            holder = self.leases.get(lease_name(self.dhash, want), deadline)
             if cached and holder is not None and holder.attachment == attachment:
                 return holder, False
         record = holder.as_block() if holder is not None and holder.free else None
         if record is not None:  # a free block record: nothing holds the address, taken by an update
-            claim = self._take_record(record, attachment, network, rs, deadline)
+            claim = self.leases.take_record(record, attachment, network, rs, deadline)
             if claim is not None:
                 return claim, True
-            holder = self._get(lease_name(self.dhash, want), deadline)
+            holder = self.leases.get(lease_name(self.dhash, want), deadline)
         who = holder.attachment if holder is not None else None
         raise CNIError(ADDRESS_UNAVAILABLE, f"requested address {want} is already reserved by {who or 'another attachment'}",
                        "request a free address, or DEL the attachment that holds it")
@@ -739,7 +347,7 @@ class KubeStore(NodeBlocks, Store):
             log.info("the watch of %s did not deliver our claims within %.2f s: listing %s's claims",
                      self.domain, budget, attachment)
             cache.suspect()
-            held = self._attachment_claims(attachment, deadline)
+            held = self.leases.attachment_claims(attachment, deadline)
         new = {c.name for c in created}
         for c in list(created):
             rs = next((rs for rs in range_sets if plan.get(rs.index) == c.ip), None)
@@ -750,7 +358,7 @@ class KubeStore(NodeBlocks, Store):
                              and rs.range_of(h.ip) is not None), key=lambda h: (h.ip.version, h.ip))
             keep = None
             for other in others:  # the cache's word is a hint: only a claim read back just now is returned
-                fresh = self._get(other.name, deadline, other.uid)
+                fresh = self.leases.get(other.name, deadline, other.uid)
                 if fresh is not None and fresh.attachment == attachment:
                     keep = fresh
                     break
@@ -758,7 +366,7 @@ class KubeStore(NodeBlocks, Store):
                 continue
             log.info("%s already holds %s in %s (claimed by another process): returning it, freeing %s",
                      attachment, keep.ip, rs.describe(), c.ip)
-            self._delete(c, deadline)
+            self.leases.delete(c, deadline)
             created.remove(c)
             plan[rs.index] = keep.ip
 
@@ -781,9 +389,9 @@ class KubeStore(NodeBlocks, Store):
                         if fresh:
                             blocks.extend(fresh)
                             continue
-                    claim = self._acquire_block(rs, blocks, deadline, cache, attachment, network)
+                    claim = self.blocks.acquire(rs, blocks, deadline, cache, attachment, network)
                 if claim is None:
-                    return self._borrow(rs, attachment, network, used, blocks, deadline)
+                    return self.blocks.borrow(rs, attachment, network, blocks, deadline)
                 block = claim.as_block()
                 if block is not None:
                     blocks.append(block)
@@ -794,13 +402,13 @@ class KubeStore(NodeBlocks, Store):
             record = next((b for b in near if b.record_ip == ip and b.node == self.node), None)
             try:
                 if record is not None:  # our block's record, free: take it back by an update
-                    claim = self._take_record(record, attachment, network, rs, deadline)
+                    claim = self.leases.take_record(record, attachment, network, rs, deadline)
                 else:
-                    held_by = self._whereabouts_holder(ip, rs, deadline)
-                    claim = self._create(ip, attachment, network, rs, deadline) if held_by is None else None
+                    held_by = self.leases.whereabouts_holder(ip, rs, deadline)
+                    claim = self.leases.create(ip, attachment, network, rs, deadline) if held_by is None else None
             finally:
-                if self.cache is not None:
-                    self.cache.done(rs.family, candidate)  # written through by now (created or taken)
+                if self.leases.cache is not None:
+                    self.leases.cache.done(rs.family, candidate)  # written through by now (created or taken)
             insort(used, candidate)
             if claim is not None:
                 return claim
@@ -816,13 +424,13 @@ class KubeStore(NodeBlocks, Store):
         address may be in a block the window left out), in all of them: the same address either
         way."""
         if cache is None:
-            own = self._own(rs, blocks)
-            return (self._next(own, used, cursor, 0) if own is not None else None), own
+            own = self.blocks.own(rs, blocks)
+            return (next_candidate(self.leases.cache, own, used, cursor, 0) if own is not None else None), own
         start = int(cursor) if cursor is not None and cursor.version == rs.family else None
         window, every = cache.open_window(rs.family, start, len(cache.pending(rs.family)) + SEARCH_WINDOW)
         for wide in (False, True):
-            own = self._own(rs, self._searched_blocks(cache, cursor, None if wide else window))
-            candidate = self._next(own, used, cursor, 0) if own is not None else None
+            own = self.blocks.own(rs, self._searched_blocks(cache, cursor, None if wide else window))
+            candidate = next_candidate(self.leases.cache, own, used, cursor, 0) if own is not None else None
             if wide or every or (candidate is not None and (start is None or candidate > start)):
                 return candidate, own
             if candidate is not None:
@@ -842,82 +450,22 @@ class KubeStore(NodeBlocks, Store):
             found += [b for b in cache.blocks_at(cursor.version, int(cursor)) if b not in found]
         return found
 
-    # -- blocks ---------------------------------------------------------------------------------
-
-    def _skip(self, rs: RangeSet) -> int:
-        """How many free addresses after the domain's cursor a borrowing node passes over for its
-        first candidate: nodes borrowing at the same instant share the cursor; each starts a few
-        free addresses further, by a count of its own (below ``NODE_WINDOW``, at most 1/16 of
-        the range set), so that they seldom aim at the same address. Range sets of fewer than
-        32 addresses keep the exact order."""
-        window = min(NODE_WINDOW, sum(r.end - r.start + 1 for r in rs.ranges) // 16)
-        if window <= 1:
-            return 0
-        return int.from_bytes(hashlib.sha256(f"{self.node}\0{rs.index}".encode()).digest()[:8], "big") % window
-
-    def _next(self, rs: RangeSet, used: list[int], cursor: Optional[IPAddress], skip: int,
-              listed: bool = False) -> Optional[int]:
-        """The ``skip``-th free address after the cursor (fewer when the range runs out: never one
-        twice). In a process with a watch cache (the daemon) the ADDs running at once all start
-        from the same cursor: each passes over the candidates the others are creating right now
-        (:meth:`LeaseCache.choose`), so they do not meet in 409s."""
-
-        def advance() -> Optional[int]:
-            candidate = first = rs.next_free(used, cursor)
-            for _ in range(skip):
-                if candidate is None:
-                    break
-                following = rs.next_free(used, rs.ranges[0].address(candidate))
-                if following is None or following == first:
-                    break
-                candidate = following
-            return candidate
-
-        if self.cache is None:
-            return advance()
-
-        cache = self.cache
-
-        def choose(pending: Sequence[int]) -> Optional[int]:
-            # The creates in flight and what the cache shows held within ``rs`` (read now, under
-            # the lock that orders the picks of this process: only the addresses of the blocks
-            # searched, O(log n) each) are not candidates. ``listed``: ``used`` comes from a List
-            # just made, fresher than the cache (which may lag).
-            fresh = pending if listed else cache.used_within(rs.family, [(r.start, r.end) for r in rs.ranges])
-            for value in fresh:
-                i = bisect_left(used, value)
-                if i == len(used) or used[i] != value:
-                    used.insert(i, value)
-            return advance()
-
-        return cache.choose(rs.family, choose)
-
-    def _whereabouts_holder(self, ip: IPAddress, rs: RangeSet, deadline: float) -> Optional[str]:
-        """Which of whereabouts' objects holds ``ip`` (None: none, or the check is off)."""
-        if self.whereabouts is None:
-            return None
-        if self._wb is None:
-            self._wb = WhereaboutsView(self.whereabouts_namespace, self.whereabouts,
-                                       lambda path, what: self._call("GET", path, what, deadline)[0])
-        holder = self._wb.holder(ip, rs.range_of(ip))
-        if holder is not None:
-            log.info("%s is held by %s (a pod whereabouts served): next candidate", ip, holder)
-        return holder
+    # -- what a failed or uncertain ADD leaves ----------------------------------------------------
 
     def _sweep_uncertain(self, attachment: Attachment, kept: set, deadline: float) -> None:
         """A successful ADD passed over candidates whose create had no clear answer (a timed-out
         attempt the server may have served after all): one that turns out to be this
         attachment's is deleted, so the attachment holds only what the ADD returns. (One the
         server serves later still is a claim of the attachment: its DEL, or GC, frees it.)"""
-        uncertain, self._uncertain = self._uncertain, []
+        uncertain, self.leases.uncertain = self.leases.uncertain, []
         for name in uncertain:
             if ip_of_name(name, self.dhash) in kept:
                 continue
             try:
-                c = self._get(name, deadline)
+                c = self.leases.get(name, deadline)
                 if c is not None and c.attachment == attachment:
                     log.info("a create of %s for %s that had no answer was served after all: freeing it", c.ip, attachment)
-                    self._delete(c, deadline)
+                    self.leases.delete(c, deadline)
             except CNIError as err:
                 log.warning("could not check lease %s of %s (its DEL or GC frees it): %s", name, attachment, err.msg)
 
@@ -927,46 +475,42 @@ class KubeStore(NodeBlocks, Store):
         ADD answers 11 within ``timeout_seconds`` + that grace). What it cannot delete stays
         a claim of the attachment: the runtime's DEL after the failed ADD, CNI GC and the
         reconciler free it."""
-        uncertain, self._uncertain = self._uncertain, []
+        uncertain, self.leases.uncertain = self.leases.uncertain, []
         if not created and not uncertain:
             return
         deadline = max(deadline, time.monotonic() + _ROLLBACK_GRACE)
         for c in created:
             try:
-                self._delete(c, deadline)
+                self.leases.delete(c, deadline)
             except CNIError as err:
                 log.warning("rollback of failed ADD could not delete lease %s (GC frees it later): %s", c.name, err.msg)
         for name in uncertain:
             try:
-                c = self._get(name, deadline)
+                c = self.leases.get(name, deadline)
                 if c is not None and c.attachment == attachment:
-                    self._delete(c, deadline)
+                    self.leases.delete(c, deadline)
             except CNIError as err:
                 log.warning("rollback of failed ADD could not check lease %s (GC frees it later): %s", name, err.msg)
 
     # -- release / find / list ------------------------------------------------------------------
 
-    def _attachment_claims(self, attachment: Attachment, deadline: float) -> list[Claim]:
-        selector = self._selector(**{L_ATTACHMENT: attachment_hash(attachment)})
-        claims = self._list(selector, deadline, f"list leases of {attachment}")
-        if self.cache is not None:
-            for c in claims:
-                self.cache.observed(c)
-        return sorted((c for c in claims if c.attachment == attachment), key=lambda c: (c.ip.version, c.ip))
-
     def release(self, attachment: Attachment) -> list[IPAddress]:
-        deadline = self._deadline()
+        deadline = self.leases.deadline()
         cache = self._synced_cache(deadline)
         if cache is None:
             hint = self._hint_cache()
             if hint is None:
-                return [c.ip for c in self._attachment_claims(attachment, deadline) if self._delete(c, deadline)]
+                return self._release_listed(attachment, deadline)
             with self._holding(hint, attachment, deadline):
-                return [c.ip for c in self._attachment_claims(attachment, deadline) if self._delete(c, deadline)]
+                return self._release_listed(attachment, deadline)
         with self._holding(cache, attachment, deadline):
             freed = self._release_cached(cache, attachment, deadline)
-        self._release_idle_blocks(cache, deadline)
+        self.blocks.release_idle(cache, deadline)
         return freed
+
+    def _release_listed(self, attachment: Attachment, deadline: float) -> list[IPAddress]:
+        """DEL from a label-selected List of the attachment's claims (no cache, or it shows none)."""
+        return [c.ip for c in self.leases.attachment_claims(attachment, deadline) if self.leases.delete(c, deadline)]
 
     def _release_cached(self, cache: LeaseCache, attachment: Attachment, deadline: float) -> list[IPAddress]:
         """DEL from the watch cache: the claims it shows are deleted with their uid and
@@ -977,8 +521,8 @@ class KubeStore(NodeBlocks, Store):
         attachment holds that the cache had not seen (made by another process) is freed too."""
         claims = sorted(cache.claims_of(attachment), key=lambda c: (c.ip.version, c.ip))
         if not claims:
-            return [c.ip for c in self._attachment_claims(attachment, deadline) if self._delete(c, deadline)]
-        gone = [g for g in (self._remove(c, deadline) for c in claims) if g is not None]
+            return self._release_listed(attachment, deadline)
+        gone = [g for g in (self.leases.remove(c, deadline) for c in claims) if g is not None]
         freed = [g.ip for g in gone]
         budget = min(cache.settings.echo_budget, max(0.0, deadline - time.monotonic()))
         end = time.monotonic() + budget
@@ -991,8 +535,8 @@ class KubeStore(NodeBlocks, Store):
             log.info("the watch of %s did not deliver our deletes within %.2f s: listing %s's claims",
                      self.domain, budget, attachment)
             cache.suspect()
-            rest = self._attachment_claims(attachment, deadline)
-        freed += [c.ip for c in rest if self._delete(c, deadline)]
+            rest = self.leases.attachment_claims(attachment, deadline)
+        freed += [c.ip for c in rest if self.leases.delete(c, deadline)]
         return freed
 
     # -- the watch cache ------------------------------------------------------------------------
@@ -1003,7 +547,7 @@ class KubeStore(NodeBlocks, Store):
         if self._cache_source is None:
             return None
         cache = self._cache_source(True)
-        self.cache = cache
+        self.leases.cache = cache
         if cache is None:
             return None
         budget = min(cache.settings.sync_budget, max(0.0, deadline - time.monotonic()))
@@ -1015,7 +559,7 @@ class KubeStore(NodeBlocks, Store):
         state: a hint for candidates, never an answer (the create decides; the attachment's
         own claims come from a List of that one attachment). So a slow API server does not get
         a List of the whole domain per ADD, exactly when it is slow."""
-        cache = self.cache
+        cache = self.leases.cache
         return cache if cache is not None and cache.has_state() else None
 
     @contextmanager
@@ -1031,7 +575,7 @@ class KubeStore(NodeBlocks, Store):
             lock.release()
 
     def find(self, attachment: Attachment) -> Optional[Reservation]:
-        claims = self._attachment_claims(attachment, self._deadline())
+        claims = self.leases.attachment_claims(attachment, self.leases.deadline())
         if not claims:
             return None
         when = min((c.time for c in claims if c.time), default=None)
@@ -1039,7 +583,8 @@ class KubeStore(NodeBlocks, Store):
                            when.isoformat(timespec="seconds") if when else "")
 
     def list(self) -> list[Reservation]:
-        claims = self._list(self._claims_selector(), self._deadline(), f"list leases of domain {self.domain}")
+        claims = self.leases.list_claims(self.leases.claims_selector(), self.leases.deadline(),
+                                         f"list leases of domain {self.domain}")
         return _group(claims)
 
     # -- gc / status ----------------------------------------------------------------------------
@@ -1052,10 +597,10 @@ class KubeStore(NodeBlocks, Store):
         pod (podman, cnitool) has only the runtime to speak for it: freed once older than the
         grace by the API server's clock. Then this node's blocks that hold none of its claims
         and are older than ``block_release`` are released."""
-        from ..reconcile import FREED, NO_POD, ApiError, KubeAPI, KubeTarget, reconcile_target
+        from ..reconcile import FREED, KubeAPI, KubeTarget, reconcile_target
 
-        deadline = self._deadline()
-        target = KubeTarget(KubeAPI(self.transport, self.request_timeout), self.namespace, self.domain,
+        deadline = self.leases.deadline()
+        target = KubeTarget(KubeAPI(self.leases.transport, self.leases.request_timeout), self.namespace, self.domain,
                             node_selector(self.dhash, self.node), self.node)
 
         def judged(c) -> bool:
@@ -1063,8 +608,21 @@ class KubeStore(NodeBlocks, Store):
 
         outcome = reconcile_target(target, grace_seconds=self.gc_grace, misses=self.gc_misses, only=judged,
                                    freed_by=telemetry.CNI_GC)
+        freed = [a.claim for a in outcome.actions if a.action == FREED] + self._free_podless(target, outcome, network)
+        gone = {c.name for c in freed}
+        claims, blocks = self.leases.list_all(node_selector(self.dhash, self.node), deadline,
+                                              f"list leases of {network} on node {self.node}")
+        self.blocks.release_empty(blocks, sorted(int(c.ip) for c in claims if not c.free and c.name not in gone),
+                                  deadline)
+        return _group_freed(freed)
+
+    def _free_podless(self, target: Any, outcome: Any, network: str) -> list[Any]:
+        """The claims of the GC's ``outcome`` that have no pod (podman, cnitool) and are older than
+        the grace by the API server's clock, freed: the runtime's word is all there is."""
+        from ..reconcile import NO_POD, ApiError
+
         now = target.api.server_time
-        freed = [a.claim for a in outcome.actions if a.action == FREED]
+        freed = []
         for a in outcome.actions:
             c = a.claim
             if a.action != NO_POD or now is None or c.created is None:
@@ -1082,17 +640,7 @@ class KubeStore(NodeBlocks, Store):
             telemetry.freed(telemetry.Freed(telemetry.CNI_GC, c.address or c.name, c.network, c.container_id, c.ifname,
                                             c.pod_namespace, c.pod_name, c.pod_uid, self.node,
                                             f"not in {network}'s cni.dev/valid-attachments, no pod to ask about"))
-        gone = {c.name for c in freed}
-        claims, blocks = self._list_all(node_selector(self.dhash, self.node), deadline,
-                                        f"list leases of {network} on node {self.node}")
-        values = sorted(int(c.ip) for c in claims if not c.free and c.name not in gone)
-        wall = datetime.now(timezone.utc)
-        for b in blocks:
-            if b.node != self.node or b.planned or _any_within(values, int(b.ip), b.last):
-                continue
-            if b.time is not None and (wall - b.time).total_seconds() >= self.block_release:
-                self._drop_block(b, deadline)
-        return _group_freed(freed)
+        return freed
 
     def status(self, range_sets: Sequence[RangeSet]) -> list[int]:
         """Free addresses per range set as this node sees them, never from a List of the domain
@@ -1108,7 +656,7 @@ class KubeStore(NodeBlocks, Store):
             now = time.monotonic()
             free = []
             for rs in range_sets:
-                own = self._own(rs, blocks)
+                own = self.blocks.own(rs, blocks)
                 count = own.count_free(cache.used_within(rs.family, [(r.start, r.end) for r in own.ranges],
                                                          pending=False)) if own is not None else 0
                 exhausted = cache.notes.get(("exhausted", rs.index), -1e9) + EXHAUSTED_SECONDS >= now
@@ -1118,8 +666,8 @@ class KubeStore(NodeBlocks, Store):
             if None not in free:
                 return free
         try:
-            claims, _ = self._list_all(node_selector(self.dhash, self.node), self._deadline(),
-                                       f"list leases of domain {self.domain} on node {self.node}")
+            claims, _ = self.leases.list_all(node_selector(self.dhash, self.node), self.leases.deadline(),
+                                             f"list leases of domain {self.domain} on node {self.node}")
         except CNIError as err:
             raise CNIError(NOT_AVAILABLE, f"lease-ipam cannot reach its Lease store: {err.msg}", err.details) from None
         used: dict[int, list[int]] = {4: [], 6: []}
@@ -1144,7 +692,7 @@ class KubeStore(NodeBlocks, Store):
         for rs in range_sets:
             used.append(sum(bisect_right(claimed, (rs.family, r.end)) - bisect_left(claimed, (rs.family, r.start))
                             for r in rs.ranges))
-            own = self._own(rs, blocks)
+            own = self.blocks.own(rs, blocks)
             free.append(own.count_free(cache.used_within(rs.family, [(r.start, r.end) for r in own.ranges], pending=False))
                         if own is not None else 0)
         return Usage(tuple(used), tuple(free), len({b.id for b in blocks}))
@@ -1176,22 +724,3 @@ def _group(claims: Sequence[Claim]) -> list[Reservation]:
     return out
 
 
-def _message(resp: Response) -> str:
-    if isinstance(resp.doc, dict) and isinstance(resp.doc.get("message"), str):
-        return resp.doc["message"]
-    return ""
-
-
-def _retry_after(resp: Response) -> Optional[float]:
-    value = None
-    try:
-        value = resp.headers.get("Retry-After")
-    except AttributeError:
-        pass
-    if value is None:
-        return None
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        return None
-    return seconds if seconds >= 0 else None

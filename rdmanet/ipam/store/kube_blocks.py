@@ -1,57 +1,50 @@
-"""Node blocks of lease-ipam's Kubernetes store (issue 17; docs/lease-ipam.md "Node blocks").
+"""How a node acquires, borrows from and releases its blocks of lease-ipam's Kubernetes store
+(docs/lease-ipam.md "Node blocks"); the records and their arithmetic are :mod:`.block_records`.
 
-A block is an aligned run of ``block_size`` addresses of a range that one node has affinity to.
-Its **record** is the claim Lease of the block's first usable address (``lip-<domain hash>-<ip>``,
-labelled ``rdmanet.io/block-owner=<node>``): the ADD that needs a block creates it as its own
-claim, so acquiring a block costs no request beyond that claim, and a 409 on it means "taken" (a
-record, or a claim of that address by a borrower or an old-version node). A DEL of that address
-updates the record to name no attachment ("free, block held"); an ADD takes it back by an update;
-both carry the resourceVersion as precondition. Only an empty block's release deletes it.
-Every other address is claimed by its own Lease, whose create is the only arbiter, so two nodes
-that both believe they hold a block never share an address.
+The ADD that needs a block creates the block's record as its own claim, so acquiring a block
+costs no request beyond that claim, and a 409 on it means "taken" (a record, or a claim of that
+address by a borrower or an old-version node). A DEL of that address updates the record to name
+no attachment ("free, block held"); an ADD takes it back by an update; both carry the
+resourceVersion as precondition. Only an empty block's release deletes it. Every other address
+is claimed by its own Lease, whose create is the only arbiter, so two nodes that both believe
+they hold a block never share an address.
 
-Block Leases of the first block design (``lipb-<domain hash>-<first>-<size>``) are still read as
-a node's held blocks (and released when empty), never made.
-
-:class:`NodeBlocks` is the part of :class:`rdmanet.ipam.store.kube.KubeStore` that finds a node's blocks
-in a range set, acquires one (the block after its newest, the free blocks a List showed, its
-hashed positions, then Lists of one group's records, at most ``BLOCK_GROUP`` Leases (eight groups
-in a crowded pool), and when
-those show none free one paginated List of every record of the domain), borrows in other nodes'
-blocks when every block is held (one block's claims per List), and releases a node's empty blocks after
-``block_release_seconds``. It relies on the store's requests (``_call``, ``_list``, ``_list_all``),
-claim creation (``_create``, ``_body``, ``_get``) and candidate walk (``_start``, ``_skip``, ``_next``).
+:class:`NodeBlocks` is the store's collaborator for one node's blocks of one domain: it tells the
+node's blocks in a range set apart (:meth:`NodeBlocks.own`), acquires one (the block after its
+newest, the free blocks a List showed, its hashed positions, then Lists of one group's records,
+at most ``BLOCK_GROUP`` Leases (eight groups in a crowded pool), and when those show none free
+one paginated List of every record of the domain), borrows in other nodes' blocks when every
+block is held (one block's claims per List), and releases a node's empty blocks after
+``block_release_seconds``. Its requests and writes are the domain's :class:`.domain_leases.DomainLeases`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import logging
 import time
 from bisect import bisect_left, insort
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
-from rdmanet.cni.core.errors import IO_FAILURE, POOL_EXHAUSTED, CNIError
+from rdmanet.cni.core.errors import POOL_EXHAUSTED, CNIError
 
 from .. import intervals
 from ..ranges import IPAddress, Range, RangeSet
 from .base import Attachment
-from .lease_names import (BLOCK_GROUP, GROUP, L_BLOCK, L_BLOCK_GROUP, L_BLOCK_OWNER, L_DOMAIN, L_NODE, L_PLANNED,
-                          parse_time, block_group_id, block_id, block_of_name, domain_hash, label_value, lease_name,
-                          parse_block_id)
+from .block_records import Block, any_within, block_count, block_position, block_size_in, record_address
+from .candidates import next_candidate, node_skip, round_robin_start
+from .lease_names import BLOCK_GROUP, L_BLOCK, L_BLOCK_GROUP, L_BLOCK_OWNER, L_DOMAIN, block_group_id, block_id, lease_name
 
 if TYPE_CHECKING:
-    from .kube import Claim
+    from .claims import Claim
+    from .domain_leases import DomainLeases
     from .lease_cache import LeaseCache
 
 log = logging.getLogger("rdmanet.ipam")
 _EPOCH = datetime.fromtimestamp(0, timezone.utc)
 
-A_TAKEN = f"{GROUP}/taken-by-update"  # a claim made by taking a free record: its creation time is not the claim's
-DEFAULT_BLOCK_SIZE = {4: 16, 6: 64}  # addresses per block (docs/lease-ipam.md: how to size blocks)
 BLOCK_PROBES = 8  # hashed block positions tried before a group of records is listed
 PROBE_MISSES = 2  # 409s on records before one group's records are listed (a 409 is ~200 B; a group List, <= 64 Leases, tells which are free)
 GROUP_LISTS = 6  # groups of records one acquisition lists before it borrows (a group found full is not listed again for FULL_BLOCK_SECONDS)
@@ -73,129 +66,46 @@ WIDE_GROUPS = 8  # groups one List reads from CROWDED_SHARE on (a group of a cro
 GROUPS_READ = 16  # groups one acquisition reads at most (in at most GROUP_LISTS Lists: two of WIDE_GROUPS) before the read of every record
 
 
-@dataclass(frozen=True)
-class Block:
-    """A node's affinity to ``size`` aligned addresses: where it looks for candidates first.
-    Never a claim of its other addresses: each one's own Lease is the only proof it is taken."""
-
-    name: str  # the record's name (``lip-…``), or a first-design block Lease's (``lipb-…``)
-    ip: IPAddress  # the block's first address (aligned; it may lie outside the usable range)
-    size: int
-    node: str  # the node holding it
-    uid: str
-    resource_version: str
-    time: Optional[datetime]
-    record_ip: Optional[IPAddress] = None  # the address whose claim Lease is the record (None: a ``lipb-`` Lease)
-    planned: bool = False  # given to its node by a plan (``rdmanet ipam plan``): never released for being empty
-    is_block = True
-
-    @property
-    def id(self) -> str:
-        return block_id(self.ip, self.size)
-
-    @property
-    def last(self) -> int:
-        return int(self.ip) + self.size - 1
 
 
-def parse_block(item: Any, dhash: str) -> Optional[Block]:
-    """The block a first-design block Lease (``lipb-``) of domain ``dhash`` records; None for
-    anything else (a block record is a claim: :meth:`rdmanet.ipam.store.kube.Claim.as_block`)."""
-    if not isinstance(item, dict):
-        return None
-    md = item.get("metadata") or {}
-    found = block_of_name(str(md.get("name") or ""), dhash)
-    if found is None:
-        return None
-    spec = item.get("spec") or {}
-    holder = spec.get("holderIdentity")
-    when = parse_time(spec.get("acquireTime")) or parse_time(md.get("creationTimestamp"))
-    return Block(md["name"], found[0], found[1], holder if isinstance(holder, str) else "", str(md.get("uid") or ""),
-                 str(md.get("resourceVersion") or ""), when)
+@dataclass
+class _Acquisition:
+    """What the steps of one ADD's acquisition of a block of ``rs`` share."""
+
+    rs: RangeSet
+    attachment: Attachment
+    network: str
+    deadline: float
+    notes: dict  # the daemon's notes of the range set (a fresh dict in-process)
+    mine: set  # the record names of this node's blocks
+    held: set  # the record names this daemon knows held by other nodes
+    total: int  # blocks of the range set
+    position: int  # the next entry of this node's hashed probe sequence
+    misses: int = 0  # 409s met
 
 
-def record_body(body: dict, owner: str, r: Range, first: int, size: int, planned: bool = False) -> dict:
-    """``body`` (a claim Lease) made the record of the ``size`` block at ``first`` of range ``r``
-    held by ``owner``; ``planned``: labelled as a plan's (its node keeps it while empty). The
-    claim's node label stays the claiming node's: a borrower's claim on another node's record is
-    the borrower's (block ownership is not claim ownership)."""
-    md = body["metadata"]
-    md["labels"].update({L_BLOCK: block_id(r.address(first), size),
-                         L_BLOCK_OWNER: label_value(owner), L_BLOCK_GROUP: block_group_id(r.subnet, first, size)})
-    md["annotations"].update({f"{GROUP}/block-owner": owner, f"{GROUP}/block-size": str(size)})
-    if planned:
-        md["labels"][L_PLANNED] = "true"
-    return body
+@dataclass
+class _BorrowWalk:
+    """Where one borrowing ADD is in this node's hashed sequence of other nodes' blocks."""
 
-
-def free_record_body(namespace: str, domain: str, ip: IPAddress, block: str, subnet: str, owner: str,
-                     planned: bool = False) -> dict:
-    """A record of block ``block`` (its id) whose address ``ip`` is free: no holder, no attachment
-    or pod labels, the block held by ``owner``; ``subnet``: the range it is in, as the claims'
-    ``range`` annotation spells it (its group label comes from it). What a DEL of that address
-    writes, and what a plan creates (``planned``: labelled as a plan's)."""
-    dhash = domain_hash(domain)
-    labels = {L_DOMAIN: dhash, L_NODE: label_value(owner), L_BLOCK: block, L_BLOCK_OWNER: label_value(owner)}
-    notes = {"ipam-domain": domain, "range": subnet, "ip": str(ip), "block-owner": owner,
-             "freed": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    found = parse_block_id(block)
-    if subnet and found is not None:
-        try:
-            labels[L_BLOCK_GROUP] = block_group_id(ipaddress.ip_network(subnet), int(found[0]), found[1])
-            notes["block-size"] = str(found[1])
-        except ValueError:
-            pass
-    if planned:
-        labels[L_PLANNED] = "true"
-    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-            "metadata": {"name": lease_name(dhash, ip), "namespace": namespace, "labels": labels,
-                         "annotations": {f"{GROUP}/{k}": v for k, v in notes.items()}},
-            "spec": {}}
-
-
-def block_size_in(r: Range, block_size: Optional[int]) -> int:
-    """Addresses per block in range ``r`` for the config's ``block_size`` (None: the family's
-    default), never more than its subnet holds."""
-    size = block_size or DEFAULT_BLOCK_SIZE[r.family]
-    return max(1, min(size, r.subnet.num_addresses))
-
-
-def block_count(rs: RangeSet, block_size: Optional[int]) -> int:
-    """How many aligned blocks the ranges of ``rs`` touch (counted range by range)."""
-    total = 0
-    for r in rs.ranges:
-        size, net = block_size_in(r, block_size), int(r.subnet.network_address)
-        total += (r.end - net) // size - (r.start - net) // size + 1
-    return total
-
-
-def block_position(rs: RangeSet, j: int, block_size: Optional[int]) -> tuple[Range, int]:
-    """The ``j``-th block of ``rs`` (its range and first address), counting range by range."""
-    for r in rs.ranges:
-        size, net = block_size_in(r, block_size), int(r.subnet.network_address)
-        lo, hi = (r.start - net) // size, (r.end - net) // size
-        if j <= hi - lo:
-            return r, net + (lo + j) * size
-        j -= hi - lo + 1
-    raise IndexError(j)
-
-
-def record_address(r: Range, first: int, block_size: Optional[int]) -> Optional[IPAddress]:
-    """The address whose claim Lease records the block at ``first`` of ``r``: its first usable
-    one (None: the block has none)."""
-    lo, hi = max(first, r.start), min(first + block_size_in(r, block_size) - 1, r.end)
-    value = intervals.lowest_free(lo, hi, r.blocked, ()) if lo <= hi else None
-    return r.address(value) if value is not None else None
-
-
-def _any_within(values: Sequence[int], lo: int, hi: int) -> bool:
-    """Whether the sorted ``values`` hold one in ``[lo, hi]``."""
-    i = bisect_left(values, lo)
-    return i < len(values) and values[i] <= hi
+    position: int
+    listed: int = 0  # blocks read
+    looked: int = 0  # positions looked at
 
 
 class NodeBlocks:
-    """The block part of KubeStore (a mixin: see the module's docstring)."""
+    """Node ``node``'s blocks of the domain of ``leases`` (``block_size`` addresses each, None: the
+    family's default; an empty one is released after ``block_release`` seconds). The store calls
+    :meth:`own`, :meth:`acquire`, :meth:`borrow`, :meth:`release_idle` and :meth:`release_empty`."""
+
+    def __init__(self, leases: DomainLeases, node: str, block_size: Optional[int] = None,
+                 block_release: float = 300.0) -> None:
+        self.leases = leases
+        self.node = node
+        self.dhash = leases.dhash
+        self.domain = leases.domain
+        self.block_size = block_size
+        self.block_release = block_release
 
     def _size(self, r: Range) -> int:
         """Addresses per block in range ``r`` (never more than its subnet holds)."""
@@ -221,7 +131,7 @@ class NodeBlocks:
                 return r
         return None
 
-    def _own(self, rs: RangeSet, blocks: Sequence[Block]) -> Optional[RangeSet]:
+    def own(self, rs: RangeSet, blocks: Sequence[Block]) -> Optional[RangeSet]:
         """This node's blocks in ``rs`` as a range set of their own (candidates come from it)."""
         spans = []
         seen = set()
@@ -252,8 +162,8 @@ class NodeBlocks:
 
     # -- acquisition: the record is the ADD's own claim -------------------------------------------
 
-    def _acquire_block(self, rs: RangeSet, blocks: list[Block], deadline: float, cache: Optional[LeaseCache],
-                       attachment: Attachment, network: str) -> Optional[Claim]:
+    def acquire(self, rs: RangeSet, blocks: list[Block], deadline: float, cache: Optional[LeaseCache],
+                attachment: Attachment, network: str) -> Optional[Claim]:
         """The ADD's claim on the first usable address of a block of ``rs`` that no node holds,
         made as the block's record: one create acquires the block and claims the address (409:
         a record, or a claim of that address: next block). In this order: the block after the
@@ -276,95 +186,123 @@ class NodeBlocks:
         total = self._block_count(rs)
         if total <= 0:
             return None
-        mine = {b.name for b in blocks}
         # What this daemon learnt on earlier acquisitions: the records other nodes hold (409s, the
         # last group Lists) and how far along its probe sequence it is, so that a block found
         # held costs one 409 once, not one per acquisition.
-        held: set = notes.setdefault(("held", rs.index), set())
-        i = notes.get(("probe", rs.index), 0)
-        probes, misses, looked = (BLOCK_PROBES if total > SMALL_BLOCK_COUNT else 1), 0, 0
-        # The share f of blocks held, as the last List showed it (or the last probes: each 409
-        # moves it up, each success down): a hashed probe meets a 409 with about that
-        # probability, so two probes before a List cost f + 2f² requests on average against the
-        # List's 1, more from f = 1/2 on: from there, list at once.
+        a = _Acquisition(rs, attachment, network, deadline, notes, {b.name for b in blocks},
+                         notes.setdefault(("held", rs.index), set()), total, notes.get(("probe", rs.index), 0))
         try:
-            # First the block right after this node's newest one: a node grows a run of adjacent
-            # blocks, so it meets another node only where its run reaches theirs (then it jumps
-            # to its next hashed position), instead of a 409 with the probability of the held
-            # fraction at every acquisition.
-            after = self._after_newest(rs, blocks)
-            claim, missed = self._try_after_newest(rs, after, mine, held, attachment, network, deadline)
+            claim = self._acquire_after_newest(a, blocks) or self._acquire_free_seen(a) or self._acquire_probed(a) \
+                or self._acquire_listed(a)
             if claim is not None:
                 return claim
-            if missed or self._known_held(after, held):
-                # Its run met another node's (a 409 now, or a List showed that block held): the
-                # pool is at least as crowded as a probe's 409 says (a run leaves room ahead of it
-                # until the pool fills up).
-                self._crowding(notes, rs, True)
-            misses += missed
-            if notes.get(("crowded", rs.index), 0.0) >= CROWDED_SHARE:
-                probes = 0
-            # Then the blocks an earlier group List showed free (one List shows every free block
-            # of its group: at a high fill it serves several acquisitions, not one).
-            claim, missed = self._try_free_seen(rs, mine, held, attachment, network, deadline, notes)
+            claim, pause = self._acquire_read_all(a)
             if claim is not None:
                 return claim
-            misses += missed
-            while misses < min(probes, PROBE_MISSES) and looked < probes * 16:
-                looked += 1
-                r, first = self._position(rs, self._probe(rs, i) % total)
-                i += 1
-                claim, missed = self._try_record(rs, r, first, mine, held, attachment, network, deadline)
-                if claim is not None or missed:
-                    self._crowding(notes, rs, bool(missed))
-                if claim is not None:
-                    notes.pop(("no-free-block", rs.index), None)
-                    return claim
-                misses += missed
-            groups: set = set()
-            full: dict = notes.setdefault(("full-groups", rs.index), {})
-            now = time.monotonic()
-            for g in [g for g, t in full.items() if t <= now]:
-                del full[g]
-            lists = 0
-            for _ in range(GROUP_LISTS * 8):
-                if lists >= GROUP_LISTS or len(groups) >= GROUPS_READ:
-                    break
-                r, first = self._position(rs, self._probe(rs, i) % total)
-                i += 1
-                # A crowded pool's group often shows no free block: then one List reads the
-                # adjacent groups around this one (the same request, more Leases).
-                width = WIDE_GROUPS if notes.get(("crowded", rs.index), 0.0) >= CROWDED_SHARE else 1
-                ids = [g for g in self._groups(r, first, width) if g not in groups and full.get(g, 0.0) <= now]
-                if not ids:
-                    continue
-                lists += 1
-                for g in ids:
-                    groups.add(g)
-                    # Not listed again for a while: what the List showed free is remembered instead.
-                    full[g] = now + FULL_BLOCK_SECONDS
-                claim = self._acquire_in_group(rs, r, first, mine, held, attachment, network, deadline, notes, width)
-                if claim is not None:
-                    notes.pop(("no-free-block", rs.index), None)
-                    return claim
-            # The groups listed had no free block (or this node met 409s on every one it saw
-            # free): one read of every record of the domain tells where the free blocks are
-            # (1/S of the claims, none of the other addresses); the ones it shows are tried, and
-            # remembered for the next acquisitions.
-            pause = ACQUIRE_PAUSE_SECONDS
-            if SMALL_BLOCK_COUNT < total <= RECORD_SCAN_BLOCKS:  # (a small range's groups were just listed)
-                claim, free = self._acquire_in_records(rs, mine, held, attachment, network, deadline, notes)
-                if claim is not None:
-                    notes.pop(("no-free-block", rs.index), None)
-                    return claim
-                # Every block it showed free was taken before this node's create (borrow this
-                # once, acquire again on the next ADD), or none was: borrow until blocks come back.
-                pause = NO_BLOCK_AT_ALL_SECONDS if not free else 0.0
         finally:
-            notes[("probe", rs.index)] = i
+            notes[("probe", rs.index)] = a.position
         if cache is not None and pause > 0:  # no block free: borrow, and try again after a pause
             notes[("no-free-block", rs.index)] = (time.monotonic() + pause, pause)
         return None
+
+    def _acquire_after_newest(self, a: _Acquisition, blocks: Sequence[Block]) -> Optional[Claim]:
+        """The block right after this node's newest one: a node grows a run of adjacent blocks, so
+        it meets another node only where its run reaches theirs (then it jumps to its next hashed
+        position), instead of a 409 with the probability of the held fraction at every
+        acquisition."""
+        after = self._after_newest(a.rs, blocks)
+        claim, missed = self._try_after_newest(a.rs, after, a.mine, a.held, a.attachment, a.network, a.deadline)
+        if claim is not None:
+            return claim
+        if missed or self._known_held(after, a.held):
+            # Its run met another node's (a 409 now, or a List showed that block held): the
+            # pool is at least as crowded as a probe's 409 says (a run leaves room ahead of it
+            # until the pool fills up).
+            self._crowding(a.notes, a.rs, True)
+        a.misses += missed
+        return None
+
+    def _acquire_free_seen(self, a: _Acquisition) -> Optional[Claim]:
+        """The blocks an earlier group List showed free (one List shows every free block of its
+        group: at a high fill it serves several acquisitions, not one)."""
+        claim, missed = self._try_free_seen(a.rs, a.mine, a.held, a.attachment, a.network, a.deadline, a.notes)
+        a.misses += missed
+        return claim
+
+    def _acquire_probed(self, a: _Acquisition) -> Optional[Claim]:
+        """This node's hashed positions, until ``PROBE_MISSES`` 409s in all. The share f of blocks
+        held, as the last List showed it (or the last probes: each 409 moves it up, each success
+        down): a hashed probe meets a 409 with about that probability, so two probes before a
+        List cost f + 2f² requests on average against the List's 1, more from f = 1/2 on: from
+        there, none (list at once)."""
+        probes = BLOCK_PROBES if a.total > SMALL_BLOCK_COUNT else 1
+        if a.notes.get(("crowded", a.rs.index), 0.0) >= CROWDED_SHARE:
+            probes = 0
+        looked = 0
+        while a.misses < min(probes, PROBE_MISSES) and looked < probes * 16:
+            looked += 1
+            r, first = self._next_position(a)
+            claim, missed = self._try_record(a.rs, r, first, a.mine, a.held, a.attachment, a.network, a.deadline)
+            if claim is not None or missed:
+                self._crowding(a.notes, a.rs, bool(missed))
+            if claim is not None:
+                a.notes.pop(("no-free-block", a.rs.index), None)
+                return claim
+            a.misses += missed
+        return None
+
+    def _next_position(self, a: _Acquisition) -> tuple[Range, int]:
+        """(range, first address) of the block at the next entry of this node's probe sequence."""
+        at = self._position(a.rs, self._probe(a.rs, a.position) % a.total)
+        a.position += 1
+        return at
+
+    def _acquire_listed(self, a: _Acquisition) -> Optional[Claim]:
+        """One List of the records of the group at the next position, and a create at the best
+        block it shows free, for at most ``GROUP_LISTS`` Lists and ``GROUPS_READ`` groups; a
+        group listed is not listed again for ``FULL_BLOCK_SECONDS`` (what the List showed free
+        is remembered instead)."""
+        groups: set = set()
+        full: dict = a.notes.setdefault(("full-groups", a.rs.index), {})
+        now = time.monotonic()
+        for g in [g for g, t in full.items() if t <= now]:
+            del full[g]
+        lists = 0
+        for _ in range(GROUP_LISTS * 8):
+            if lists >= GROUP_LISTS or len(groups) >= GROUPS_READ:
+                break
+            r, first = self._next_position(a)
+            # A crowded pool's group often shows no free block: then one List reads the
+            # adjacent groups around this one (the same request, more Leases).
+            width = WIDE_GROUPS if a.notes.get(("crowded", a.rs.index), 0.0) >= CROWDED_SHARE else 1
+            ids = [g for g in self._groups(r, first, width) if g not in groups and full.get(g, 0.0) <= now]
+            if not ids:
+                continue
+            lists += 1
+            for g in ids:
+                groups.add(g)
+                full[g] = now + FULL_BLOCK_SECONDS
+            claim = self._acquire_in_group(a.rs, r, first, a.mine, a.held, a.attachment, a.network, a.deadline,
+                                           a.notes, width)
+            if claim is not None:
+                a.notes.pop(("no-free-block", a.rs.index), None)
+                return claim
+        return None
+
+    def _acquire_read_all(self, a: _Acquisition) -> tuple[Optional[Claim], float]:
+        """The groups listed had no free block (or this node met 409s on every one it saw free):
+        one read of every record of the domain tells where the free blocks are (1/S of the
+        claims, none of the other addresses); the ones it shows are tried, and remembered for the
+        next acquisitions. (claim or None, how long to pause acquiring: borrow meanwhile)."""
+        if not SMALL_BLOCK_COUNT < a.total <= RECORD_SCAN_BLOCKS:  # a small range's groups were just listed
+            return None, ACQUIRE_PAUSE_SECONDS
+        claim, free = self._acquire_in_records(a.rs, a.mine, a.held, a.attachment, a.network, a.deadline, a.notes)
+        if claim is not None:
+            a.notes.pop(("no-free-block", a.rs.index), None)
+            return claim, 0.0
+        # Every block it showed free was taken before this node's create (borrow this once,
+        # acquire again on the next ADD), or none was: borrow until blocks come back.
+        return None, NO_BLOCK_AT_ALL_SECONDS if not free else 0.0
 
     def _acquire_in_records(self, rs: RangeSet, mine: set, held: set, attachment: Attachment, network: str,
                             deadline: float, notes: dict) -> tuple[Optional[Claim], int]:
@@ -374,7 +312,7 @@ class NodeBlocks:
         one create succeeds; the others are remembered (:meth:`_try_free_seen`). (claim or
         None, how many blocks the read showed free)."""
         names: set = set()
-        for page in self._pages(f"{L_DOMAIN}={self.dhash},{L_BLOCK_OWNER}", deadline,
+        for page in self.leases.pages(f"{L_DOMAIN}={self.dhash},{L_BLOCK_OWNER}", deadline,
                                 f"list block records of domain {self.domain}", RECORD_PAGE):
             if page is None:
                 names.clear()
@@ -442,9 +380,9 @@ class NodeBlocks:
         if ip is None:
             return None, 0
         name = lease_name(self.dhash, ip)
-        if name in mine or name in held or self._whereabouts_holder(ip, rs, deadline) is not None:
+        if name in mine or name in held or self.leases.whereabouts_holder(ip, rs, deadline) is not None:
             return None, 0
-        claim = self._create(ip, attachment, network, rs, deadline, record=(r, first))
+        claim = self.leases.create(ip, attachment, network, rs, deadline, record=(r, first))
         if claim is None:
             held.add(name)
             return None, 1
@@ -485,7 +423,7 @@ class NodeBlocks:
         if not ids:
             return None
         selector = f"{L_BLOCK_GROUP}={ids[0]}" if len(ids) == 1 else f"{L_BLOCK_GROUP} in ({','.join(ids)})"
-        records, _ = self._list_all(f"{L_DOMAIN}={self.dhash},{selector}", deadline,
+        records, _ = self.leases.list_all(f"{L_DOMAIN}={self.dhash},{selector}", deadline,
                                     f"list block records of group{'s' if len(ids) > 1 else ''} {', '.join(ids)} "
                                     f"of domain {self.domain}", BLOCK_GROUP * len(ids))  # one page: one record per block
         start, count = self._groups_start(r, first, width), BLOCK_GROUP * width
@@ -577,93 +515,10 @@ class NodeBlocks:
             seen.clear()
         return None, misses
 
-    def _record_body(self, body: dict, owner: str, r: Range, first: int, planned: bool = False) -> dict:
-        """``body`` (a claim Lease) made the record of the block at ``first`` held by ``owner``
-        (``planned``: a record a plan made, which stays one)."""
-        return record_body(body, owner, r, first, self._size(r), planned)
-
-    def _free_body(self, record: Claim) -> dict:
-        """The record ``record`` naming no attachment: its address free, its block still held."""
-        body = free_record_body(self.namespace, self.domain, record.ip, record.block, record.range, record.owner,
-                                record.planned)
-        body["metadata"].update({"uid": record.uid, "resourceVersion": record.resource_version})
-        return body
-
-    def _put(self, name: str, body: dict, deadline: float) -> tuple[Any, bool]:
-        return self._call("PUT", f"{self.path}/{name}", f"update lease {name}", deadline, body=body)
-
-    def _take_record(self, record: Block, attachment: Attachment, network: str, rs: RangeSet,
-                     deadline: float) -> Optional[Claim]:
-        """Our claim on a free block record's address, made by updating the record (precondition:
-        the uid and resourceVersion seen). None: it is not free any more (or gone)."""
-        ip = record.record_ip
-        r = rs.range_of(ip) if ip is not None else None
-        if r is None:
-            return None
-        for _ in range(3):
-            body = self._record_body(self._body(ip, attachment, network, rs), record.node, r, int(record.ip), record.planned)
-            # its creationTimestamp is the record's, not this claim's: no cleaner may order it by that
-            body["metadata"]["annotations"][A_TAKEN] = "true"
-            body["metadata"].update({"uid": record.uid, "resourceVersion": record.resource_version})
-            resp, retried = self._put(record.name, body, deadline)
-            if resp.status == 200:
-                return self._updated(record.name, resp)
-            if resp.status == 404:  # the record is gone (released, or a GC deleted it): the block is lost
-                if self.cache is not None:
-                    self.cache.absent(record.name, record.uid)
-                return None
-            if resp.status != 409:
-                raise self._refused(resp, f"update lease {record.name}")
-            current = self._get(record.name, deadline, record.uid)  # changed since read: ours (a retried attempt)? free?
-            if current is None or not current.block:
-                return None
-            if current.attachment == attachment:
-                return current
-            if current.attachment is not None:
-                return None
-            found = current.as_block()
-            if found is None:
-                return None
-            record = found
-        return None
-
-    def _updated(self, name: str, resp) -> Claim:
-        """The record as a 200 answer to its update shows it (written through to the cache)."""
-        claim = self._parse(resp.doc)
-        if claim is None:
-            raise CNIError(IO_FAILURE, f"Kubernetes API answered the update of lease {name} with an "
-                           "unreadable object", "check that the API server (or a proxy) returns the object")
-        if self.cache is not None:
-            self.cache.updated(claim)
-        return claim
-
-    def _free_record(self, claim: Claim, deadline: float) -> Optional[Claim]:
-        """Free the address of block record ``claim`` (an update naming no attachment, with uid
-        and resourceVersion preconditions; 409: re-read, freed only while it still names the same
-        attachment). The record as freed, or None when it was not ours to free (gone, re-made)."""
-        current = claim
-        for _ in range(4):
-            resp, retried = self._put(current.name, self._free_body(current), deadline)
-            if resp.status == 200:
-                return self._updated(current.name, resp)
-            if resp.status == 404:
-                if self.cache is not None:
-                    self.cache.absent(current.name, current.uid)
-                return None  # gone (a GC deleted the record): the address is free, the block lost
-            if resp.status != 409:
-                raise self._refused(resp, f"update lease {current.name}")
-            fresh = self._get(current.name, deadline, current.uid)
-            if fresh is None or fresh.attachment != claim.attachment:
-                return fresh if (retried and fresh is not None and fresh.free and fresh.uid == claim.uid) else None
-            if not fresh.block:  # deleted and re-made as a plain claim of the same attachment
-                return self._remove(fresh, deadline)
-            current = fresh
-        raise CNIError(IO_FAILURE, f"lease {claim.name} kept changing while being freed", "retry the DEL")
-
     # -- borrowing ------------------------------------------------------------------------------
 
-    def _borrow(self, rs: RangeSet, attachment: Attachment, network: str, used: list[int],
-                blocks: list[Block], deadline: float) -> Claim:
+    def borrow(self, rs: RangeSet, attachment: Attachment, network: str, blocks: list[Block],
+               deadline: float) -> Claim:
         """No block of ``rs`` was free: a claim in a held block (another node's, or ours with
         addresses our view thought taken). First the free addresses this daemon saw in blocks
         it read a moment ago; then up to ``BORROW_BLOCKS`` blocks, in this node's hashed order,
@@ -673,98 +528,127 @@ class NodeBlocks:
         domain's claims read, page by page, once (a daemon borrows from that view for
         ``NO_FREE_BLOCK_SECONDS``): the pool is usable to its last address, and "exhausted"
         (102) is said only after that whole read."""
-        cache = self.cache
+        cache = self.leases.cache
         notes = cache.notes if cache is not None else {}
         now = time.monotonic()
-        taken = 0
         seen: dict[int, Optional[Claim]] = {}
         until, remembered = notes.get(("borrow-free", rs.index), (0.0, {}))
         if until > now:
             seen = remembered
-        claim, missed = self._claim_seen(rs, seen, attachment, network, deadline)
-        taken += missed
+        claim, taken = self._claim_seen(rs, seen, attachment, network, deadline)
+        if claim is None and self._block_count(rs) > SMALL_BLOCK_COUNT:
+            claim, missed = self._borrow_in_blocks(rs, attachment, network, blocks, deadline, notes, now)
+            taken += missed
+        if claim is None:
+            claim, missed = self._borrow_in_domain(rs, attachment, network, blocks, deadline)
+            taken += missed
         if claim is not None:
             return claim
-        if self._block_count(rs) > SMALL_BLOCK_COUNT:
-            full: dict[str, float] = notes.setdefault(("borrow-full", rs.index), {})
-            for bid in [b for b, t in full.items() if t <= now]:
-                del full[bid]
-            mine = {b.id for b in blocks if b.node == self.node}
-            total, i, listed, looked = self._block_count(rs), notes.get(("borrow-pos", rs.index), 0), 0, 0
-            try:
-                while listed < BORROW_BLOCKS and looked < BORROW_BLOCKS * 16:
-                    # The next blocks of this node's hashed sequence (not its own, not found full
-                    # lately), read by one List: a borrower meets full blocks (most are, near a
-                    # full pool) at 1/BORROW_BATCH of a request each.
-                    batch: list[tuple[int, Range, int, Range, str]] = []
-                    width = max(1, min(BORROW_BATCH, BORROW_LEASES // max(1, self._size(rs.ranges[0]))))
-                    k = i
-                    while len(batch) < width and listed + len(batch) < BORROW_BLOCKS and looked < BORROW_BLOCKS * 16:
-                        looked += 1
-                        r, first = self._position(rs, self._probe(rs, k, "borrow") % total)
-                        span = self._span(r, first)
-                        bid = block_id(r.address(first), self._size(r))
-                        if span is not None and bid not in full and bid not in mine and all(b[4] != bid for b in batch):
-                            batch.append((k, r, first, span, bid))
-                        k += 1
-                    i = k
-                    if not batch:
-                        break
-                    listed += len(batch)
-                    claims = self._list(f"{L_DOMAIN}={self.dhash},{L_BLOCK} in ({','.join(b[4] for b in batch)})", deadline,
-                                        f"list claims of blocks {', '.join(b[4] for b in batch)} of domain {self.domain}")
-                    for pos, r, first, span, bid in batch:
-                        last = first + self._size(r) - 1
-                        inside = [c for c in claims if c.ip.version == rs.family and first <= int(c.ip) <= last]
-                        if not any(c.block == bid for c in inside):  # no record holds it: acquire it on the way
-                            held = notes.setdefault(("held", rs.index), set())
-                            claim, missed = self._try_record(rs, r, first, set(), held, attachment, network, deadline)
-                            taken += missed
-                            if claim is not None:
-                                notes.pop(("no-free-block", rs.index), None)  # a block was free after all
-                                block = claim.as_block()
-                                if block is not None:
-                                    blocks.append(block)
-                                i = pos + 1
-                                return claim
-                        here = sorted(int(c.ip) for c in inside if not c.free)
-                        free_records = {int(c.ip): c for c in inside if c.free}
-                        seen = {}
-                        value = span.start
-                        while True:
-                            value = intervals.lowest_free(value, span.end, span.blocked, here)
-                            if value is None:
-                                break
-                            seen[value] = free_records.get(value)
-                            value += 1
-                        if not seen:
-                            full[bid] = time.monotonic() + FULL_BLOCK_SECONDS
-                            continue
-                        if cache is not None:
-                            notes[("borrow-free", rs.index)] = (time.monotonic() + NO_FREE_BLOCK_SECONDS, seen)
-                        claim, missed = self._claim_seen(rs, seen, attachment, network, deadline)
-                        taken += missed
-                        if claim is not None:
-                            # The next borrowing ADD reads this block again (it has addresses left)
-                            # or the one after it (this one is used up).
-                            i = pos + (0 if seen else 1)
-                            return claim
-            finally:
-                notes[("borrow-pos", rs.index)] = i
-        # Every address of the range set, whatever block holds it (or none: a block being released),
-        # round-robin after the domain's most recently made claim, as before blocks existed.
-        memo_key = ("borrow", rs.index)
-        claim = None
-        if cache is not None:  # a daemon that read the domain a moment ago borrows from that view
-            with cache.acquire_lock:
-                until, everything, free, latest = cache.notes.get(memo_key, (0.0, None, {}, {}))
-                everything = list(everything) if everything is not None and until > time.monotonic() else None
-            if everything is not None:
-                claim, missed = self._borrow_round_robin(rs, everything, free, latest, attachment, network, deadline)
-                taken += missed
-                if claim is not None:
-                    return claim
-        scan = self._scan_domain(deadline)
+        if self.leases.cache is not None:
+            self.leases.cache.notes[("exhausted", rs.index)] = time.monotonic()
+        raced = f" ({taken} candidates were claimed concurrently or held by whereabouts)" if taken else ""
+        raise CNIError(POOL_EXHAUSTED, f"no free address in range {rs.describe()}{raced}",
+                       "free addresses (DEL or GC attachments that are gone) or widen the range "
+                       "(range_start/range_end, or another ipRanges entry)")
+
+    def _borrow_in_blocks(self, rs: RangeSet, attachment: Attachment, network: str, blocks: list[Block],
+                          deadline: float, notes: dict, now: float) -> tuple[Optional[Claim], int]:
+        """The next blocks of this node's hashed sequence (not its own, not found full lately), a
+        batch read by one List: a borrower meets full blocks (most are, near a full pool) at
+        1/``BORROW_BATCH`` of a request each. (claim or None, 409s met)."""
+        full: dict[str, float] = notes.setdefault(("borrow-full", rs.index), {})
+        for bid in [b for b, t in full.items() if t <= now]:
+            del full[bid]
+        mine = {b.id for b in blocks if b.node == self.node}
+        walk, taken = _BorrowWalk(notes.get(("borrow-pos", rs.index), 0)), 0
+        try:
+            while walk.listed < BORROW_BLOCKS and walk.looked < BORROW_BLOCKS * 16:
+                batch = self._borrow_batch(rs, walk, full, mine)
+                if not batch:
+                    break
+                walk.listed += len(batch)
+                claims = self.leases.list_claims(
+                    f"{L_DOMAIN}={self.dhash},{L_BLOCK} in ({','.join(b[4] for b in batch)})", deadline,
+                    f"list claims of blocks {', '.join(b[4] for b in batch)} of domain {self.domain}")
+                for pos, r, first, span, bid in batch:
+                    inside = [c for c in claims if c.ip.version == rs.family and first <= int(c.ip) <= first + self._size(r) - 1]
+                    claim, missed, step = self._borrow_in_block(rs, r, first, span, bid, inside, attachment, network,
+                                                                blocks, deadline, notes, full)
+                    taken += missed
+                    if claim is not None:
+                        # The next borrowing ADD reads this block again (it has addresses left)
+                        # or the one after it (this one is used up, or was acquired).
+                        walk.position = pos + step
+                        return claim, taken
+        finally:
+            notes[("borrow-pos", rs.index)] = walk.position
+        return None, taken
+
+    def _borrow_batch(self, rs: RangeSet, walk: _BorrowWalk, full: Mapping[str, float],
+                      mine: set) -> list[tuple[int, Range, int, Range, str]]:
+        """The next at most ``BORROW_BATCH`` blocks (``BORROW_LEASES`` addresses) of this node's
+        borrowing sequence worth a read: (position, range, first address, usable span, block id)."""
+        batch: list[tuple[int, Range, int, Range, str]] = []
+        width = max(1, min(BORROW_BATCH, BORROW_LEASES // max(1, self._size(rs.ranges[0]))))
+        total, k = self._block_count(rs), walk.position
+        while len(batch) < width and walk.listed + len(batch) < BORROW_BLOCKS and walk.looked < BORROW_BLOCKS * 16:
+            walk.looked += 1
+            r, first = self._position(rs, self._probe(rs, k, "borrow") % total)
+            span = self._span(r, first)
+            bid = block_id(r.address(first), self._size(r))
+            if span is not None and bid not in full and bid not in mine and all(b[4] != bid for b in batch):
+                batch.append((k, r, first, span, bid))
+            k += 1
+        walk.position = k
+        return batch
+
+    def _borrow_in_block(self, rs: RangeSet, r: Range, first: int, span: Range, bid: str, inside: list[Claim],
+                         attachment: Attachment, network: str, blocks: list[Block], deadline: float, notes: dict,
+                         full: dict[str, float]) -> tuple[Optional[Claim], int, int]:
+        """A claim in the block at ``first`` whose claims a List just showed (``inside``): its
+        record made when none holds the block (it is acquired on the way), else one of the free
+        addresses it shows (remembered for the next borrowing ADDs). (claim or None, 409s met,
+        how far the next borrowing ADD moves on: 0 to read this block again)."""
+        taken = 0
+        if not any(c.block == bid for c in inside):  # no record holds it: acquire it on the way
+            held = notes.setdefault(("held", rs.index), set())
+            claim, missed = self._try_record(rs, r, first, set(), held, attachment, network, deadline)
+            taken += missed
+            if claim is not None:
+                notes.pop(("no-free-block", rs.index), None)  # a block was free after all
+                block = claim.as_block()
+                if block is not None:
+                    blocks.append(block)
+                return claim, taken, 1
+        here = sorted(int(c.ip) for c in inside if not c.free)
+        free_records = {int(c.ip): c for c in inside if c.free}
+        seen: dict[int, Optional[Claim]] = {}
+        value = span.start
+        while True:
+            value = intervals.lowest_free(value, span.end, span.blocked, here)
+            if value is None:
+                break
+            seen[value] = free_records.get(value)
+            value += 1
+        if not seen:
+            full[bid] = time.monotonic() + FULL_BLOCK_SECONDS
+            return None, taken, 1
+        if self.leases.cache is not None:
+            notes[("borrow-free", rs.index)] = (time.monotonic() + NO_FREE_BLOCK_SECONDS, seen)
+        claim, missed = self._claim_seen(rs, seen, attachment, network, deadline)
+        return claim, taken + missed, 0 if seen else 1
+
+    def _borrow_in_domain(self, rs: RangeSet, attachment: Attachment, network: str, blocks: list[Block],
+                          deadline: float) -> tuple[Optional[Claim], int]:
+        """Every address of the range set, whatever block holds it (or none: a block being
+        released), round-robin after the domain's most recently made claim, as before blocks
+        existed: from the domain's claims as this daemon read them a moment ago, else as one
+        paginated read of them shows now (a block that read shows free is acquired first).
+        (claim or None, 409s met)."""
+        claim, taken = self._borrow_in_remembered_domain(rs, attachment, network, deadline)
+        if claim is not None:
+            return claim, taken
+        scan = self.leases.scan_domain(deadline)
         everything, free, latest = scan.sorted_used()[rs.family], scan.free, scan.latest
         claim, missed = self._acquire_seen(rs, scan.blocks + list(blocks), everything, attachment, network, deadline)
         taken += missed
@@ -772,20 +656,27 @@ class NodeBlocks:
             block = claim.as_block()
             if block is not None:
                 blocks.append(block)
-            return claim
+            return claim, taken
+        cache = self.leases.cache
         if cache is not None:
             with cache.acquire_lock:
-                cache.notes[memo_key] = (time.monotonic() + NO_FREE_BLOCK_SECONDS, list(everything), free, latest)
+                cache.notes[("borrow", rs.index)] = (time.monotonic() + NO_FREE_BLOCK_SECONDS, list(everything), free, latest)
         claim, missed = self._borrow_round_robin(rs, everything, free, latest, attachment, network, deadline)
-        taken += missed
-        if claim is not None:
-            return claim
-        if self.cache is not None:
-            self.cache.notes[("exhausted", rs.index)] = time.monotonic()
-        raced = f" ({taken} candidates were claimed concurrently or held by whereabouts)" if taken else ""
-        raise CNIError(POOL_EXHAUSTED, f"no free address in range {rs.describe()}{raced}",
-                       "free addresses (DEL or GC attachments that are gone) or widen the range "
-                       "(range_start/range_end, or another ipRanges entry)")
+        return claim, taken + missed
+
+    def _borrow_in_remembered_domain(self, rs: RangeSet, attachment: Attachment, network: str,
+                                     deadline: float) -> tuple[Optional[Claim], int]:
+        """A daemon that read the domain less than ``NO_FREE_BLOCK_SECONDS`` ago borrows from that
+        view. (claim or None, 409s met)."""
+        cache = self.leases.cache
+        if cache is None:
+            return None, 0
+        with cache.acquire_lock:
+            until, everything, free, latest = cache.notes.get(("borrow", rs.index), (0.0, None, {}, {}))
+            everything = list(everything) if everything is not None and until > time.monotonic() else None
+        if everything is None:
+            return None, 0
+        return self._borrow_round_robin(rs, everything, free, latest, attachment, network, deadline)
 
     def _acquire_seen(self, rs: RangeSet, records: Sequence[Block], used: Sequence[int], attachment: Attachment,
                       network: str, deadline: float) -> tuple[Optional[Claim], int]:
@@ -797,7 +688,7 @@ class NodeBlocks:
         total = self._block_count(rs)
         held = {b.name for b in records}
         taken = set(used)
-        notes = self.cache.notes if self.cache is not None else {}
+        notes = self.leases.cache.notes if self.leases.cache is not None else {}
         misses, start = 0, self._probe(rs, 0, "seen") % max(total, 1)
         for k in range(total):
             r, first = self._position(rs, (start + k) % total)
@@ -819,10 +710,10 @@ class NodeBlocks:
         ip = rs.ranges[0].address(value)
         if record is not None:
             block = record.as_block()
-            return self._take_record(block, attachment, network, rs, deadline) if block is not None else None
-        if self._whereabouts_holder(ip, rs, deadline) is not None:
+            return self.leases.take_record(block, attachment, network, rs, deadline) if block is not None else None
+        if self.leases.whereabouts_holder(ip, rs, deadline) is not None:
             return None
-        return self._create(ip, attachment, network, rs, deadline)
+        return self.leases.create(ip, attachment, network, rs, deadline)
 
     def _claim_seen(self, rs: RangeSet, seen: dict[int, Optional[Claim]], attachment: Attachment, network: str,
                     deadline: float) -> tuple[Optional[Claim], int]:
@@ -831,7 +722,7 @@ class NodeBlocks:
         missed = 0
         while seen:
             values = sorted(seen)
-            value = values[self._skip(rs) % len(values)]
+            value = values[node_skip(self.node, rs) % len(values)]
             try:
                 record = seen.pop(value)
             except KeyError:
@@ -840,8 +731,8 @@ class NodeBlocks:
             try:
                 claim = self._claim_at(rs, value, record, attachment, network, deadline)
             finally:
-                if self.cache is not None:
-                    self.cache.done(rs.family, value)
+                if self.leases.cache is not None:
+                    self.leases.cache.done(rs.family, value)
             if claim is not None:
                 if claim.owner != self.node:
                     log.info("node %s borrowed %s (no block of %s was free)", self.node, claim.ip, self.domain)
@@ -856,19 +747,19 @@ class NodeBlocks:
         daemon read them a moment ago) after the domain's latest claim; ``free``: the free block
         records (taken by an update). Each address met taken (409) or claimed is added to the
         daemon's remembered view. (claim or None, 409s met)."""
-        cursor, skip, missed = self._start(rs, latest), self._skip(rs), 0
+        cursor, skip, missed = round_robin_start(rs, latest), node_skip(self.node, rs), 0
         while True:
-            candidate = self._next(rs, used, cursor, skip, listed=True)
+            candidate = next_candidate(self.leases.cache, rs, used, cursor, skip, listed=True)
             if candidate is None:
                 return None, missed
             ip = rs.ranges[0].address(candidate)
             try:
                 claim = self._claim_at(rs, candidate, free.get(candidate), attachment, network, deadline)
             finally:
-                if self.cache is not None:
-                    self.cache.done(rs.family, candidate)
-                    with self.cache.acquire_lock:
-                        memo = self.cache.notes.get(("borrow", rs.index))
+                if self.leases.cache is not None:
+                    self.leases.cache.done(rs.family, candidate)
+                    with self.leases.cache.acquire_lock:
+                        memo = self.leases.cache.notes.get(("borrow", rs.index))
                         if memo is not None and memo[1] is not None:
                             i = bisect_left(memo[1], candidate)
                             if i == len(memo[1]) or memo[1][i] != candidate:
@@ -882,7 +773,7 @@ class NodeBlocks:
 
     # -- release --------------------------------------------------------------------------------
 
-    def _release_idle_blocks(self, cache: LeaseCache, deadline: float) -> None:
+    def release_idle(self, cache: LeaseCache, deadline: float) -> None:
         """In the daemon, after a DEL: a block of this node that holds none of its claims (nor a
         create in flight; its record free) is noted empty; one noted empty ``block_release``
         seconds ago and still empty is released (its record deleted with uid/resourceVersion
@@ -897,32 +788,26 @@ class NodeBlocks:
                 del cache.notes[key]  # in use again (or gone)
             for b in empty:
                 key = ("empty-since", b.name)
-                if _any_within(cache.pending(b.ip.version), int(b.ip), b.last):
+                if any_within(cache.pending(b.ip.version), int(b.ip), b.last):
                     cache.notes.pop(key, None)
                     continue
                 since = cache.notes.setdefault(key, now)
                 if now - since < self.block_release:
                     continue
                 try:
-                    self._drop_block(b, deadline)
+                    self.leases.drop_block(b, deadline)
                 except CNIError as err:
                     log.info("could not release block %s (retried after the next DEL): %s", b.id, err.msg)
                     continue
                 cache.notes.pop(key, None)
 
-    def _drop_block(self, block: Block, deadline: float) -> bool:
-        """Delete an empty block's record (or first-design Lease) with uid/resourceVersion
-        preconditions: a record that changed since (its address claimed again) is left alone."""
-        body = {"apiVersion": "v1", "kind": "DeleteOptions",
-                "preconditions": {"uid": block.uid, "resourceVersion": block.resource_version}}
-        resp, retried = self._call("DELETE", f"{self.path}/{block.name}", f"delete lease {block.name}", deadline, body=body)
-        if resp.status in (200, 202) or (resp.status == 404 and retried):
-            if self.cache is not None:
-                self.cache.deleted(block)
-            log.info("node %s released empty block %s of %s", self.node, block.id, self.domain)
-            return True
-        if resp.status in (404, 409):
-            if self.cache is not None and resp.status == 404:
-                self.cache.absent(block.name, block.uid)
-            return False  # gone already, or changed (re-acquired, its address claimed): left alone
-        raise self._refused(resp, f"delete lease {block.name}")
+    def release_empty(self, blocks: Sequence[Block], used: Sequence[int], deadline: float) -> None:
+        """This node's blocks among ``blocks`` that hold none of the sorted ``used`` addresses (its
+        claims) and are older than ``block_release`` (by their record's time), released; a plan's
+        blocks stay with their node while empty."""
+        wall = datetime.now(timezone.utc)
+        for b in blocks:
+            if b.node != self.node or b.planned or any_within(used, int(b.ip), b.last):
+                continue
+            if b.time is not None and (wall - b.time).total_seconds() >= self.block_release:
+                self.leases.drop_block(b, deadline)

@@ -1,6 +1,5 @@
 """How the Lease store talks to the API server: the :class:`Transport` interface (a request, a
-watch stream), and its implementation over the official ``kubernetes`` client's ApiClient (the
-daemon's and the CLI's; the in-process plugin uses :mod:`rdmanet.ipam.store.http_transport`).
+watch stream), and its implementation over the official ``kubernetes`` client's ApiClient.
 """
 
 from __future__ import annotations
@@ -8,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
-from typing import Any, Iterator, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence
 
 from .. import telemetry
 
@@ -94,7 +93,8 @@ class ApiClientTransport(Transport):
     model objects, which costs more than the JSON itself, and they hide the status code.
     """
 
-    def __init__(self, api_client: Any, host: Optional[str] = None) -> None:
+    def __init__(self, api_client: Any, host: Optional[str] = None,
+                 renew: Optional[Callable[[Any], Optional[Any]]] = None) -> None:
         import urllib3
 
         from kubernetes.client.exceptions import ApiException
@@ -102,15 +102,41 @@ class ApiClientTransport(Transport):
         self.api = api_client
         self.override = host
         self.host = host or api_client.configuration.host
+        self.renew = renew  # after a 401: the API client with credentials loaded again (None: unchanged)
         self._errors = (urllib3.exceptions.HTTPError, OSError, ApiException)
+
+    def _send(self, method: str, path: str, query: Sequence[tuple[str, str]], headers: dict, body: Any,
+              timeout: tuple[float, float], what: str) -> Any:
+        """The ApiClient's answer, its body not read yet; a 401 is asked once more with credentials
+        loaded again when they changed (a rotated token file, an exec plugin's new token): no
+        restart needed."""
+        for attempt in (0, 1):
+            api = self.api
+            try:
+                req = api.param_serialize(method, path, query_params=list(query), header_params=headers,
+                                          body=body, auth_settings=["BearerToken"], _host=self.override)
+                resp = api.call_api(*_trimmed(req), _request_timeout=timeout)
+            except self._errors as exc:
+                telemetry.api_request(what, None)
+                raise Unreachable(f"{type(exc).__name__}: {exc}") from None
+            if resp.status != 401 or attempt or self.renew is None:
+                return resp
+            fresh = self.renew(api)
+            if fresh is None:
+                return resp
+            telemetry.api_request(what, resp.status)
+            try:
+                resp.read()  # the refusal's body: the connection goes back to the pool
+            except self._errors:
+                pass
+            self.api = fresh
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def request(self, method: str, path: str, query: Sequence[tuple[str, str]], body: Any,
                 timeout: float) -> Response:
         headers = {"Accept": "application/json", "Content-Type": "application/json"}
+        resp = self._send(method, path, query, headers, body, (timeout, timeout), method)
         try:
-            req = self.api.param_serialize(method, path, query_params=list(query), header_params=headers,
-                                           body=body, auth_settings=["BearerToken"], _host=self.override)
-            resp = self.api.call_api(*req, _request_timeout=(timeout, timeout))
             data = resp.read()
         except self._errors as exc:
             telemetry.api_request(method, None)
@@ -124,13 +150,7 @@ class ApiClientTransport(Transport):
 
     def watch(self, path: str, query: Sequence[tuple[str, str]], timeout: float) -> WatchStream:
         headers = {"Accept": "application/json"}
-        try:
-            req = self.api.param_serialize("GET", path, query_params=list(query), header_params=headers,
-                                           auth_settings=["BearerToken"], _host=self.override)
-            resp = self.api.call_api(*req, _request_timeout=(min(timeout, 10.0), timeout))
-        except self._errors as exc:
-            telemetry.api_request("WATCH", None)
-            raise Unreachable(f"{type(exc).__name__}: {exc}") from None
+        resp = self._send("GET", path, query, headers, None, (min(timeout, 10.0), timeout), "WATCH")
         telemetry.api_request("WATCH", resp.status)
         raw = resp.response  # urllib3's response, not read yet (the client never preloads)
         if resp.status == 200:
@@ -144,6 +164,15 @@ class ApiClientTransport(Transport):
             doc = None
         raw.release_conn()
         return WatchStream(resp.status, doc)
+
+
+def _trimmed(req: tuple) -> tuple:
+    """``param_serialize``'s request with its Authorization value trimmed: the client sends a
+    token file's trailing newline as it read it, which is no valid header (client-go trims it)."""
+    headers = req[2] if len(req) > 2 else None
+    if isinstance(headers, dict) and isinstance(headers.get("authorization"), str):
+        headers["authorization"] = headers["authorization"].strip()
+    return req
 
 
 class _Urllib3WatchStream(WatchStream):

@@ -687,53 +687,70 @@ class LeaseCache:
                             break
                     self._watch()
                 except Gone as exc:
-                    # Every daemon of the cluster meets the 410 at once after an API server
-                    # restart or compaction: their re-Lists are spread (jittered) and back off
-                    # while 410s keep coming. Meanwhile verbs use the state as a hint (kube.py).
-                    gone_in_row += 1
-                    backoff = relist_delay(gone_in_row)
-                    self.stats["relists"] += 1
-                    telemetry.watch_restart("expired")
-                    self.stats["relist_wait"] = self.stats.get("relist_wait", 0.0) + backoff
-                    log.info("%s: %s: listing again in %.1f s", self.name, exc, backoff)
+                    backoff, gone_in_row = self._after_gone(exc, gone_in_row)
                     need_list = True
-                    with self._cond:
-                        self.synced = False
                 except Broken as exc:
-                    # The state up to resource_version stands: watch again from there (at once,
-                    # unless streams keep breaking as soon as they open).
-                    gone_in_row = 0 if exc.lasted >= RELIST_BASE else gone_in_row
-                    with self._cond:
-                        self.synced = False  # not trusted until a stream is open again (a hint meanwhile)
-                    log.debug("%s: %s", self.name, exc)
-                    self.stats["errors"] += 1
-                    telemetry.watch_restart("broken")
-                    quick = exc.lasted < 1.0
-                    backoff = min(BACKOFF_CAP, max(BACKOFF_BASE, backoff * 2)) * random.uniform(0.8, 1.2) if quick else 0.0
+                    backoff, gone_in_row = self._after_broken(exc, backoff, gone_in_row)
                 except Exception as exc:  # noqa: BLE001 - any failure: back off and try again
                     if self._stop.is_set():
                         break
-                    self.stats["errors"] += 1
-                    telemetry.watch_restart("error")
-                    backoff = min(BACKOFF_CAP, max(BACKOFF_BASE, backoff * 2)) * random.uniform(0.8, 1.2)
-                    level = logging.WARNING if isinstance(exc, Failed) and exc.status in (401, 403) else logging.INFO
-                    log.log(level, "%s: %s; retrying in %.1f s%s", self.name, exc, backoff,
-                            " (grant list and watch on leases.coordination.k8s.io)"
-                            if isinstance(exc, Failed) and exc.status == 403 else "")
-                    with self._cond:
-                        self.synced = False
-                        self._failing = True
-                        self._cond.notify_all()
+                    backoff = self._after_error(exc, backoff)
                 else:
                     backoff, gone_in_row = 0.0, 0
         finally:
-            with self._cond:
-                self.synced = False
-                self._stream = None
-                self._cond.notify_all()
-            self._stop.set()
-            if self.on_exit is not None:
-                self.on_exit(self)
+            self._finish()
+
+    def _after_gone(self, exc: Gone, gone_in_row: int) -> tuple[float, int]:
+        """The history the watch needed is gone (410): List again, after a delay. Every daemon of
+        the cluster meets the 410 at once after an API server restart or compaction: their
+        re-Lists are spread (jittered) and back off while 410s keep coming. Meanwhile verbs use
+        the state as a hint (kube.py). (backoff, 410s in a row)."""
+        gone_in_row += 1
+        backoff = relist_delay(gone_in_row)
+        self.stats["relists"] += 1
+        telemetry.watch_restart("expired")
+        self.stats["relist_wait"] = self.stats.get("relist_wait", 0.0) + backoff
+        log.info("%s: %s: listing again in %.1f s", self.name, exc, backoff)
+        with self._cond:
+            self.synced = False
+        return backoff, gone_in_row
+
+    def _after_broken(self, exc: Broken, backoff: float, gone_in_row: int) -> tuple[float, int]:
+        """The stream broke: the state up to resource_version stands, so watch again from there
+        (at once, unless streams keep breaking as soon as they open). (backoff, 410s in a row)."""
+        gone_in_row = 0 if exc.lasted >= RELIST_BASE else gone_in_row
+        with self._cond:
+            self.synced = False  # not trusted until a stream is open again (a hint meanwhile)
+        log.debug("%s: %s", self.name, exc)
+        self.stats["errors"] += 1
+        telemetry.watch_restart("broken")
+        quick = exc.lasted < 1.0
+        return (min(BACKOFF_CAP, max(BACKOFF_BASE, backoff * 2)) * random.uniform(0.8, 1.2) if quick else 0.0), gone_in_row
+
+    def _after_error(self, exc: Exception, backoff: float) -> float:
+        """Any other failure (the API refused, unreachable): not trusted, back off; the next backoff."""
+        self.stats["errors"] += 1
+        telemetry.watch_restart("error")
+        backoff = min(BACKOFF_CAP, max(BACKOFF_BASE, backoff * 2)) * random.uniform(0.8, 1.2)
+        level = logging.WARNING if isinstance(exc, Failed) and exc.status in (401, 403) else logging.INFO
+        log.log(level, "%s: %s; retrying in %.1f s%s", self.name, exc, backoff,
+                " (grant list and watch on leases.coordination.k8s.io)"
+                if isinstance(exc, Failed) and exc.status == 403 else "")
+        with self._cond:
+            self.synced = False
+            self._failing = True
+            self._cond.notify_all()
+        return backoff
+
+    def _finish(self) -> None:
+        """The thread ends: nothing is trusted any more, and the registry forgets the informer."""
+        with self._cond:
+            self.synced = False
+            self._stream = None
+            self._cond.notify_all()
+        self._stop.set()
+        if self.on_exit is not None:
+            self.on_exit(self)
 
     def _list(self) -> None:
         """List the domain page by page (only one page's JSON held at once: the parsed claims are

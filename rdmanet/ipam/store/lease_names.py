@@ -151,10 +151,11 @@ def server_date(headers: Any) -> Optional[datetime]:
 
 
 def parse_time(text: Any) -> Optional[datetime]:
+    """An API timestamp (RFC 3339: ``2024-05-01T10:00:00Z``, a MicroTime's fraction too)."""
     if not isinstance(text, str) or not text:
         return None
     try:
-        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        when = datetime.fromisoformat(text)
     except ValueError:
         return None
     return when if when.tzinfo else when.replace(tzinfo=timezone.utc)

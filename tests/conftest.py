@@ -1,5 +1,11 @@
 """Session set-up shared by the unit tests.
 
+The Kubernetes API server (``server``): the fake one (tests/kube_api_server.py) for one test; in a
+module marked ``both_servers`` the test runs twice, ``[fake]`` and ``[real]``, the second time on a
+real kube-apiserver + etcd (tests/kube_real_server.py, one per session, built once and cached)
+behind a fault-injecting proxy that gives it the fake's test controls. A test marked
+``fake_only(reason)`` runs on the fake alone (a control the real server cannot have).
+
 The node policy (rdmanet.cni.linux.roots): the tests put stores, state, log and device-info files in
 temporary directories, so the session runs under a policy whose roots are the temporary
 directory besides the built-in ones (``RDMANET_NODE_POLICY``, as a runtime would set it for the
@@ -14,7 +20,9 @@ import tempfile
 import pytest
 
 from rdmanet.cni.linux import roots
-from kube_api_server import KubeAPIServer, write_kubeconfig
+from kube_api_server import write_kubeconfig
+from kube_real_server import KubeCluster
+from kube_servers import api_server
 from policy_file import write_policy
 
 
@@ -38,10 +46,40 @@ def _session_node_policy(tmp_path_factory) -> None:
         os.environ[roots.POLICY_ENV] = old
 
 
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "both_servers: the module's tests run on the fake and on a real kube-apiserver")
+    config.addinivalue_line("markers", "fake_only(reason): runs on the fake API server only (says why)")
+    config.addinivalue_line("markers", "real_xfail(reason): a known failure on the real server (runs, reported as xfail)")
+
+
+def pytest_generate_tests(metafunc) -> None:
+    if "server" not in metafunc.fixturenames or metafunc.definition.get_closest_marker("both_servers") is None:
+        return
+    fake_only = metafunc.definition.get_closest_marker("fake_only")
+    if fake_only is not None and not (fake_only.args or fake_only.kwargs.get("reason")):
+        raise pytest.UsageError(f"{metafunc.definition.nodeid}: fake_only needs the reason")
+    real = "real"
+    known = metafunc.definition.get_closest_marker("real_xfail")
+    if known is not None:
+        real = pytest.param("real", marks=pytest.mark.xfail(reason=known.args[0], strict=False))
+    metafunc.parametrize("server", ["fake"] if fake_only else ["fake", real], indirect=True)
+
+
+@pytest.fixture(scope="session")
+def real_apiserver():
+    """A real kube-apiserver + etcd for the session, with deploy/'s namespace, ServiceAccount and RBAC."""
+    if os.geteuid() != 0 and not os.environ.get("RDMANET_KUBE_CACHE"):
+        pytest.skip("the real kube-apiserver is built and cached as root (scripts/test.sh)")
+    with KubeCluster() as cluster:
+        cluster.apply_rbac()
+        cluster.install_crds()
+        yield cluster
+
+
 @pytest.fixture
-def server():
-    """A fake Kubernetes API server for one test (tests/kube_api_server.py)."""
-    with KubeAPIServer() as srv:
+def server(request):
+    """A Kubernetes API server for one test (see :func:`api_server`)."""
+    with api_server(request) as srv:
         yield srv
 
 

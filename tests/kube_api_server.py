@@ -21,6 +21,11 @@ update (PUT, optimistic concurrency on ``metadata.resourceVersion``), patch
 (JSON patch / merge patch / strategic merge patch treated as merge patch),
 delete (with ``preconditions``) and deletecollection.
 
+Namespaces: a new server has ``NAMESPACES``; creating in another one is 404 (``add_namespace()``
+or a create of the Namespace makes one; ``POST /api/v1/namespaces``, 409 for one that exists). A pod's status on create is the server's (``Pending``); a pod bound to a node is
+deleted gracefully (``deletionTimestamp``, stays until a delete with ``gracePeriodSeconds: 0``, as
+its kubelet confirms), an unbound one at once. A Lease's MicroTime needs its 6 fractional digits.
+
 Metadata is filled like the apiserver does it: ``uid`` (uuid4), one global
 increasing ``resourceVersion`` counter, RFC3339 ``creationTimestamp``,
 ``namespace``.  Errors are ``Status`` objects with the real reasons
@@ -40,7 +45,7 @@ Usage in tests::
 
 Test controls (all thread-safe): ``counts()``, ``reset_counts()``,
 ``request_log()``, ``inject_latency()``, ``fail_next()``, ``fail_rate()``,
-``clear_faults()``, ``add_pod()``, ``delete_pod()``, ``add_node()``, ``delete_node()``, ``objects()``,
+``clear_faults()``, ``add_namespace()``, ``add_pod()``, ``delete_pod()``, ``add_node()``, ``delete_node()``, ``objects()``,
 ``get_object()``, ``compact()``, ``resource_version``, ``pause_watches()``,
 ``resume_watches()``, ``drop_watches()``, ``active_watches``.
 
@@ -175,6 +180,9 @@ RESOURCES: dict[str, ResourceType] = {
     "nodes": ResourceType(
         "nodes", "Node", "", "v1",
         {"metadata.name": _meta_field("name")}),
+    "namespaces": ResourceType(
+        "namespaces", "Namespace", "", "v1",
+        {"metadata.name": _meta_field("name")}),
     "events": ResourceType(
         "events", "Event", "", "v1",
         {"metadata.name": _meta_field("name"),
@@ -193,6 +201,14 @@ for _plural, _kind in (("ippools", "IPPool"), ("overlappingrangeipreservations",
     RESOURCES[_plural] = ResourceType(_plural, _kind, "whereabouts.cni.cncf.io", "v1alpha1",
                                       {"metadata.name": _meta_field("name"),
                                        "metadata.namespace": _meta_field("namespace")})
+
+# The namespaces a new server has: the system ones and those this project's tests use. An object
+# in any other namespace is refused (404, as the apiserver's NamespaceLifecycle admission) until a
+# test makes it (add_namespace()); add_pod() makes its own.
+NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease",
+              "ipam", "rdmanet-ipam", "rdmanet-system", "ns-a", "db", "ctx-ns")
+
+_MICROTIME_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}(Z|[+-]\d{2}:\d{2})$")
 
 _REASONS = {
     400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound",
@@ -295,6 +311,20 @@ def _label_value_errors(value: Any) -> list[str]:
                     "characters, '-', '_' or '.', and must start and end with an "
                     "alphanumeric character")
     return errs
+
+
+def _decode_times(rt: ResourceType, obj: dict) -> None:
+    """A Lease's MicroTime fields take RFC 3339 with exactly 6 fractional digits; anything else
+    fails decoding (400, before validation), as the apiserver's JSON decoder does."""
+    if rt.plural != "leases":
+        return
+    spec = obj.get("spec") if isinstance(obj.get("spec"), dict) else {}
+    for field in ("acquireTime", "renewTime"):
+        value = spec.get(field)
+        if value is not None and not (isinstance(value, str) and _MICROTIME_RE.match(value)):
+            raise ApiError(400, f'Lease in version "v1" cannot be handled as a Lease: v1.Lease.Spec: '
+                                f'v1.LeaseSpec.{field[0].upper()}{field[1:]}: parsing time {json.dumps(value)} '
+                                f'as "2006-01-02T15:04:05.000000Z07:00"')
 
 
 def _validate(rt: ResourceType, obj: dict) -> None:
@@ -626,6 +656,74 @@ def _fault_error(fault: _Fault, rt: ResourceType, name: str | None) -> ApiError:
     return ApiError(code, msg, details=details, headers=headers)
 
 
+class FaultControls:
+    """The fault controls of the fake server, shared with the real server's proxy
+    (tests/kube_real_server.py): ``inject_latency``, ``fail_next``, ``fail_rate``, ``clear_faults``,
+    and what a request handler asks (``_latency_for``, ``_pick_fault``). Needs ``_stats_lock``."""
+
+    def _init_faults(self) -> None:
+        self._latency = 0.0
+        self._latency_filter: tuple[str | None, str | None] = (None, None)
+        self._faults: list[_Fault] = []
+        self._rng = random.Random()
+
+    def inject_latency(self, seconds: float, verb: str | None = None,
+                       resource: str | None = None) -> None:
+        """Delay every (matching) API request by ``seconds`` before handling it."""
+        with self._stats_lock:
+            self._latency = float(seconds)
+            self._latency_filter = (verb, resource)
+
+    def fail_next(self, n: int = 1, status: int | str = 500, retry_after: float | None = None,
+                  verb: str | None = None, resource: str | None = None) -> None:
+        """Fail the next ``n`` (matching) API requests with ``status``.
+        ``status="drop"`` closes the connection without a response; ``status="lost"`` serves
+        the request (a create is made, a delete done) and then closes the connection without
+        the response (the answer lost on the way back).  429 responses
+        carry ``Retry-After`` (default 1 second)."""
+        with self._stats_lock:
+            self._faults.append(_Fault(int(n), None, status, retry_after, verb, resource))
+
+    def fail_rate(self, p: float, status: int | str = 500, retry_after: float | None = None,
+                  verb: str | None = None, resource: str | None = None,
+                  seed: int | None = None) -> None:
+        """Fail each (matching) API request with probability ``p``; ``p=0`` removes
+        all rate faults."""
+        with self._stats_lock:
+            self._faults = [f for f in self._faults if f.p is None]
+            if seed is not None:
+                self._rng.seed(seed)
+            if p > 0:
+                self._faults.append(_Fault(None, float(p), status, retry_after, verb, resource))
+
+    def clear_faults(self) -> None:
+        with self._stats_lock:
+            self._faults.clear()
+            self._latency = 0.0
+            self._latency_filter = (None, None)
+
+    def _pick_fault(self, verb: str, resource: str) -> _Fault | None:
+        with self._stats_lock:
+            for f in self._faults:
+                if not f.matches(verb, resource):
+                    continue
+                if f.remaining is not None:
+                    f.remaining -= 1
+                    if f.remaining <= 0:
+                        self._faults.remove(f)
+                    return f
+                if self._rng.random() < f.p:
+                    return f
+            return None
+
+    def _latency_for(self, verb: str, resource: str) -> float:
+        with self._stats_lock:
+            v, r = self._latency_filter
+            if (v is None or v == verb) and (r is None or r == resource):
+                return self._latency
+            return 0.0
+
+
 # --------------------------------------------------------------------------
 # In-process access: many simulated clients in one process, without HTTP
 # --------------------------------------------------------------------------
@@ -828,7 +926,7 @@ class _HTTPServer(ThreadingHTTPServer):
         self.server_port = port
 
 
-class KubeAPIServer:
+class KubeAPIServer(FaultControls):
     """Fake Kubernetes API server.  Starts serving on construction.
 
     :param port: TCP port on 127.0.0.1 (0 = pick a free one).
@@ -850,6 +948,7 @@ class KubeAPIServer:
         self._cond = threading.Condition(threading.RLock())
         self._store: dict[str, dict[tuple[str, str], dict]] = {r: {} for r in RESOURCES}
         self._rv = 1000
+        self._namespaces: set[str] = set(NAMESPACES)
         # events: (rv, resource, type, obj, prev_obj) sorted by rv
         self._events: list[tuple[int, str, str, dict, dict | None]] = []
         self._compacted_rv = self._rv  # watches from rv < this get 410
@@ -861,10 +960,7 @@ class KubeAPIServer:
         self._stats_lock = threading.Lock()
         self._counts: Counter = Counter()
         self._log: deque[dict] = deque(maxlen=10_000)
-        self._latency = 0.0
-        self._latency_filter: tuple[str | None, str | None] = (None, None)
-        self._faults: list[_Fault] = []
-        self._rng = random.Random()
+        self._init_faults()
         self._connections: set[socket.socket] = set()
         self._active_watches = 0
         self._watch_sockets: set[socket.socket] = set()
@@ -992,64 +1088,6 @@ class KubeAPIServer:
             self._cond.notify_all()
         return len(socks)
 
-    # -- fault injection -----------------------------------------------------
-
-    def inject_latency(self, seconds: float, verb: str | None = None,
-                       resource: str | None = None) -> None:
-        """Delay every (matching) API request by ``seconds`` before handling it."""
-        with self._stats_lock:
-            self._latency = float(seconds)
-            self._latency_filter = (verb, resource)
-
-    def fail_next(self, n: int = 1, status: int | str = 500, retry_after: float | None = None,
-                  verb: str | None = None, resource: str | None = None) -> None:
-        """Fail the next ``n`` (matching) API requests with ``status``.
-        ``status="drop"`` closes the connection without a response; ``status="lost"`` serves
-        the request (a create is made, a delete done) and then closes the connection without
-        the response (the answer lost on the way back).  429 responses
-        carry ``Retry-After`` (default 1 second)."""
-        with self._stats_lock:
-            self._faults.append(_Fault(int(n), None, status, retry_after, verb, resource))
-
-    def fail_rate(self, p: float, status: int | str = 500, retry_after: float | None = None,
-                  verb: str | None = None, resource: str | None = None,
-                  seed: int | None = None) -> None:
-        """Fail each (matching) API request with probability ``p``; ``p=0`` removes
-        all rate faults."""
-        with self._stats_lock:
-            self._faults = [f for f in self._faults if f.p is None]
-            if seed is not None:
-                self._rng.seed(seed)
-            if p > 0:
-                self._faults.append(_Fault(None, float(p), status, retry_after, verb, resource))
-
-    def clear_faults(self) -> None:
-        with self._stats_lock:
-            self._faults.clear()
-            self._latency = 0.0
-            self._latency_filter = (None, None)
-
-    def _pick_fault(self, verb: str, resource: str) -> _Fault | None:
-        with self._stats_lock:
-            for f in self._faults:
-                if not f.matches(verb, resource):
-                    continue
-                if f.remaining is not None:
-                    f.remaining -= 1
-                    if f.remaining <= 0:
-                        self._faults.remove(f)
-                    return f
-                if self._rng.random() < f.p:
-                    return f
-            return None
-
-    def _latency_for(self, verb: str, resource: str) -> float:
-        with self._stats_lock:
-            v, r = self._latency_filter
-            if (v is None or v == verb) and (r is None or r == resource):
-                return self._latency
-            return 0.0
-
     # -- direct object access --------------------------------------------------
 
     @property
@@ -1090,6 +1128,7 @@ class KubeAPIServer:
             meta["annotations"] = dict(annotations)
         obj = {"metadata": meta, "spec": spec, "status": status}
         with self._cond:
+            self._namespaces.add(namespace)
             prev = self._store["pods"].get((namespace, name))
             obj["metadata"]["creationTimestamp"] = _now_rfc3339()
             self._put("pods", obj, "MODIFIED" if prev else "ADDED", prev)
@@ -1110,6 +1149,11 @@ class KubeAPIServer:
                 return False
             self._remove("pods", key)
             return True
+
+    def add_namespace(self, name: str) -> None:
+        """Make a namespace (objects in one the server does not have are refused with 404)."""
+        with self._cond:
+            self._namespaces.add(name)
 
     def add_node(self, name: str, labels: dict | None = None) -> dict:
         """Create (or replace) a node (cluster-scoped; listed and watched at ``/api/v1/nodes``,
@@ -1525,6 +1569,8 @@ class KubeAPIServer:
         if verb == "patch":
             return self.api_patch(rt, ns, name, body, content_type, dry_run)
         if verb == "delete":
+            if q.get("gracePeriodSeconds") not in (None, ""):  # DeleteOptions in the query, as clients send them
+                body = {**(body if isinstance(body, dict) else {}), "gracePeriodSeconds": int(q["gracePeriodSeconds"])}
             return self.api_delete(rt, ns, name, body, dry_run)
         if verb == "deletecollection":
             return self.api_deletecollection(rt, ns, q, dry_run)
@@ -1533,6 +1579,10 @@ class KubeAPIServer:
     def api_create(self, rt: ResourceType, ns: str, body: dict, dry_run: bool) -> tuple[int, dict]:
         if not isinstance(body, dict):
             raise ApiError(400, "the body of the request was in an unknown format")
+        _decode_times(rt, body)
+        with self._cond:
+            if ns and ns not in self._namespaces:
+                raise ApiError(404, f'namespaces "{ns}" not found', details={"name": ns, "kind": "namespaces"})
         obj = copy.deepcopy(body)
         meta = obj.setdefault("metadata", {})
         if meta.get("namespace") and meta["namespace"] != ns:
@@ -1547,10 +1597,12 @@ class KubeAPIServer:
         for k in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"):
             meta.pop(k, None)
         if rt.plural == "pods":
-            obj.setdefault("status", {}).setdefault("phase", "Pending")
+            # a pod's status is the kubelet's (the status subresource): what a create carries is dropped
+            obj["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
+            obj.setdefault("spec", {}).setdefault("terminationGracePeriodSeconds", 30)
         with self._cond:
             key = (ns, meta["name"])
-            if key in self._store[rt.plural]:
+            if key in self._store[rt.plural] or (rt.plural == "namespaces" and meta["name"] in self._namespaces):
                 raise ApiError(409, f'{rt.qualified} "{meta["name"]}" already exists',
                                details=_details(rt, meta["name"]), reason="AlreadyExists")
             meta["uid"] = str(uuid.uuid4())
@@ -1559,6 +1611,8 @@ class KubeAPIServer:
                 meta["resourceVersion"] = str(self._rv)
             else:
                 self._put(rt.plural, obj, "ADDED", None)
+                if rt.plural == "namespaces":
+                    self._namespaces.add(meta["name"])
             return 201, self._with_kind(rt, copy.deepcopy(obj))
 
     def api_get(self, rt: ResourceType, ns: str, name: str) -> tuple[int, dict]:
@@ -1616,6 +1670,7 @@ class KubeAPIServer:
     def api_update(self, rt: ResourceType, ns: str, name: str, body: dict, dry_run: bool) -> tuple[int, dict]:
         if not isinstance(body, dict):
             raise ApiError(400, "the body of the request was in an unknown format")
+        _decode_times(rt, body)
         with self._cond:
             return self._replace(rt, ns, name, copy.deepcopy(body), dry_run)
 
@@ -1642,6 +1697,7 @@ class KubeAPIServer:
                                     "accepted media types include: application/json-patch+json, "
                                     "application/merge-patch+json, "
                                     "application/strategic-merge-patch+json")
+            _decode_times(rt, new)
             return self._replace(rt, ns, name, new, dry_run)
 
     def api_delete(self, rt: ResourceType, ns: str, name: str, body: Any, dry_run: bool) -> tuple[int, dict]:
@@ -1661,6 +1717,21 @@ class KubeAPIServer:
                 raise ApiError(409, f"Precondition failed: ResourceVersion in precondition: {rv}, "
                                     f"ResourceVersion in object meta: {cur['metadata']['resourceVersion']}",
                                details=_details(rt, name))
+            if rt.plural == "pods" and (cur.get("spec") or {}).get("nodeName"):
+                # A pod bound to a node is deleted gracefully: it is marked and stays until its
+                # kubelet confirms (deletes it with grace period 0); an unbound pod goes at once.
+                grace = body.get("gracePeriodSeconds") if isinstance(body, dict) else None
+                if grace is None:
+                    grace = cur["metadata"].get("deletionGracePeriodSeconds",
+                                                cur["spec"].get("terminationGracePeriodSeconds", 30))
+                if int(grace) > 0:
+                    marked = copy.deepcopy(cur)
+                    when = _dt.datetime.now(_dt.timezone.utc) + _dt.timedelta(seconds=int(grace))
+                    marked["metadata"]["deletionTimestamp"] = when.strftime("%Y-%m-%dT%H:%M:%SZ")
+                    marked["metadata"]["deletionGracePeriodSeconds"] = int(grace)
+                    if not dry_run and _without_rv(marked) != _without_rv(cur):
+                        self._put(rt.plural, marked, "MODIFIED", cur)
+                    return 200, self._with_kind(rt, copy.deepcopy(marked))
             if dry_run:
                 gone = copy.deepcopy(cur)
             else:
@@ -1773,6 +1844,7 @@ _ROUTES = [
     (re.compile(r"^/api/v1/namespaces/([^/]+)/pods(?:/([^/]+))?/?$"), "pods", True),
     (re.compile(r"^/api/v1/pods/?$"), "pods", False),
     (re.compile(r"^/api/v1/nodes(?:/([^/]+))?/?$"), "nodes", None),
+    (re.compile(r"^/api/v1/namespaces(?:/([^/]+))?/?$"), "namespaces", None),
     (re.compile(r"^/api/v1/namespaces/([^/]+)/events(?:/([^/]+))?/?$"), "events", True),
     (re.compile(r"^/api/v1/events/?$"), "events", False),
     (re.compile(r"^/apis/whereabouts\.cni\.cncf\.io/v1alpha1/namespaces/([^/]+)/ippools(?:/([^/]+))?/?$"), "ippools", True),
@@ -2232,12 +2304,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--kubeconfig", help="write a kubeconfig for this server here")
-    ap.add_argument("--namespace", help="namespace for the kubeconfig context")
+    ap.add_argument("--namespace", help="namespace for the kubeconfig context (the server has it)")
     ap.add_argument("--token", help="require this bearer token")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     srv = KubeAPIServer(port=args.port, host=args.host, token=args.token,
                         verbose=args.verbose, start=False)
+    if args.namespace:
+        srv.add_namespace(args.namespace)
     if args.kubeconfig:
         write_kubeconfig(args.kubeconfig, srv.url, args.namespace, token=args.token or "fake-token")
     print(srv.url, flush=True)

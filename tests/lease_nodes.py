@@ -15,16 +15,17 @@ from rdmanet.ipam.store.kube import ApiClientTransport, KubeStore
 NS = "ipam"
 
 
-def call(command, conf, cid, node):
+def call(command, conf, cid, node, uid=None):
+    """``uid``: the pod's UID (a pod the API server holds), else ``uid-<cid>``."""
     env = {"CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": "/var/run/netns/x", "CNI_IFNAME": "net1",
            "CNI_PATH": "/opt/cni/bin", "RDMANET_NODE_NAME": node,
-           "CNI_ARGS": f"K8S_POD_NAMESPACE=default;K8S_POD_NAME={cid};K8S_POD_UID=uid-{cid}"}
+           "CNI_ARGS": f"K8S_POD_NAMESPACE=default;K8S_POD_NAME={cid};K8S_POD_UID={uid or 'uid-' + cid}"}
     return skel.handle(LeaseIPAM(), env, json.dumps(conf).encode())
 
 
-def add(conf, cid, node):
+def add(conf, cid, node, uid=None):
     """The address an ADD returned, or None when the pool is exhausted (any other error fails)."""
-    code, out = call("ADD", conf, cid, node)
+    code, out = call("ADD", conf, cid, node, uid)
     if code:
         assert out["code"] == POOL_EXHAUSTED, out
         return None

@@ -26,6 +26,14 @@ from kube_api_server import (
 NS = "rdma"
 
 
+@pytest.fixture(autouse=True)
+def _namespace(request):
+    """These tests' namespace (a server refuses objects in one it does not have)."""
+    if "server" in request.fixturenames:
+        for ns in (NS, "other"):
+            request.getfixturevalue("server").add_namespace(ns)
+
+
 @pytest.fixture
 def api_client(server):
     cfg = client.Configuration(host=server.url)
@@ -88,7 +96,9 @@ def test_create_status_201_on_the_wire(leases):
 def test_spec_times_pass_through(leases):
     body = lease("t")
     body.spec.acquire_time = "2024-05-01T10:00:00.123456Z"
-    body.spec.renew_time = "2024-05-01T10:00:01.000000Z"
+    # (a whole second would go out as "...:01+00:00": the client's datetime drops a zero fraction,
+    # and a MicroTime without its 6 digits is refused, by the fake as by a real server)
+    body.spec.renew_time = "2024-05-01T10:00:01.000001Z"
     body.spec.lease_transitions = 3
     out = leases.create_namespaced_lease(NS, body)
     assert out.spec.lease_transitions == 3
@@ -532,7 +542,10 @@ def test_pod_crud_via_client(server, core):
     assert created.metadata.uid and created.kind == "Pod"
     assert core.read_namespaced_pod("web", NS).spec.node_name == "n1"
     assert [p.metadata.name for p in core.list_namespaced_pod(NS, label_selector="app=w").items] == ["web"]
-    gone = core.delete_namespaced_pod("web", NS)
+    marked = core.delete_namespaced_pod("web", NS)  # bound to a node: terminating until its kubelet confirms
+    assert marked.metadata.name == "web" and marked.metadata.deletion_timestamp is not None
+    assert core.read_namespaced_pod("web", NS).metadata.deletion_grace_period_seconds == 30
+    gone = core.delete_namespaced_pod("web", NS, grace_period_seconds=0)
     assert gone.metadata.name == "web"
     with pytest.raises(ApiException) as ei:
         core.read_namespaced_pod("web", NS)
@@ -728,6 +741,7 @@ def lease_body(name, node):
 
 def test_inprocess_requests_are_served_and_counted_per_client():
     srv = KubeAPIServer(start=False)
+    srv.add_namespace(NS)
     a, b = InProcessApiClient(srv, "node-a"), InProcessApiClient(srv, "node-b")
     status, created = inproc(a, "POST", LEASES, body=lease_body("l1", "node-a"))
     assert status == 201 and created["metadata"]["uid"]
@@ -745,6 +759,7 @@ def test_inprocess_requests_are_served_and_counted_per_client():
 
 def test_inprocess_watches_get_what_their_selector_matches_and_held_ones_are_counted():
     srv = KubeAPIServer(start=False)
+    srv.add_namespace(NS)
     a = InProcessApiClient(srv, "node-a")
     rv = str(srv.resource_version)
     watch_q = [("watch", "true"), ("resourceVersion", rv), ("timeoutSeconds", "1")]
@@ -775,6 +790,7 @@ def test_inprocess_watches_get_what_their_selector_matches_and_held_ones_are_cou
 
 def test_inprocess_watch_replays_history_and_restart_makes_it_410():
     srv = KubeAPIServer(start=False)
+    srv.add_namespace(NS)
     a = InProcessApiClient(srv, "node-a")
     rv = str(srv.resource_version)
     inproc(a, "POST", LEASES, body=lease_body("l1", "node-a"))

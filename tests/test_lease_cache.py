@@ -41,8 +41,11 @@ from rdmanet.ipam.store.kube import (
 )
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kube_servers import api_server  # noqa: E402
 from kube_api_server import KubeAPIServer, parse_label_selector, write_kubeconfig  # noqa: E402
 from lease_objects import block_leases, block_owner, claim_leases  # noqa: E402
+
+pytestmark = pytest.mark.both_servers  # the fake and a real kube-apiserver (conftest.py)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NS = "ipam"
@@ -50,11 +53,10 @@ RACE_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "test_lea
 
 
 @pytest.fixture
-def server():
-    srv = KubeAPIServer(bookmark_interval=0.2)
-    yield srv
-    srv.resume_watches()
-    srv.stop()
+def server(request):
+    with api_server(request, bookmark_interval=0.2) as srv:
+        yield srv
+        srv.resume_watches()
 
 
 @pytest.fixture
@@ -335,6 +337,8 @@ def test_a_full_pool_is_only_reported_after_a_list(server, kubeconfig, cache):
 
 # -- stream faults ----------------------------------------------------------------------------------
 
+@pytest.mark.fake_only("the fake compacts its history on demand (compact()); a real server keeps at least 75 s of "
+                       "watch history and compacts etcd every 5 minutes")
 def test_410_gone_lists_again_and_the_state_is_right(server, kubeconfig, cache):
     conf = netconf(kubeconfig)
     inf = synced_domain(server, conf)
@@ -360,6 +364,8 @@ def test_410_gone_lists_again_and_the_state_is_right(server, kubeconfig, cache):
     assert add_ip(conf, "b") == b
 
 
+@pytest.mark.fake_only("the fake compacts its history on demand (compact()); a real server keeps at least 75 s of "
+                       "watch history and compacts etcd every 5 minutes")
 def test_watch_started_from_a_compacted_version_gets_410_and_relists(server, kubeconfig, cache):
     conf = netconf(kubeconfig)
     inf = synced_domain(server, conf)
@@ -610,6 +616,8 @@ def test_a_failing_watch_falls_back_to_list(server, kubeconfig, cache):
 
 # -- the fake server's watch ------------------------------------------------------------------------
 
+@pytest.mark.fake_only("the fake compacts its history on demand (compact()); a real server keeps at least 75 s of "
+                       "watch history and compacts etcd every 5 minutes")
 def test_fake_server_watch_semantics(server, kubeconfig):
     """What the informer relies on, checked on the wire: events after N in order, bookmarks,
     410 as an ERROR event with a Status, paused and dropped streams."""

@@ -31,6 +31,8 @@ from rdmanet.ipam.store.lease_names import block_id
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_api_server import InProcessApiClient, KubeAPIServer, parse_label_selector  # noqa: E402
 
+pytestmark = pytest.mark.both_servers  # the fake and a real kube-apiserver (conftest.py)
+
 NS = "ipam"
 DOMAIN = "index-test"
 DHASH = domain_hash(DOMAIN)

@@ -43,6 +43,8 @@ from lease_objects import block_leases, block_owner, claim_leases  # noqa: E402
 from lease_informers import informer_of, wait_until  # noqa: E402
 from lease_nodes import NS, add, call, store  # noqa: E402
 
+pytestmark = pytest.mark.both_servers  # the fake and a real kube-apiserver (conftest.py)
+
 DHASH = domain_hash(CLUSTER_DOMAIN)
 
 
@@ -270,6 +272,8 @@ def test_nodes_racing_for_a_small_range_get_distinct_addresses_to_the_last_one(s
     assert len(block_leases(server, NS)) == 4  # each block held by one node, the other nodes borrowed
 
 
+@pytest.mark.real_xfail("on the real server an informer sometimes (1 run in 3 or 4) still holds a Lease the server "
+                        "deleted around the kube-apiserver restart (no 410, no re-List): under investigation")
 def test_an_api_server_restart_mid_launch_loses_nothing_and_duplicates_nothing(server, kubeconfig, daemon):
     """3 node daemons launch 20 pods each; halfway the API server restarts (every watch breaks,
     the history is gone: 410, re-List) and answers a few requests 503. Every ADD succeeds once,
@@ -381,6 +385,8 @@ def test_a_mixed_cluster_with_an_old_version_node_never_hands_out_an_address_twi
 
 # -- target 5: small networks -------------------------------------------------------------------------
 
+@pytest.mark.fake_only("it makes thousands of Leases: about a minute a run on the real server, beyond the suite's "
+                       "budget; test_kube_real_race.py makes 1,000 claims there")
 def test_a_24_shared_by_64_nodes_is_usable_to_the_last_address(server, kubeconfig):
     """16 blocks for 64 nodes: 48 nodes never get a block and borrow; all 254 addresses are
     handed out once, then every node is told the pool is exhausted."""
@@ -463,8 +469,8 @@ def reconcile_actions(kubeconfig, conf, capsys) -> dict:
 
 def test_the_reconciler_frees_claims_by_pod_uid_and_leaves_blocks_alone(server, kubeconfig, capsys):
     conf = netconf(kubeconfig, "10.9.8.0/24")
-    server.add_pod("default", "live", uid="uid-live")
-    assert add(conf, "live", "node-a") is not None
+    uid = server.add_pod("default", "live", uid="uid-live")["metadata"]["uid"]  # a real server sets its own
+    assert add(conf, "live", "node-a", uid) is not None
     assert add(conf, "gone", "node-a") is not None
     assert reconcile_actions(kubeconfig, conf, capsys) == {"live": "kept", "gone": "freed"}
     assert list(holders(server).values()) == ["live/net1"]
@@ -476,9 +482,9 @@ def test_the_reconciler_frees_a_block_records_address_and_the_node_keeps_its_blo
     update (as the node's DEL does), so the block stays held and the node's next ADD in it is one
     request; a live pod's claim in the block is untouched."""
     conf = netconf(kubeconfig, "10.9.17.0/24")
-    server.add_pod("default", "live", uid="uid-live")
+    uid = server.add_pod("default", "live", uid="uid-live")["metadata"]["uid"]
     assert add(conf, "gone", "node-a") == "10.9.17.1"  # the record
-    live = add(conf, "live", "node-a")
+    live = add(conf, "live", "node-a", uid)
     assert reconcile_actions(kubeconfig, conf, capsys) == {"live": "kept", "gone": "freed"}
     assert holders(server) == {live: "live/net1"}
     [blk] = block_leases(server, NS)
@@ -659,6 +665,8 @@ def fill_blocks(server, filler, rs, wanted, size=4):
             assert server.api_create(RESOURCES["leases"], NS, body, False)[0] == 201
 
 
+@pytest.mark.fake_only("it makes thousands of Leases: about a minute a run on the real server, beyond the suite's "
+                       "budget; test_kube_real_race.py makes 1,000 claims there")
 @pytest.mark.parametrize("records_read", [True, False], ids=["records-read", "no-records-read"])
 def test_a_node_whose_acquisition_gave_up_takes_a_block_the_domain_read_shows_free(server, kubeconfig, monkeypatch,
                                                                                     records_read):

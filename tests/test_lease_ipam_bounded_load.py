@@ -45,6 +45,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_api_server import RESOURCES, write_kubeconfig  # noqa: E402
 from lease_objects import claim_leases  # noqa: E402
 
+pytestmark = pytest.mark.both_servers  # the fake and a real kube-apiserver (conftest.py)
+
 NS = "ipam"
 
 
@@ -155,6 +157,7 @@ class CompactAfterFirstPage(Transport):
         return self.inner.watch(path, query, timeout)
 
 
+@pytest.mark.fake_only("the fake compacts its history on demand; a real server's continue token expires only when etcd is compacted (every 5 minutes)")
 def test_an_expired_continue_token_starts_the_list_over(server, kubeconfig, monkeypatch):
     seed_claims(server, 1100, node="node-a")  # the in-process ADD reads its node's objects
     conf = netconf(kubeconfig)
@@ -188,6 +191,7 @@ def _reconcile_conf(kubeconfig):
             "ipam": {"type": "lease-ipam", "range": "10.0.0.0/20", "kubernetes": {"kubeconfig": str(kubeconfig)}}}
 
 
+@pytest.mark.fake_only("it seeds thousands of claims with backdated creation times and pod UIDs of its own; a real server sets both itself")
 def test_the_reconciler_lists_pods_once_per_namespace_and_writes_only_what_changes(server, kubeconfig):
     """3,000 claims over 4 namespaces, 100 of whose pods are gone. The run's requests are
     computed, not timed: the claims' List in pages of 500, one paginated pod List per namespace,
@@ -221,6 +225,7 @@ def test_the_reconciler_lists_pods_once_per_namespace_and_writes_only_what_chang
     assert outcome.count(reconcile.MISS) == 100 and server.counts()[("list", "pods")] == expected[("list", "pods")]
 
 
+@pytest.mark.fake_only("it seeds thousands of claims with backdated creation times and pod UIDs of its own; a real server sets both itself")
 def test_the_node_gc_lists_only_the_pods_bound_to_its_node(server, kubeconfig):
     from rdmanet.ipam import reconcile
     from rdmanet.ipam.kube_config import kube_settings
@@ -241,6 +246,7 @@ def test_the_node_gc_lists_only_the_pods_bound_to_its_node(server, kubeconfig):
     assert pod_lists[2]["path"] == f"/api/v1/namespaces/{made[0][0]}/pods/{made[0][1]}"
 
 
+@pytest.mark.fake_only("it seeds thousands of claims with backdated creation times and pod UIDs of its own; a real server sets both itself")
 def test_the_reconciler_leaves_what_it_could_not_judge_by_its_deadline(server, kubeconfig):
     from rdmanet.ipam import reconcile
 
@@ -312,6 +318,7 @@ def test_adds_while_the_watch_lags_never_list_the_domain_each(server, kubeconfig
     server.resume_watches()
 
 
+@pytest.mark.fake_only("the fake refuses the old token on demand; on the real server a revoked ServiceAccount token is rotated in test_kube_real_rbac.py")
 def test_a_token_rotation_keeps_the_watch_and_takes_the_new_token(server, kubeconfig, daemon_cache):
     conf = netconf(kubeconfig)
     add_ip(conf, "a")
@@ -435,6 +442,7 @@ def test_an_add_over_a_domain_of_20k_claims_holds_one_page_at_a_time():
     assert peak < 12, f"peak {peak:.1f} MiB for {count} claims"
 
 
+@pytest.mark.fake_only("it seeds thousands of claims with backdated creation times and pod UIDs of its own; a real server sets both itself")
 def test_the_reconcile_command_takes_a_deadline(server, kubeconfig, tmp_path, capsys):
     from rdmanet.cli.main import main
 

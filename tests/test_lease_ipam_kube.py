@@ -30,6 +30,8 @@ from kube_api_server import KubeAPIServer, write_kubeconfig  # noqa: E402
 from policy_file import with_keys  # noqa: E402
 from lease_objects import block_leases, claim_leases  # noqa: E402
 
+pytestmark = pytest.mark.both_servers  # the fake and a real kube-apiserver (conftest.py)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NS = "ipam"
 

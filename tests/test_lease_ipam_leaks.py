@@ -31,6 +31,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_api_server import write_kubeconfig  # noqa: E402
 from lease_objects import claim_leases  # noqa: E402
 
+pytestmark = pytest.mark.both_servers  # the fake and a real kube-apiserver (conftest.py)
+
 NS = "rdmanet-system"
 BARE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -123,16 +125,16 @@ def test_a_del_that_failed_while_the_api_server_was_out_is_retried(server, node)
 
 
 def test_node_gc_frees_this_nodes_claims_of_gone_pods_and_replaced_sandboxes(server, node):
-    server.add_pod("default", "pod-live", uid="uid-live", node="node-a")
-    server.add_pod("default", "pod-old", uid="uid-restarted", node="node-a")
+    live = server.add_pod("default", "pod-live", uid="uid-live", node="node-a")["metadata"]["uid"]
+    restarted = server.add_pod("default", "pod-old", uid="uid-restarted", node="node-a")["metadata"]["uid"]
     server.add_node("node-a")  # the daemon confirms its Node before it runs the node GC
     node.daemon(RDMANET_NODE_GC_SECONDS="0.3", RDMANET_NODE_GC_GRACE_SECONDS="0", RDMANET_NODE_GC_MISSES="2")
-    assert multus_thick(node, "ADD", "live", uid="uid-live")[0] == 0
+    assert multus_thick(node, "ADD", "live", uid=live)[0] == 0
     assert multus_thick(node, "ADD", "gone")[0] == 0  # its pod is never in the API: deleted, DEL never came
-    assert multus_thick(node, "ADD", "old", uid="uid-restarted", pod="pod-old")[0] == 0
+    assert multus_thick(node, "ADD", "old", uid=restarted, pod="pod-old")[0] == 0
     server.advance_clock(2)  # the server's clock orders the sandboxes' claims (creationTimestamp, in seconds)
     # a new sandbox of the same pod (the old one's DEL never came)
-    assert multus_thick(node, "ADD", "new", uid="uid-restarted", pod="pod-old")[0] == 0
+    assert multus_thick(node, "ADD", "new", uid=restarted, pod="pod-old")[0] == 0
     on_node_b(node, "ADD", "b-gone")  # another node's claim: not this node's GC's business
     wait_for(lambda: holders(server) == ["b-gone/net1", "live/net1", "new/net1"], "the node GC")
     time.sleep(1.0)  # several more rounds: nothing else goes

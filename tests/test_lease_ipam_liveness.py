@@ -23,6 +23,8 @@ from rdmanet.ipam.store.lease_names import L_BLOCK_OWNER, L_NODE
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_cluster import NAMESPACE  # noqa: E402
 
+pytestmark = pytest.mark.both_servers  # the fake and a real kube-apiserver (conftest.py)
+
 NS = NAMESPACE
 PODS = "apps"
 

@@ -34,6 +34,8 @@ from lease_objects import block_leases, block_owner, claim_leases  # noqa: E402
 from lease_informers import informer_of, wait_until  # noqa: E402
 from lease_nodes import NS, call, store  # noqa: E402
 
+pytestmark = pytest.mark.both_servers  # the fake and a real kube-apiserver (conftest.py)
+
 DHASH = domain_hash(CLUSTER_DOMAIN)
 IP = ipaddress.ip_address
 
@@ -302,6 +304,7 @@ def test_nodes_and_records_are_listed_page_by_page(server, kubeconfig, monkeypat
     assert all(e["query"].get("limit") == "2" for e in log)
 
 
+@pytest.mark.fake_only("it drives the fake server's in-process client (InProcessApiClient), as the scale simulation does")
 def test_the_runner_entry_point_takes_any_api_client(server, kubeconfig):
     """What the scale simulation calls: run_plan on a KubeTarget over any transport (here the fake
     server's in-process client, its requests counted under the client's name)."""

@@ -27,6 +27,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kube_api_server import write_kubeconfig  # noqa: E402
 from lease_objects import claim_leases  # noqa: E402
 
+pytestmark = pytest.mark.both_servers  # the fake and a real kube-apiserver (conftest.py)
+
 NS = "kube-system"  # whereabouts' default namespace: the kubeconfig context names none
 
 

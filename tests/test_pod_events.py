@@ -32,6 +32,8 @@ def events_of(server, namespace: str, reason: str | None = None) -> list[dict]:
 @pytest.fixture
 def node(tmp_path):
     with KubeAPIServer() as server, shim_env() as root:
+        for ns in ("team-a", "team-b", "team-c", "team-d"):  # the pods' namespaces exist (events go into them)
+            server.add_namespace(ns)
         server.add_node(NODE)  # the daemon's node GC runs for a Node the API confirms
         daemon_kc = write_kubeconfig(tmp_path / "daemon.kubeconfig", server.url, namespace=NAMESPACE, token="daemon")
         lease_kc = write_kubeconfig(tmp_path / "lease.kubeconfig", server.url, namespace=NAMESPACE, token="nad")
@@ -117,6 +119,8 @@ def test_the_node_gc_freeing_an_address_is_a_normal_event_on_its_pod(node):
 def test_the_reconciler_cronjob_writes_an_event_for_each_address_it_frees(tmp_path, monkeypatch):
     """``rdmanet ipam reconcile --all``, as the CronJob runs it (its credentials: here a kubeconfig)."""
     with KubeAPIServer() as server:
+        for ns in ("team-a", "team-b", "team-c", "team-d"):  # the pods' namespaces exist (events go into them)
+            server.add_namespace(ns)
         kubeconfig = str(write_kubeconfig(tmp_path / "kc", server.url, namespace=NAMESPACE))
         config = json.loads(conf(kubeconfig))
         env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c-gone", "CNI_NETNS": "/x", "CNI_IFNAME": "net1",
@@ -136,6 +140,8 @@ def test_the_reconciler_cronjob_writes_an_event_for_each_address_it_frees(tmp_pa
 def test_the_node_wide_rate_limit(tmp_path):
     """BURST events at once, then RATE per second; the rest are counted as rate-limited."""
     with KubeAPIServer() as server:
+        for ns in ("team-a", "team-b", "team-c", "team-d"):  # the pods' namespaces exist (events go into them)
+            server.add_namespace(ns)
         kubeconfig = str(write_kubeconfig(tmp_path / "kc", server.url))
         now = [1000.0]
         results: list[tuple[str, str]] = []

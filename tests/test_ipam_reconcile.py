@@ -301,3 +301,26 @@ def test_ls_kube_store_shows_pod_node_and_counts(server, conf, capsys):
     code = main(["ipam", "ls", "--network-config", conf["path"]])
     out = capsys.readouterr().out
     assert "kubernetes store, namespace rdmanet-ipam" in out and "default/train-0" in out and "gpu-1" in out
+
+
+
+def test_credentials_that_may_not_list_pods_are_refused_once_then_read_pods_by_name(server, conf):
+    """The node daemon's token may get pods but not list them (deploy/rbac.yaml): its node GC's
+    first run is refused the List and reads each claim's pod by name; later runs of the same
+    credentials do not ask for the List again (one refused request per process, not per run)."""
+    from rdmanet.ipam.kube_config import kube_settings
+
+    for i in range(3):
+        uid = server.add_pod("default", f"rail-{i}", uid=f"uid-rail-{i}", node="node-a")["metadata"]["uid"]
+        cni("ADD", conf, f"ctr{i}", ("default", f"rail-{i}", uid))
+    reads = []
+    for run in range(3):
+        target = reconcile.KubeTarget.for_settings(kube_settings(conf["doc"]), node="node-a")
+        if run == 0:
+            server.fail_next(1, status=403, verb="list", resource="pods")
+        server.reset_counts()
+        outcome = reconcile.reconcile_target(target, grace_seconds=0, misses=3)
+        assert outcome.count(reconcile.KEPT) == 3, outcome.to_json()
+        counts = server.counts()
+        reads.append((counts.get(("list", "pods"), 0), counts.get(("get", "pods"), 0)))
+    assert reads == [(1, 3), (0, 3), (0, 3)]

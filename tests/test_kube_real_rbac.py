@@ -220,7 +220,10 @@ def test_a_rotated_token_is_taken_and_the_revoked_one_never_used_again(real_apis
         real_apiserver.restart_apiserver()  # every connection and watch breaks
         assert node.cni("ADD", "c", live)[0] == 0
         assert objects.holders() == ["b/net1", "c/net1"]
-        assert [r for r in refused(real_apiserver, since) if r != "list pods: 403"] == []  # the revoked token was never sent again
+        # the revoked token was never sent again: a refused token is a 401 (a kube-apiserver that
+        # is starting answers 403 to anyone until its RBAC cache is filled: a watch re-opened
+        # that early is refused and retried, whichever token it carries)
+        assert [r for r in refused(real_apiserver, since) if r.endswith(": 401")] == []
         assert ("watch", "leases") in used(real_apiserver, since, SA_USER)  # the watch re-opened, with the new token
     finally:
         node.stop()

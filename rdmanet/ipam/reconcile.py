@@ -207,6 +207,12 @@ class KubeAPI:
         return doc
 
 
+# When a List of pods was refused (403), by credentials (API host, kubeconfig): pods are then read
+# by name, and a List is asked for again after POD_LIST_RETRY seconds (RBAC may have changed).
+POD_LIST_RETRY = 3600.0
+_pod_list_refused: dict[tuple[str, str], float] = {}
+
+
 @dataclass
 class KubeTarget:
     """Claims in the Lease store: which namespace, which selector, which client. By default one
@@ -216,8 +222,9 @@ class KubeTarget:
     node daemon's GC: only that node's claims) one List of the pods bound to the node
     (``fieldSelector=spec.nodeName``, every namespace); else one List per namespace that holds a
     claim to judge. Both paginated; of each pod only its UID and mirror annotation are kept.
-    Credentials that may ``get`` but not ``list`` pods (an older install's RBAC) fall back to one
-    GET per claim."""
+    Credentials that may ``get`` but not ``list`` pods (the node daemon's, deploy/rbac.yaml) read
+    one pod per claim by name instead; the refusal is remembered for this process
+    (:data:`POD_LIST_RETRY`), so each run does not ask again only to be refused."""
 
     api: KubeAPI
     namespace: str
@@ -225,7 +232,7 @@ class KubeTarget:
     selector: str = ""
     node: Optional[str] = None
     _pods: dict = field(default_factory=dict, repr=False)  # namespace (or "" for the node's) -> {name: pod}
-    _no_pod_list: bool = field(default=False, repr=False)
+    credentials: tuple[str, str] = ("", "")  # (API host, kubeconfig): whose pod Lists were refused
 
     @classmethod
     def for_settings(cls, settings: Any, node: Optional[str] = None) -> "KubeTarget":
@@ -237,8 +244,9 @@ class KubeTarget:
         selector, what = L_DOMAIN, "every domain"
         if node is not None:
             selector, what = f"{L_DOMAIN},{L_NODE}={label_value(node)}", f"node {node}"
-        return cls(KubeAPI(conn.transport(), settings.request_timeout), conn.namespace,
-                   what, selector, node)
+        transport = conn.transport()
+        return cls(KubeAPI(transport, settings.request_timeout), conn.namespace, what, selector, node,
+                   credentials=(transport.host, settings.kubeconfig or "in-cluster"))
 
     @classmethod
     def from_config(cls, config: dict) -> "KubeTarget":
@@ -251,7 +259,9 @@ class KubeTarget:
                            "the reconciler serves the Kubernetes Lease store only; add \"kubernetes\": {...} to ipam")
         _, domain = store_location(config)
         conn = connect(settings)
-        return cls(KubeAPI(conn.transport(), settings.request_timeout), conn.namespace, domain)
+        transport = conn.transport()
+        return cls(KubeAPI(transport, settings.request_timeout), conn.namespace, domain,
+                   credentials=(transport.host, settings.kubeconfig or "in-cluster"))
 
     @property
     def leases(self) -> str:
@@ -370,13 +380,14 @@ class KubeTarget:
         A pod missing from the List of a node's pods is looked up by name: the claim's label
         names the node its ADD ran on, which is no proof of where its pod is (a pod is gone only
         when the API says so by its namespace and name)."""
-        if not self._no_pod_list:
+        refused = _pod_list_refused.get(self.credentials)
+        if refused is None or time.monotonic() - refused > POD_LIST_RETRY:
             try:
                 found = self._index_pods(namespace).get((namespace, name))
             except ApiError as err:
                 if err.status != 403:
                     raise
-                self._no_pod_list = True  # may get but not list pods: one GET per claim, as before
+                _pod_list_refused[self.credentials] = time.monotonic()  # may get but not list pods
             else:
                 if found is not None or self.node is None:
                     return found

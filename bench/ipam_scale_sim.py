@@ -1,4 +1,5 @@
-"""lease-ipam at cluster scale: N simulated node daemons against the fake API server (issue 17).
+"""lease-ipam at cluster scale: N simulated node daemons (node blocks, the Lease watch cache) against
+the fake API server.
 
 Each simulated node is lease-ipam's real daemon-side store: every verb builds its store with
 ``KubeStore.for_invocation`` (the daemon's path) with the Lease watch cache enabled

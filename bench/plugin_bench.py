@@ -66,7 +66,7 @@ TARGETS = {
     "inproc_add_p50": 10.0,  # in-process fallback: ADD and DEL p50 <= 10x
     "rss_mb": 120.0,        # daemon RSS after the soak
     "rss_growth_kb": 1024,  # "no growth" between the checkpoint and the end: within 1 MiB
-    "concurrent_wall": 1.0,  # N concurrent daemon ADDs finish before N concurrent Go ADDs (issue 16)
+    "concurrent_wall": 1.0,  # N concurrent daemon ADDs finish before N concurrent Go ADDs
 }
 
 

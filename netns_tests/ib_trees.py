@@ -1,8 +1,9 @@
 """Fake sysfs trees (for ``RDMANET_SYSFS_ROOT``) modelled on real ConnectX InfiniBand ports.
 
-No kernel gives an IB port without an HCA (research/infiniband.md section 3), so IB detection,
-pkeys, GUIDs and the VF/PF topology are tested against trees laid out as a ConnectX-6 (mlx5) node
-shows them, with the kernel's relative links (nstools.fake_pci_function):
+No kernel gives an IB port without an HCA (no software RDMA driver has an InfiniBand link layer:
+rdma_rxe and siw report Ethernet), so IB detection, pkeys, GUIDs and the VF/PF topology are tested
+against trees laid out as a ConnectX-6 (mlx5) node shows them, with the kernel's relative links
+(nstools.fake_pci_function):
 
     sys/bus/pci/devices/0000:3b:00.0 -> ../../../devices/pci0000:3b/0000:3b:00.0
     sys/devices/pci0000:3b/0000:3b:00.0/

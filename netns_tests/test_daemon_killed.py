@@ -9,7 +9,7 @@ is followed by the runtime's DEL; a successful one is DELed later. After the DEL
 for a shim with a fallback, through a restarted daemon for a daemon-only shim) no pod netns
 holds anything but lo, and the store holds no reservation; nothing an ADD granted was lost from
 the store before its DEL. host-device-rdma: every device is back in the host with its name, MAC,
-MTU and alias, and no state file, allocation record or staging netns is left.
+MTU and alias, and no state file, allocation record or netns mounted under the state dir is left.
 
 Seeded like test_kill_at_random (``RDMANET_KILL_SEED`` replays the kill instants).
 """
@@ -180,9 +180,9 @@ HD_BURST = 8
 
 @pytest.mark.parametrize("fallback", [True, False], ids=["fallback", "daemon-only"])
 def test_daemon_sigkilled_during_a_burst_of_host_device_adds(node, netns, master, fallback):
-    """host-device-rdma: the daemon SIGKILLed while it moves devices (some between the host and a
-    staging netns): every ADD succeeded for real or answers 11, and the runtime's DELs (after a
-    restart, for daemon-only shims) bring every device home as it was and leave nothing behind."""
+    """host-device-rdma: the daemon SIGKILLed while it moves devices: every ADD succeeded for
+    real or answers 11, and the runtime's DELs (after a restart, for daemon-only shims) bring
+    every device home as it was and leave nothing behind."""
     shims, start = node
     root = shims(fallback=fallback)
     prefix, _ = nt.random_subnet()

@@ -106,20 +106,17 @@ def allocations(cni) -> list[str]:
     return sorted(p.name for p in root.iterdir()) if root.exists() else []
 
 
-def staging_left(cni) -> list[str]:
-    """Staging netns (moves.py) left under the state dir: files, and mounts of any kind there."""
-    root = state_dir(cni) / "netns"
-    files = sorted(p.name for p in root.iterdir()) if root.exists() else []
+def mounts_left(cni) -> list[str]:
+    """Mounts of any kind (a pinned netns) under the state dir: the plugin makes none."""
     with open("/proc/self/mountinfo", encoding="utf-8") as f:
-        mounts = [line.split()[4] for line in f if line.split()[4].startswith(str(state_dir(cni)) + "/")]
-    return files + mounts
+        return [line.split()[4] for line in f if line.split()[4].startswith(str(state_dir(cni)) + "/")]
 
 
 def nothing_recorded(cni) -> None:
     assert state_files(cni) == {}, "a state file is left"
     assert allocations(cni) == [], "an allocation record is left"
     assert list(state_dir(cni).glob(".*.tmp")) == [], "a temporary state file is left"
-    assert staging_left(cni) == [], "a staging netns is left"
+    assert mounts_left(cni) == [], "a netns is left mounted under the state dir"
 
 
 def prepared(master, *, up: bool = True, mtu: int | None = None, alias: str | None = None):

@@ -1,7 +1,8 @@
 """ipoib-rdma against the real kernel, driven by a real CNI runtime (cnitool on libcni).
 
-This machine's kernel has no ib_ipoib and no InfiniBand HCA, and no kernel can emulate one
-(research/infiniband.md section 3). What is tested here on the real kernel:
+This machine's kernel has no ib_ipoib and no InfiniBand HCA, and no kernel can emulate one (the
+software RDMA drivers, rdma_rxe and siw, have an Ethernet link layer; qemu emulates no IB HCA).
+What is tested here on the real kernel:
 
 - every bad input the plugin answers before the kernel is asked (master missing, not an IPoIB
   netdev, a RoCE port, pkey out of range or not in the port's table, MTU above the mode's limit),

@@ -17,7 +17,8 @@ attachment is DELed. The plugins:
   netns the test owns: a veth dies with the netns it is in, so a device a killed call left in a
   temporary netns that nobody finds again shows as a missing device. After each round it must be
   back in the host with its name, MAC, MTU, up state and alias, its peer alive, and no state
-  file, allocation record or staging netns may be left (rdmanet/plugins/host_device_rdma/moves.py).
+  file, allocation record or netns mounted under the state dir may be left
+  (rdmanet/plugins/host_device_rdma/moves.py).
 
 Through the daemon, killing the shim does not kill the daemon's ADD: the runtime's DEL (or repeat
 ADD) waits for it on the attachment's lock, and the ADD, seeing its caller gone at its next step,

@@ -1,4 +1,4 @@
-"""The node daemon's Lease watch notices a silently dead API server within seconds (issue 17 item 8).
+"""The node daemon's Lease watch notices a silently dead API server within seconds (TCP keepalive).
 
 A real network path: the fake API server (tests/kube_api_server.py) runs in its own netns behind
 a veth pair; the daemon's informer (rdmanet/ipam/store/lease_cache.py over the kubernetes client's

@@ -330,7 +330,7 @@ def test_pf_a_killed_add_left_in_the_pod_comes_home_on_del(vm):
     dele = entry["del"]
     assert dele["rc"] == 0 and dele["stdout"] is None, dele
     assert_link_as_before(before, entry["after_del"])
-    assert state_json(entry["files_after_del"]) == []  # no state, allocation record or staging netns
+    assert state_json(entry["files_after_del"]) == []  # no state file or allocation record (locks may stay)
 
 
 def test_pf_in_a_deleted_pod_netns_is_restored_by_del(vm):

@@ -1,8 +1,8 @@
 """InfiniBand refusals against Debian's 6.1 kernel under qemu (the SAME boot as test_vm_rdma.py,
 vm/shared_boot.py; the ``ipoib`` and ``hd_ib_vf`` sections of vm/guest_checks.py).
 
-No kernel driver gives an InfiniBand port without hardware, so what the real kernel can answer is
-asked of it here (research/infiniband.md section 3):
+No kernel driver gives an InfiniBand port without hardware (rdma_rxe and siw have an Ethernet
+link layer), so what the real kernel can answer is asked of it here:
 
 - the ``ipoib`` link kind without ib_ipoib (its autoload refused by a modprobe.d rule, as on a
   node without the module): EOPNOTSUPP; with ib_ipoib loaded, a parent that is not an IPoIB netdev (veth, lo) or

@@ -3,7 +3,7 @@
 This host's kernel has no RDMA core, so ONE VM boot per session (vm/shared_boot.py, shared with
 test_vm_vf.py) runs ``vm/guest_checks.py`` with the venv's interpreter inside the guest (soft-RoCE
 ``rxe0`` on a veth); it writes one JSON report, and each test below asserts one part of it on the host. See
-``vm/harness.py`` and shared/research/kernel-vm.md for the VM and the kernel facts relied on.
+``vm/harness.py`` for the VM, and each test for the kernel facts it relies on.
 
 The whole module is skipped, with the reason, when the VM cannot run (not root, prepare.sh
 failed, qemu missing). When it can, the boot must succeed: a failed boot fails the tests.

@@ -196,7 +196,7 @@ RESOURCES: dict[str, ResourceType] = {
          "source": _path_field("source", "component")}),
 }
 
-# whereabouts' CRDs (issue 10: lease-ipam reads them while a cluster migrates from whereabouts)
+# whereabouts' CRDs (lease-ipam reads them while a cluster migrates from whereabouts)
 for _plural, _kind in (("ippools", "IPPool"), ("overlappingrangeipreservations", "OverlappingRangeIPReservation")):
     RESOURCES[_plural] = ResourceType(_plural, _kind, "whereabouts.cni.cncf.io", "v1alpha1",
                                       {"metadata.name": _meta_field("name"),

@@ -1,5 +1,6 @@
 """InfiniBand VF GUIDs without a kernel that can take one (no driver but mlx5's IB PF has
-ndo_set_vf_guid; research/infiniband.md section 3): the requests' bytes against the kernel ABI
+ndo_set_vf_guid: drivers/infiniband/ulp/ipoib/ipoib_main.c forwards it to the IB provider, and
+netdevsim has none): the requests' bytes against the kernel ABI
 (``struct ifla_vf_guid``, IFLA_VF_IB_NODE_GUID 10 / PORT_GUID 11 inside IFLA_VFINFO_LIST 22 →
 IFLA_VF_INFO 1), the read-back of a PF's answer, the order of the requests, the driver rebind in a
 fake sysfs tree, and where the GUID comes from. The kernel's refusal is tested for real in
@@ -17,6 +18,7 @@ from rdmanet.cni.core import env
 from rdmanet.cni.core.errors import CNIError
 from rdmanet.cni.core.invocation import parse_invocation
 from rdmanet.plugins.host_device_rdma import ib_vf
+from rdmanet.plugins.host_device_rdma.attachment_state import IbRecord
 from rdmanet.plugins.host_device_rdma.config import load_conf
 from rdmanet.plugins.host_device_rdma.selection import DeviceRef
 from rdmanet.cni.linux import vf_guid
@@ -182,10 +184,10 @@ def test_restore_writes_the_previous_guids_all_zero_as_all_ones(tmp_path, monkey
                     pf_netdev="ibp59s0f0", vf_index=0, driver="mlx5_core", dpdk=False)
     rec = Recorder()
     monkeypatch.setattr(ib_vf, "_pf", lambda host, r: type("PF", (), {"index": 5})())
-    record = {"pf": "ibp59s0f0", "vf": 0, "guid": "02:00:00:00:00:00:00:01", "source": "from guid", "set": True,
-              "previous": {"node": "00:00:00:00:00:00:00:00", "port": "02:00:00:00:00:00:00:07"}}
+    record = IbRecord(pf="ibp59s0f0", vf=0, guid="02:00:00:00:00:00:00:01", source="from guid", guid_set=True,
+                      previous_node="00:00:00:00:00:00:00:00", previous_port="02:00:00:00:00:00:00:07")
     with env.scoped({"RDMANET_SYSFS_ROOT": str(tmp_path)}):
         ib_vf.restore(rec, ref, record)
     assert rec.sent == [request_bytes(5, 0, 10, 0xFFFF_FFFF_FFFF_FFFF), request_bytes(5, 0, 11, 0x0200000000000007)]
     assert (tmp_path / "sys" / "bus" / "pci" / "drivers" / "mlx5_core" / "bind").read_text() == "0000:3b:00.2"
-    assert record["set"] is False
+    assert record.guid_set is False

@@ -1,6 +1,6 @@
 """ipoib-rdma without a kernel: the config, the IB values, the sysfs facts of ConnectX IB ports
 (fake trees, netns_tests/ib_trees.py), and the rtnetlink bytes: the request that creates an IPoIB
-child compared with the kernel ABI (if_link.h, research/infiniband.md section 0) byte for byte,
+child compared with the kernel ABI (include/uapi/linux/if_link.h) byte for byte,
 and a kernel's answer describing one decoded into what CHECK compares.
 
 No IPoIB child can be created on any kernel without an HCA, so these bytes are the proof of the

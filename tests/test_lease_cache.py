@@ -128,7 +128,7 @@ def cache_threads():
 
 def in_sync(server, inf):
     """The informer's entries are exactly the server's Leases its selector names (the node's
-    claims and blocks: issue 17), names and UIDs."""
+    claims and blocks), names and UIDs."""
     selected = parse_label_selector(inf.selector)
     want = {o["metadata"]["name"]: o["metadata"]["uid"] for o in server.objects("leases", NS)
             if selected(o["metadata"].get("labels") or {})}
@@ -170,7 +170,7 @@ def test_add_after_sync_is_one_create_and_no_list(server, kubeconfig, cache):
     code, out = call("ADD", conf, "c0")
     assert code == 0, out
     c = counts(server)
-    # the claim, which is also the record of the node's block (issue 17: no create of its own); the
+    # the claim, which is also the record of the node's block (no create of its own); the
     # informer's List (of this node's objects only)
     assert c["create leases"] == 1 and c["watch leases"] == 1 and c["list leases"] == 1
     [listed] = [e for e in server.request_log() if e["verb"] == "list"]
@@ -271,7 +271,7 @@ def test_repeat_add_adopts_the_other_claim_once_the_watch_delivers(server, kubec
 
 
 def test_claims_of_other_nodes_are_never_delivered_and_never_double_allocated(server, kubeconfig, cache):
-    """Issue 17: the daemon watches its own node's claims and blocks only. Another node's claims
+    """The daemon watches its own node's claims and blocks only. Another node's claims
     never reach its cache; it still never hands out one of them: it allocates in its own block,
     borrows in the other node's block when no block is free (reading that block's claims), and
     a claim it could not see (a bare POST into its own block) costs a 409, not a duplicate."""
@@ -696,7 +696,7 @@ def _events_until_error(stream):
         yield "broken", None
 
 
-# -- issue 10, finding 5: a claim is read back before it is returned; a 404 forgets only its UID --
+# -- a claim is read back before it is returned; a 404 forgets only its UID --------------------
 
 def _patched_requests(hook):
     """ApiClientTransport.request with ``hook(original, self, method, path, query, body, timeout)``."""

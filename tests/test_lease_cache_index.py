@@ -1,8 +1,8 @@
 """The block index of lease-ipam's watch cache (rdmanet/ipam/store/lease_cache.py) against a fold.
 
 A daemon's ADD looks only at the blocks the cache's index calls open (some address no Lease
-holds) and reads the used addresses within them, instead of every claim of the node (issue 17:
-thousands of claims per node made each ADD cost milliseconds). That is only right while the
+holds) and reads the used addresses within them, instead of every claim of the node (with
+thousands of claims per node, each ADD would cost milliseconds). That is only right while the
 index is exactly what folding the cache's entries gives. These tests drive the cache with random
 sequences — watch events in and out of order (stale UIDs, deletes of older incarnations), the
 store's write-through answers (create, GET, 404, delete, 409), creates in flight, re-Lists after

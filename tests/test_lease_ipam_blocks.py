@@ -1,4 +1,4 @@
-"""lease-ipam's node blocks (issue 17) against the fake API server over real HTTP.
+"""lease-ipam's node blocks against the fake API server over real HTTP.
 
 What a user would see: addresses are never handed out twice, whatever the nodes believe about
 their blocks (two owners after a partition, racing nodes, an API server restart mid-launch, a
@@ -99,7 +99,7 @@ def assert_each_address_once(got, server):
 
 def test_a_nodes_first_add_acquires_its_block_by_its_own_claim_and_the_first_address_comes_back(server, kubeconfig,
                                                                                                 daemon):
-    """Issue 17 target 1: acquiring a block costs no request of its own. The node's first ADD
+    """One create per ADD: acquiring a block costs no request of its own. The node's first ADD
     creates one Lease: its claim on the block's first usable address, which is the block's
     record. A DEL of that address updates the record (the block stays held); an old-version node
     sees it as a claim and never hands it out; the node's next ADD that reaches it takes it back
@@ -746,7 +746,7 @@ def hashed_blocks(kubeconfig, conf, node, n):
 
 def test_a_daemon_finds_the_free_blocks_of_a_crowded_range_with_one_read_and_uses_them_one_by_one(
         server, kubeconfig, daemon):
-    """Issue 17 target 1 near a full pool: when a daemon's probes and group Lists meet only held
+    """One create per ADD near a full pool: when a daemon's probes and group Lists meet only held
     blocks, it reads where the free blocks are once (the domain's block records, not its claims)
     and remembers what it saw: its next acquisitions create their records at those blocks
     directly, so every later ADD costs one create (no probe meeting a 409, no List). Here 1,016
@@ -817,7 +817,7 @@ def first_ip(conf, j):
 
 
 def test_a_node_whose_run_meets_another_nodes_lists_the_free_blocks_instead_of_probing(server, kubeconfig, daemon):
-    """Issue 17 target 1 in a crowded pool: a node's next block is the one after its newest, and
+    """One create per ADD in a crowded pool: a node's next block is the one after its newest, and
     a 409 there means its run met another node's, so the pool is crowded enough that a hashed
     probe would meet a 409 too (at a share f of blocks held, two probes cost f + 2f² requests
     against a List's 1): the ADD lists the records of the groups around its next position and
@@ -845,7 +845,7 @@ def test_a_node_whose_run_meets_another_nodes_lists_the_free_blocks_instead_of_p
 
 
 def test_a_daemon_in_a_crowded_pool_reads_eight_adjacent_groups_with_one_list(server, kubeconfig, daemon):
-    """Issue 17 target 1 near a full pool: one group of 64 blocks often shows none free, and every
+    """One create per ADD near a full pool: one group of 64 blocks often shows none free, and every
     further List is one more request per acquisition. Once a daemon's creates have met 409s
     (two hashed probes here: half the blocks or more look held), one List reads the records
     of eight adjacent groups (one page: one record per block). Here 1,023 of a /20's 1,024
@@ -875,7 +875,7 @@ def test_a_daemon_in_a_crowded_pool_reads_eight_adjacent_groups_with_one_list(se
 
 
 def test_a_list_leaves_the_block_after_another_nodes_run_to_that_node(server, kubeconfig):
-    """Issue 17 target 1 near a full pool: a node grows its run into the block after its newest
+    """One create per ADD near a full pool: a node grows its run into the block after its newest
     one at one create, so a node that Lists to find a free block must not take that block when
     the List shows others: of a run of free blocks it takes one with free blocks on both sides
     (the one after a run's end only when nothing else is free). Here every block of a /20
@@ -906,7 +906,7 @@ def test_a_list_leaves_the_block_after_another_nodes_run_to_that_node(server, ku
 
 
 def test_a_daemon_that_knows_the_block_after_its_newest_held_lists_instead_of_probing(server, kubeconfig, daemon):
-    """Issue 17 target 1 in a crowded pool: a daemon remembers the blocks its Lists and 409s
+    """One create per ADD in a crowded pool: a daemon remembers the blocks its Lists and 409s
     showed held. When the block after its newest one is among them, its run has met another
     node's as surely as a 409 there would say, so the pool is taken as crowded (no hashed probe,
     which would meet a 409 with the probability of the share held): the ADD lists the groups

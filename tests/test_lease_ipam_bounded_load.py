@@ -1,4 +1,4 @@
-"""lease-ipam's Kubernetes store keeps its memory and its load on the API server bounded (issue 17 item 8).
+"""lease-ipam's Kubernetes store keeps its memory and its load on the API server bounded.
 
 Against the fake API server over real HTTP, with the real plugin and store code. Every assertion
 is on requests the server saw (their count, their query) and on outcomes, never on timing:
@@ -117,7 +117,7 @@ def held_ips(server):
 def test_no_verb_lists_a_whole_domain_in_one_answer(server, kubeconfig):
     """ADD, CHECK, DEL, STATUS and GC of the in-process plugin over a domain of 1,200 claims: every
     List carries ``limit`` and the node's objects come in ceil(n / page) pages, none larger than a
-    page (issue 17: the in-process ADD reads its node's claims and blocks, so they are seeded on it)."""
+    page (the in-process ADD reads its node's claims and blocks, so they are seeded on it)."""
     seed_claims(server, 1200, node="node-a")
     conf = netconf(kubeconfig)
     server.reset_counts()

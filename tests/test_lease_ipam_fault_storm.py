@@ -1,4 +1,4 @@
-"""lease-ipam's Kubernetes store under API-server faults (issue 12 item 3), against the fake API server.
+"""lease-ipam's Kubernetes store under API-server faults, against the fake API server.
 
 The plugin's and the store's real code over real HTTP (``skel.handle`` + ``LeaseIPAM``, as a
 runtime calls it), in both modes: in-process (no watch cache) and the node

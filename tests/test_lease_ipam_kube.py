@@ -82,7 +82,7 @@ def counts(server):
 
 def test_add_is_one_list_one_create_and_repeat_add_creates_nothing(server, kubeconfig):
     """In-process (no daemon): the node's own objects are listed (never the domain's), then one
-    create per claim; the node's first claim is also its block's record (issue 17): no create of its own."""
+    create per claim; the node's first claim is also its block's record: no create of its own."""
     conf = netconf(kubeconfig)
     code, first = call("ADD", conf)
     assert code == 0, first

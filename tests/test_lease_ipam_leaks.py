@@ -1,4 +1,4 @@
-"""No leaked claims under Multus (issue 10, finding 3): a DEL that fails is journaled by the shim
+"""No leaked claims under Multus: a DEL that fails is journaled by the shim
 and replayed by the daemon; the daemon's node GC frees this node's claims whose pod is gone or
 whose sandbox a newer one replaced.
 

@@ -1,4 +1,4 @@
-"""``rdmanet ipam plan`` (issue 17): blocks handed to nodes before the ADDs, so that a node finds
+"""``rdmanet ipam plan``: blocks handed to nodes before the ADDs, so that a node finds
 its space without spending requests (docs/lease-ipam.md "Planned blocks").
 
 The pure plan (:mod:`rdmanet.ipam.block_plan`) on real range sets; the runner (:mod:`rdmanet.ipam.block_planner`)

@@ -1,4 +1,4 @@
-"""lease-ipam in the setups whereabouts users run (issue 10): the NAD they already have, several
+"""lease-ipam in the setups whereabouts users run: the NAD they already have, several
 nodes, one API server (the fake one, over real HTTP). Each "node" is a call with its own node
 name and, for the local store, its own data directory, as on separate machines.
 
@@ -92,7 +92,7 @@ def holders(server):
     return {o["metadata"]["annotations"]["rdmanet.io/ip"]: o["spec"]["holderIdentity"] for o in claim_leases(server, NS)}
 
 
-# -- finding 1: the flat file, and no silent per-node store in a cluster --------------------------
+# -- the flat file, and no silent per-node store in a cluster -------------------------------------
 
 @pytest.mark.parametrize("where", [0, 1, 2])
 def test_flat_file_at_any_default_location_makes_two_nodes_share_the_cluster_store(server, kubeconfig, nodes, where):
@@ -158,7 +158,7 @@ def test_a_broken_flat_file_is_a_config_error_naming_it(nodes):
     assert code == 1 and err["code"] == INVALID_CONFIG and str(nodes.files[1]) in err["msg"], err
 
 
-# -- finding 6: static addresses, node slices, round-robin -----------------------------------------
+# -- static addresses, node slices, round-robin ----------------------------------------------------
 
 def test_static_addresses_are_returned_after_the_allocated_one(server, kubeconfig, nodes):
     conf = whereabouts_nad(kubernetes={"kubeconfig": str(kubeconfig)},
@@ -194,7 +194,7 @@ def test_round_robin_across_nodes_never_reuses_a_just_freed_address(server, kube
     assert add_ip(conf, nodes, "c6") == "10.20.0.2"  # wrapped: the freed one, last
 
 
-# -- finding 2: while a cluster migrates NAD by NAD, whereabouts' live allocations are respected ----
+# -- while a cluster migrates NAD by NAD, whereabouts' live allocations are respected ---------------
 
 def whereabouts_object(server, plural, name, spec):
     from kube_api_server import RESOURCES

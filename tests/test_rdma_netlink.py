@@ -1,6 +1,6 @@
 """RDMA netlink client: request bytes, reply parsing, and the socket path against a fake kernel.
 
-Expected bytes are computed by hand from the wire format (cni-contract.md §4):
+Expected bytes are computed by hand from the wire format (netlink(7); include/uapi/rdma/rdma_netlink.h):
 nlmsghdr = u32 len, u16 type, u16 flags, u32 seq, u32 pid (host byte order), then 4-byte
 aligned attributes u16 len (header included, padding excluded), u16 type, value, zero padding.
 """

@@ -294,8 +294,9 @@ def link_in(ns: str, ifname: str) -> dict | None:
 
 
 def gids_for(ndev: str) -> list[dict]:
-    """RoCE GID table entries of rxe0 port 1 whose netdev is ndev (kernel-vm.md: a macvlan on the
-    rxe netdev gets its own entries, named after it inside the pod)."""
+    """RoCE GID table entries of rxe0 port 1 whose netdev is ndev (seen on Debian's 6.1 kernel: a
+    macvlan on the rxe netdev, moved into a pod and renamed, gets entries of its own, their ndev
+    named as in the pod; drivers/infiniband/core/roce_gid_mgmt.c adds the GIDs of upper devices)."""
     base = f"/sys/class/infiniband/{RXE}/ports/1"
     found = []
     try:

@@ -11,7 +11,7 @@ child of the guest's PID 1. The script's stdout, stderr and exit code come back 
 read-write directory, mounted in the guest at the same path as on the host (``results_dir``), so
 the script can leave more files there for the caller (its path is also in ``$RDMANET_VM_RESULTS``).
 
-Under TCG (the default: see shared/research/kernel-vm.md) a boot costs a few seconds and each exec
+Under TCG (the default: see :func:`kvm_usable`) a boot costs a few seconds and each exec
 of a dynamically linked program 0.1-0.3 s; importing pyroute2 costs seconds. Batch many checks into
 one boot, and call the venv's real interpreter (``VENV_PYTHON``), never a pyenv shim.
 """
@@ -175,7 +175,8 @@ def netdevsim_module() -> tuple[Optional[str], Optional[str]]:
 
 def kvm_usable() -> bool:
     """KVM only when the CPU shows vmx/svm and /dev/kvm opens; this workplace's /dev/kvm is a
-    nested software hypervisor without vmx/svm that cannot run a stock kernel (kernel-vm.md)."""
+    nested software hypervisor without vmx/svm that cannot run a stock kernel (measured: Debian's
+    kernel does not boot under it with -enable-kvm)."""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
             flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])

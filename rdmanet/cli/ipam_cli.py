@@ -18,7 +18,7 @@ The JSON schema of ``-o json`` is stable::
 
 ``pod`` is "namespace/name" or null, ``node`` a node name or null (the local store has neither),
 ``age_seconds`` an int or null; ``ranges`` is empty when no config was given. ``blocks`` (the
-Kubernetes store's node blocks, issue 17; empty for the local store): ``block`` is the block's
+Kubernetes store's node blocks; empty for the local store): ``block`` is the block's
 label value (first address and size), ``used`` the claims inside it, ``borrowed`` those of them
 made by another node than the block's.
 

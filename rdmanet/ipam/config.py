@@ -1,6 +1,7 @@
 """The ``ipam`` block of lease-ipam: whereabouts keys, host-local's ``ranges`` form, normalised to range sets.
 
-Facts relied on (research/ipam-anchors.md §1.1, §4):
+Facts relied on (whereabouts' pkg/config and pkg/types; containernetworking/plugins'
+plugins/ipam/host-local/backend/allocator/config.go):
 - whereabouts: ``range`` is a CIDR (host bits ignored) or ``first-last/prefix``, which sets
   range_start/range_end; ``range_start``/``range_end``/``exclude`` belong to the top-level range;
   ``ipRanges`` entries are {range, range_start, range_end, exclude}, the top-level range goes

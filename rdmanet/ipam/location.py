@@ -4,7 +4,7 @@ file merged in), which store it selects, the store's directory and its allocatio
 Read without pydantic so DEL and GC stay cheap and work even when the ranges of a config no
 longer validate (DEL must release what ADD reserved).
 
-Facts relied on (research/ipam-anchors.md §1.1, §1.2; whereabouts pkg/config LoadIPAMConfig):
+Facts relied on (whereabouts pkg/config LoadIPAMConfig, pkg/storage/kubernetes):
 - whereabouts merges a *flat file* underneath every NAD's ipam block: the first file that exists
   of ``configuration_path`` (when the block names one), then
   ``/etc/kubernetes/cni/net.d/whereabouts.d/whereabouts.conf``,
@@ -180,8 +180,8 @@ def uses_kubernetes(config: dict) -> bool:
 
 def from_kubernetes(args: Mapping[str, str]) -> bool:
     """The call is for a Kubernetes pod: ``K8S_POD_UID`` in CNI_ARGS (Multus gives it to every
-    delegate: research/cni-contract.md). Not K8S_POD_NAME/NAMESPACE: podman's CNI backend sets those for every
-    container of one host."""
+    delegate: multus-cni pkg/types/conf.go). Not K8S_POD_NAME/NAMESPACE: podman's CNI backend sets
+    those for every container of one host."""
     return bool(args.get(K8S_POD_UID))
 
 

@@ -123,8 +123,8 @@ _empty_since: dict[str, float] = {}  # block Lease UID -> when a run first found
 
 
 def release_blocks(target: Any, node: str, grace: float, now: Optional[float] = None) -> list[Any]:
-    """Release this node's address blocks (issue 17) that held none of its claims in two runs at
-    least ``grace`` seconds apart: the DEL that emptied a block may have been the node's last
+    """Release this node's address blocks (store/kube_blocks.py) that held none of its claims in
+    two runs at least ``grace`` seconds apart: the DEL that emptied a block may have been the node's last
     call, so the daemon's GC gives the block back. The delete carries uid/resourceVersion
     preconditions (a block re-acquired since is left alone); a claim made in the block meanwhile
     stays valid (claims, not blocks, keep addresses). Returns the blocks released."""

@@ -1,6 +1,7 @@
 """lease-ipam: the CNI verbs on top of the config, the requested-address rules and a store.
 
-Facts relied on (research/cni-contract.md §1, §6):
+Facts relied on (the CNI spec, containernetworking/cni SPEC.md; the IPAM plugins of
+containernetworking/plugins):
 - An IPAM plugin answers ADD with the abbreviated result: ``ips`` (with gateway, no
   ``interface``), ``routes`` and ``dns``, rendered in the config's cniVersion (skel does that).
 - DEL is keyed by (CNI_CONTAINERID, CNI_IFNAME), must succeed when nothing is reserved and on

@@ -8,7 +8,7 @@ it relies on (one ``coordination.k8s.io/v1`` Lease per address, made by ADD in `
     metadata.annotations  the pod's namespace, name and UID (set by ADD from K8S_POD_*)
     spec.holderIdentity   "<containerID>/<ifname>"
 
-Rules (research/ipam-anchors.md §1.5, §2, §8.6; the anchors' bugs each rule avoids in brackets):
+Rules (in brackets: what whereabouts, nv-ipam or dranet do wrong that the rule avoids, by upstream issue):
 - Only the store's namespace is listed, with the domain's label selector (never every Lease of
   the cluster: kube-node-lease alone is one per node, renewed every 10 s).
 - A claim is judged by its pod's **UID**: the pod by namespace/name, from one paginated List of
@@ -300,7 +300,7 @@ class KubeTarget:
             dhash = (md.get("labels") or {}).get(L_DOMAIN) or ""
             if ip_of_name(str(md.get("name") or ""), dhash) is not None:
                 if (md.get("labels") or {}).get(L_BLOCK_OWNER) and not (raw.get("spec") or {}).get("holderIdentity"):
-                    return  # a free block record (issue 17): its address is free, only its block is held
+                    return  # a free block record: its address is free, only its block is held
                 out.append(LeaseClaim.from_lease(raw))
 
         try:
@@ -311,7 +311,7 @@ class KubeTarget:
         return out
 
     def list_blocks(self) -> list:
-        """The node blocks of the target's domain (:class:`rdmanet.ipam.store.kube.Block`; issue 17): the
+        """The node blocks of the target's domain (:class:`rdmanet.ipam.store.kube.Block`): the
         block records (claims labelled ``block-owner``), read page by page. Blocks are never judged
         by the reconciler: only claims keep addresses."""
         return [block for block, _ in self.list_block_records()]

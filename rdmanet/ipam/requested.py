@@ -1,6 +1,7 @@
 """Addresses the runtime asks for, and which range set each one belongs to.
 
-Facts relied on (research/cni-contract.md §6, CONVENTIONS.md; Multus):
+Facts relied on (host-local in containernetworking/plugins; the CNI conventions,
+https://www.cni.dev/docs/conventions/; Multus pkg/multus/multus.go):
 - ``runtimeConfig.ips`` (capability ``ips``) and ``args.cni.ips`` are lists of addresses, usually
   CIDRs ("10.1.1.5/24"); both reach the IPAM plugin on the same stdin. We take their union.
 - CNI_ARGS ``IP=`` is the legacy form; Multus joins several with commas. It is used only when

@@ -655,12 +655,7 @@ def run(socket_path: str = DEFAULT_SOCKET, allowed_uids: Iterable[int] = (0,), w
     arenas = memory.limit_arenas()  # before any worker thread exists
     plugins = load_plugins()
     try:
-        if listening is None:
-            _prepare_socket(socket_path)
-        elif (why := unsafe_socket_dir(socket_path)) is not None:  # systemd's: its directory is checked all the same
-            raise RuntimeError(f"{why}; set ListenStream= of rdmanet.socket to a path in a directory only root may write")
-        server = DaemonServer(socket_path, plugins, allowed_uids, workers=workers, call_timeout=call_timeout,
-                              listening=listening)
+        server = _bind(socket_path, listening, plugins, allowed_uids, workers, call_timeout)
     except (OSError, RuntimeError) as exc:
         log_event("start_failed", "error", socket=socket_path, error=str(exc))
         return 1
@@ -668,15 +663,8 @@ def run(socket_path: str = DEFAULT_SOCKET, allowed_uids: Iterable[int] = (0,), w
         _check_activated_mode(socket_path)
     metrics = _start_metrics(server, socket_path, metrics_endpoint)  # before the first call is served
     _start_pod_events(server, kubeconfig, metrics)
-    stop = threading.Event()
-
-    def on_signal(signum, frame):
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    loop = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="accept", daemon=True)
-    loop.start()
+    stop = _stop_on_signals()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="accept", daemon=True).start()
     log_event("started", socket=socket_path, socket_activated=listening is not None, pid=os.getpid(),
               import_ms=round((time.monotonic() - t0) * 1000, 1), allowed_uids=sorted(server.allowed_uids),
               workers=workers, call_timeout=call_timeout, nofile=nofile, nice=priority[1],
@@ -692,6 +680,30 @@ def run(socket_path: str = DEFAULT_SOCKET, allowed_uids: Iterable[int] = (0,), w
         if metrics is not None:
             metrics.close()
     return 0
+
+
+def _bind(socket_path: str, listening: Optional[socket.socket], plugins: dict, allowed_uids: Iterable[int],
+          workers: int, call_timeout: float) -> "DaemonServer":
+    """The server on the socket systemd passed (``listening``), else bound at ``socket_path``;
+    OSError or RuntimeError when the socket's directory is unsafe or another daemon answers."""
+    if listening is None:
+        _prepare_socket(socket_path)
+    elif (why := unsafe_socket_dir(socket_path)) is not None:  # systemd's: its directory is checked all the same
+        raise RuntimeError(f"{why}; set ListenStream= of rdmanet.socket to a path in a directory only root may write")
+    return DaemonServer(socket_path, plugins, allowed_uids, workers=workers, call_timeout=call_timeout,
+                        listening=listening)
+
+
+def _stop_on_signals() -> threading.Event:
+    """An event SIGTERM and SIGINT set."""
+    stop = threading.Event()
+
+    def on_signal(signum, frame):
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return stop
 
 
 def _start_pod_events(server: "DaemonServer", kubeconfig: Optional[str], metrics: Any) -> None:

@@ -2,7 +2,8 @@
 their pkey and mode, ib_ipoib, subnet-manager state, and IB VFs without a GUID. Pure, like
 ``host_checks``.
 
-Facts relied on (shared/research/infiniband.md):
+Facts relied on (the kernel's drivers/infiniband/ulp/ipoib/ and drivers/infiniband/core/sysfs.c;
+ib-sriov-cni's pkg/sriov):
 
 - A port's link layer decides the shared-mode plugin: Ethernet (RoCE) → macvlan-rdma on its
   netdev; InfiniBand → ipoib-rdma on its IPoIB netdev (a macvlan cannot hang off an IPoIB port).

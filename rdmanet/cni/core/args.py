@@ -1,8 +1,9 @@
-"""CNI_ARGS parsing, more lenient than libcni's LoadArgs (cni-contract section 1 and 2).
+"""CNI_ARGS parsing, more lenient than libcni's LoadArgs (containernetworking/cni pkg/types/args.go,
+which fails on a value containing '=' and on an empty pair).
 
-Multus appends its own pairs to the runtime's, so a key may appear twice (the last wins),
-values may contain '=' (split on the first), and empty pairs are skipped. Unknown keys are
-always tolerated: plugins look up only the keys they know.
+Multus appends its own pairs to the runtime's (multus-cni pkg/types/conf.go), so a key may
+appear twice (the last wins), values may contain '=' (split on the first), and empty pairs are
+skipped. Unknown keys are always tolerated: plugins look up only the keys they know.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """InfiniBand values as configs and results carry them: partition keys, GUIDs, IPoIB addresses.
 
-Pure logic, no kernel I/O (facts: shared/research/infiniband.md section 0):
+Pure logic, no kernel I/O (facts: the kernel's drivers/infiniband/ulp/ipoib/ipoib.h and ipoib_main.c,
+include/uapi/linux/if_link.h; ib-sriov-cni's pkg/utils/utils.go ``GetGUIDFromHwAddr``):
 
 - A partition key (pkey) is 15 bits; bit 15 (0x8000) is full membership. IPoIB netdevs always
   carry it (``ipoib_ndo_init`` ORs it in), so 0x0001 and 0x8001 name the same partition. 0 and

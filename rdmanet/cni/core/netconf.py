@@ -100,8 +100,9 @@ def _model_of(annotation: Any) -> Any:
     return None
 
 
-# Top-level keys that runtimes, libcni and Multus add to any plugin's config (SPEC, CONVENTIONS,
-# Multus' device-ID injection into every plugin of a conflist): never a typo.
+# Top-level keys that runtimes, libcni and Multus add to any plugin's config (the CNI spec and its
+# conventions, https://www.cni.dev/docs/conventions/; Multus' device-ID injection into every
+# plugin of a conflist): never a typo.
 CONVENTIONAL_KEYS = frozenset(("capabilities", "args", "deviceID", "pciBusID", "cniVersions", "disableCheck",
                                "disableGC", "loadOnlyInlinedPlugins"))
 _node_log = logging.getLogger("rdmanet.node")  # the daemon writes it whatever the call's log level

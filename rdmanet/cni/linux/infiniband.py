@@ -1,6 +1,7 @@
 """sysfs facts about InfiniBand ports, IPoIB netdevs and IB VFs, read inside a root like sysfs.py.
 
-Kernel facts relied on (shared/research/infiniband.md sections 1.4 and 2.4):
+Kernel facts relied on (drivers/infiniband/core/sysfs.c, drivers/infiniband/ulp/ipoib/ipoib_main.c and
+ipoib_vlan.c, include/uapi/linux/if_arp.h):
 
 - ``/sys/class/net/<if>/type`` is the ARPHRD type: 32 (ARPHRD_INFINIBAND) for an IPoIB netdev
   and for nothing else; 1 for Ethernet (RoCE ports included).

@@ -7,8 +7,8 @@ ifindex) and ``IFLA_LINKINFO`` → ``IFLA_INFO_KIND`` "ipoib" + ``IFLA_INFO_DATA
 pyroute2's ``ifinfmsg`` (its ``ipoib`` plugin encodes those three as u16, checked byte for byte
 in tests/test_ipoib_netlink.py) and sent as built (:mod:`rdmanet.cni.linux.netlink_request`).
 
-Kernel answers (ipoib_netlink.c ``ipoib_new_child_link``; research/infiniband.md 1.2 and 3, the
-first three seen on Debian's 6.1 kernel in the test VM):
+Kernel answers (drivers/infiniband/ulp/ipoib/ipoib_netlink.c ``ipoib_new_child_link``, ipoib_vlan.c;
+the first three seen on Debian's 6.1 kernel in the test VM and on this machine's kernel):
 
 =========== ==================================================================================
 EOPNOTSUPP  no ``ipoib`` link kind: ib_ipoib is not loaded ("Unknown device type")

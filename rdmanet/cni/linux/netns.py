@@ -16,7 +16,6 @@ from contextlib import contextmanager
 from typing import Iterator, Optional
 
 CLONE_NEWNET = 0x40000000
-MNT_DETACH = 0x2
 NS_GET_NSTYPE = 0xB703  # _IO(0xb7, 0x3), <linux/nsfs.h>
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -128,19 +127,6 @@ def same_netns(path: str) -> bool:
         return False
     b = os.stat("/proc/thread-self/ns/net")
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
-
-
-def remove_pinned(path: str) -> None:
-    """Unmount and remove a namespace bind-mounted at ``path`` (whatever is still in it goes the
-    way of a dying netns); nothing there, or a plain file, is fine."""
-    if _libc.umount2(os.fsencode(path), MNT_DETACH) != 0:
-        err = ctypes.get_errno()
-        if err not in (errno.EINVAL, errno.ENOENT):  # EINVAL: not a mount point (a plain file)
-            raise OSError(err, f"umount {path}: {os.strerror(err)}")
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 @contextmanager

@@ -1,6 +1,7 @@
 """InfiniBand VF node and port GUIDs, set through the PF's IPoIB netdev over rtnetlink, and read back.
 
-Kernel facts (net/core/rtnetlink.c, include/uapi/linux/if_link.h; research/infiniband.md 2.4):
+Kernel facts (net/core/rtnetlink.c ``do_setvfinfo``, include/uapi/linux/if_link.h,
+drivers/infiniband/ulp/ipoib/ipoib_main.c):
 
 - RTM_NEWLINK on the **PF** carrying ``IFLA_VFINFO_LIST`` (22) → ``IFLA_VF_INFO`` (1) →
   ``IFLA_VF_IB_NODE_GUID`` (10) or ``IFLA_VF_IB_PORT_GUID`` (11), each a ``struct ifla_vf_guid

@@ -42,7 +42,7 @@ least recently used is stopped); an informer whose connection is no longer the o
 kubeconfig yields (token rotation: ``connect()`` returned a new ApiClient) takes the new
 client in place (its watch and state stay; its next request carries the new token).
 
-Load (issue 17): the List is paginated and parsed page by page; a 410 re-List waits a jittered,
+Load on the API server: the List is paginated and parsed page by page; a 410 re-List waits a jittered,
 growing delay (:func:`relist_delay`: thousands of daemons meet the same 410 after an API server
 restart); a watch whose connection dies silently (no FIN/RST: a partition, a dead host) is
 noticed by TCP keepalive within ``KEEPALIVE_*`` seconds (the transport sets it on the watch
@@ -473,8 +473,8 @@ class LeaseCache:
         old = self._entries.get(entry.name)
         if old is not None:
             self._unindex(old)
-        # a block record (issue 17) is a block as long as it exists, and a used address only
-        # while it names an attachment
+        # a block record (a claim labelled with its block owner) is a block as long as it exists,
+        # and a used address only while it names an attachment
         block = _record_block(entry.claim)
         if block is not None:
             if entry.name not in self._blocks:

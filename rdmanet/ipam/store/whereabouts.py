@@ -6,7 +6,7 @@ Lease store. So while whereabouts is installed on the node (its flat file exists
 block says ``"whereabouts_check": true``, the Lease store asks before it claims a candidate
 (``"whereabouts_check": false`` turns it off once no pod uses whereabouts).
 
-Facts relied on (research/ipam-anchors.md §1.2; whereabouts pkg/storage/kubernetes/ipam.go):
+Facts relied on (whereabouts pkg/storage/kubernetes/ipam.go and pkg/api/whereabouts.cni.cncf.io/v1alpha1):
 - Group ``whereabouts.cni.cncf.io/v1alpha1``, objects in the namespace of whereabouts'
   kubeconfig context, which is the namespace the Lease store resolves from the same kubeconfig.
 - ``IPPool``: one per range, named after the range with ':' and '/' replaced by '-' (a range

@@ -88,20 +88,15 @@ def record_allocation(root: str, key: str, attachment: str, netns_path: str, net
                        f"make {root} writable by root") from None
 
 
-def owns(record: Optional[dict], state: dict) -> bool:
-    """Whether the attachment of ``state`` may touch its device: the record carries its token.
-    (A state written before tokens existed is matched by attachment, as then.)"""
-    token = state.get("token")
-    if record is None:
-        return False if token else True  # tokened ADDs claim before acting: no record, nothing done
-    if token:
-        return record.get("token") == token
-    return record.get("attachment") == f"{state.get('network')}/{state.get('containerID')}/{state.get('ifname')}"
+def owns(record: Optional[dict], token: str) -> bool:
+    """Whether the attachment whose ADD had ``token`` may touch the device: the record carries it
+    (an ADD claims before it acts: no record, nothing done)."""
+    return record is not None and record.get("token") == token
 
 
-def release_allocation(root: str, key: str, state: dict) -> None:
-    """Drop the record if it is still the one of ``state``."""
-    if read_record(root, key) is not None and owns(read_record(root, key), state):
+def release_allocation(root: str, key: str, token: str) -> None:
+    """Drop the record if it is still the one of the ADD that had ``token``."""
+    if owns(read_record(root, key), token):
         try:
             os.unlink(_record_path(root, key))
         except FileNotFoundError:

@@ -16,9 +16,9 @@ through the PF (rdmanet.cni.linux.vf_guid), then the VF driver is unbound and bo
 all before the RDMA device and the netdev move. The rebind re-creates the VF's netdev (its name
 may change) and RDMA device; the caller looks both up again.
 
-The state file keeps ``{"pf", "vf", "guid", "source", "previous": {"node", "port"}, "set"}``,
-written before the first request, so DEL and GC restore the previous GUIDs (all-zero written back
-as all-ones, as ib-sriov-cni does: mlx5 takes that as "unset") and rebind again.
+The state file keeps an :class:`IbRecord` (the GUID, its source, the VF's previous node and port
+GUID), written before the first request, so DEL and GC restore the previous GUIDs (all-zero
+written back as all-ones, as ib-sriov-cni does: mlx5 takes that as "unset") and rebind again.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from rdmanet.cni.core.infiniband import ALL_ONES_GUID, ZERO_GUID, derive_guid, g
 from rdmanet.cni.core.invocation import Invocation
 from rdmanet.cni.linux import ib_guids, infiniband, links, sysfs, vf_guid
 
+from .attachment_state import IbRecord
 from .selection import DeviceRef
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ def requested_guid(conf: HostDeviceConf, inv: Invocation) -> tuple[Optional[int]
     return None, ""
 
 
-def plan(host, ref: DeviceRef, conf: HostDeviceConf, inv: Invocation) -> dict:
+def plan(host, ref: DeviceRef, conf: HostDeviceConf, inv: Invocation) -> IbRecord:
     """The record of what ADD will do to the VF's GUIDs (nothing changed yet)."""
     pf = _pf(host, ref)
     previous_node, previous_port = current_guids(host, pf.index, ref)
@@ -93,9 +94,8 @@ def plan(host, ref: DeviceRef, conf: HostDeviceConf, inv: Invocation) -> dict:
                  guid_text(guid), source)
     if guid is not None:
         _refuse_taken(host, ref, guid, source)
-    record = {"pf": ref.pf_netdev, "vf": ref.vf_index, "previous": {"node": _text(previous_node), "port": _text(previous_port)},
-              "guid": _text(guid if guid is not None else current), "source": source or KEPT, "set": False}
-    return record
+    return IbRecord(pf=ref.pf_netdev, vf=ref.vf_index, guid=_text(guid if guid is not None else current),
+                    source=source or KEPT, previous_node=_text(previous_node), previous_port=_text(previous_port))
 
 
 def _refuse_taken(host, ref: DeviceRef, guid: int, source: str) -> None:
@@ -113,35 +113,34 @@ def _refuse_taken(host, ref: DeviceRef, guid: int, source: str) -> None:
                    "or none: a VF without a GUID gets one derived from the attachment")
 
 
-def apply(host, ref: DeviceRef, record: dict, save) -> DeviceRef:
+def apply(host, ref: DeviceRef, record: IbRecord, save) -> DeviceRef:
     """Set node and port GUID through the PF, rebind the VF's driver; the DeviceRef with the VF's
     netdev as it is after the rebind. ``save()`` persists ``record`` (marked set first)."""
-    if record["source"] == KEPT:
+    if record.source == KEPT:
         return ref
-    guid = parse_guid(record["guid"])
+    guid = parse_guid(record.guid)
     pf_index = _pf(host, ref).index
-    record["set"] = True  # from here on DEL restores: a kill between the two requests leaves one set
+    record.guid_set = True  # from here on DEL restores: a kill between the two requests leaves one set
     save()
     try:
-        vf_guid.set_guid(host, pf_index, ref.pf_netdev, ref.vf_index, "node", guid, record["source"])
+        vf_guid.set_guid(host, pf_index, ref.pf_netdev, ref.vf_index, "node", guid, record.source)
     except CNIError:
-        record["set"] = False  # the kernel refused the first request: nothing changed, nothing to restore
+        record.guid_set = False  # the kernel refused the first request: nothing changed, nothing to restore
         save()
         raise
-    vf_guid.set_guid(host, pf_index, ref.pf_netdev, ref.vf_index, "port", guid, record["source"])
+    vf_guid.set_guid(host, pf_index, ref.pf_netdev, ref.vf_index, "port", guid, record.source)
     log.info("VF %s (%s of %s): node and port GUID %s (%s)", ref.vf_index, ref.device_id, ref.pf_netdev,
-             record["guid"], record["source"])
+             record.guid, record.source)
     return rebind(ref)
 
 
-def restore(host, ref: DeviceRef, record: dict, original_name: Optional[str] = None) -> None:
+def restore(host, ref: DeviceRef, record: IbRecord, original_name: Optional[str] = None) -> None:
     """Write the previous GUIDs back (all-zero as all-ones), rebind, and give the VF's netdev its
     original name again when the rebind renamed it."""
-    if not record.get("set"):
+    if not record.guid_set:
         return
     pf = _pf(host, ref)
-    for which in ("node", "port"):
-        text = record["previous"].get(which)
+    for which, text in (("node", record.previous_node), ("port", record.previous_port)):
         value = ALL_ONES_GUID if text is None or int(text.replace(":", ""), 16) == ZERO_GUID else int(text.replace(":", ""), 16)
         vf_guid.set_guid(host, pf.index, ref.pf_netdev, ref.vf_index, which, value, "the VF's previous one")
     back = rebind(ref)
@@ -149,7 +148,7 @@ def restore(host, ref: DeviceRef, record: dict, original_name: Optional[str] = N
         link = links.find_link(host, back.netdev)
         if link is not None and links.find_link(host, original_name) is None:
             links.rename(host, link.index, original_name)
-    record["set"] = False
+    record.guid_set = False
 
 
 def current_guids(host, pf_index: int, ref: DeviceRef) -> tuple[Optional[int], Optional[int]]:
@@ -197,15 +196,15 @@ def rebind(ref: DeviceRef) -> DeviceRef:
         time.sleep(0.1)
 
 
-def check(host, ref: DeviceRef, record: dict) -> Optional[str]:
+def check(host, ref: DeviceRef, record: IbRecord) -> Optional[str]:
     """None when the VF still has the GUID ADD set (or the driver does not report it)."""
-    if not record.get("set"):
+    if not record.guid_set:
         return None
     node, port = vf_guid.read_guids(host, _pf(host, ref).index, ref.vf_index)
-    want = parse_guid(record["guid"])
+    want = parse_guid(record.guid)
     for which, value in (("node", node), ("port", port)):
         if value is not None and value != want:
-            return f"VF {ref.vf_index} of {ref.pf_netdev}: {which} GUID is {guid_text(value)}, ADD set {record['guid']}"
+            return f"VF {ref.vf_index} of {ref.pf_netdev}: {which} GUID is {guid_text(value)}, ADD set {record.guid}"
     return None
 
 

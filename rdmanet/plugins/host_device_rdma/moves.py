@@ -16,10 +16,6 @@ where it was (EEXIST). That is what upstream host-device gets from its temporary
 there, then move on), for one kernel move per direction instead of two: a move waits for the
 kernel's RCU grace periods, 15-30 ms here, and was most of an ADD or DEL.
 
-Earlier versions moved the device through a staging netns pinned under the state dir; a call
-killed there left the device in it. A state that recorded one (``netdev.staging``) is still
-looked at by DEL, a repeat ADD and a takeover (:func:`rescue_from_staging`).
-
 A moved link is followed by its ifindex (the kernel keeps it across a netns move unless the
 target already uses it), never found again by a name a pod could have given another link.
 :func:`identify` tells the device ADD moved from a link that only looks like it: a pod may delete
@@ -43,46 +39,31 @@ from rdmanet.cni.core.errors import INVALID_ENVIRONMENT, LINK_FAILURE, CNIError
 from rdmanet.cni.linux import links, netns
 from rdmanet.cni.linux.links import Link
 
+from .attachment_state import Original
+
 log = logging.getLogger("rdmanet.host-device-rdma")
 
 
-def identity_of(link: Link) -> dict:
-    """What ADD records of the device (read in the host) to recognise it later, beside its
-    ifindex: kind, permanent MAC, bus device; for a veth its peer's ifindex and network namespace
-    (the nsid the host gives it; None: the host itself)."""
-    found = {"kind": link.kind, "perm_mac": link.perm_mac, "parent_dev": link.parent_dev}
-    if link.kind == "veth":
-        found.update(peer_index=link.parent_index, peer_nsid=link.parent_netnsid)
-    return found
+def identify(link: Optional[Link], recorded: Original, pod_fd: Optional[int] = None) -> bool:
+    """Whether ``link`` is the device recorded at ADD.
 
-
-def identify(link: Optional[Link], recorded: dict, pod_fd: Optional[int] = None) -> bool:
-    """Whether ``link`` is the device recorded at ADD (``identity_of`` fields present in ``recorded``).
-
-    ``pod_fd``: the namespace ``link`` was read in when it is a pod's (None: the host's or a
-    staging netns, where no pod makes links). There a device without a permanent identity is
-    the one recorded only if it is a veth whose peer, still at its recorded ifindex in its
-    recorded netns, is a veth whose own peer is ``link`` in that pod: a link a pod made has its
-    peer in the pod or in a netns of the pod's, never where the device's was."""
-    if link is None:
+    ``pod_fd``: the namespace ``link`` was read in when it is a pod's (None: the host's, where no
+    pod makes links). There a device without a permanent identity is the one recorded only if it
+    is a veth whose peer, still at its recorded ifindex in its recorded netns, is a veth whose own
+    peer is ``link`` in that pod: a link a pod made has its peer in the pod or in a netns of the
+    pod's, never where the device's was."""
+    if link is None or link.kind != recorded.kind:
         return False
-    if "kind" in recorded and link.kind != recorded["kind"]:
-        return False
-    if strongly_identified(recorded):
-        return all(not recorded.get(f) or getattr(link, f) == recorded[f] for f in ("perm_mac", "parent_dev"))
+    if recorded.strongly_identified:
+        return all(not getattr(recorded, f) or getattr(link, f) == getattr(recorded, f) for f in ("perm_mac", "parent_dev"))
     if pod_fd is None:
         return True
-    if link.kind != "veth" or "peer_index" not in recorded or link.parent_index != recorded["peer_index"]:
+    if link.kind != "veth" or recorded.peer_index is None or link.parent_index != recorded.peer_index:
         return False
     with links.rtnl_in() as host:  # the peer's dump first: it makes the host name the pod's netns by an nsid
-        peer = links.link_in(host, recorded["peer_index"], recorded.get("peer_nsid"))
+        peer = links.link_in(host, recorded.peer_index, recorded.peer_nsid)
         return (peer is not None and peer.kind == "veth" and peer.parent_index == link.index
                 and peer.parent_netnsid is not None and peer.parent_netnsid == links.nsid_of(host, pod_fd))
-
-
-def strongly_identified(recorded: dict) -> bool:
-    """A physical device (burnt-in MAC or bus device) can be recognised wherever it is, by any index."""
-    return bool(recorded.get("perm_mac") or recorded.get("parent_dev"))
 
 
 def _followed(ipr, index: int, name: str) -> Link:
@@ -100,7 +81,7 @@ def _followed(ipr, index: int, name: str) -> Link:
 def move_into_pod(host, link: Link, pod_fd: int, ifname: str, *, mtu: Optional[int], mac: Optional[str]) -> Link:
     """Move ``link`` (found in the host on ``host``) into the pod as ``ifname``; the link there.
     If a step in the pod fails, the device is sent home as it was before the error is raised."""
-    original = {"name": link.name, "mac": link.mac, "mtu": link.mtu, "up": link.up, "alias": link.alias}
+    original = Original.of_link(link)
     with links.rtnl_in_fd(pod_fd) as pod:
         if clash := links.find_link(pod, ifname):
             raise CNIError(INVALID_ENVIRONMENT, f"CNI_IFNAME {ifname} already exists in the pod netns (a {clash.kind or 'link'})",
@@ -127,7 +108,7 @@ def move_into_pod(host, link: Link, pod_fd: int, ifname: str, *, mtu: Optional[i
         return links.link_by_index(pod, moved.index)
 
 
-def move_to_host(pod_fd: int, link: Link, original: dict) -> None:
+def move_to_host(pod_fd: int, link: Link, original: Original) -> None:
     """Send ``link`` (as the caller just read it in the pod) home as it was.
 
     The device gets its original name in the pod first, so that the host (udev, NetworkManager)
@@ -137,16 +118,16 @@ def move_to_host(pod_fd: int, link: Link, original: dict) -> None:
     CNIError 100 says so, and the stranger is not touched.
     """
     with links.rtnl_in_fd(pod_fd) as pod:
-        _refuse_name_clash(link.name, original["name"])
+        _refuse_name_clash(link.name, original.name)
         _restore(pod, link.index, original, up=False, name=False, current=link)
-        renamed = _rename_unless_taken(pod, link.index, link.name, original["name"])
+        renamed = _rename_unless_taken(pod, link.index, link.name, original.name)
         # name (when the pod had a link of that name), alias and up/down are applied after the move
-        attrs = {"ifname": original["name"], **({"state": "up"} if original.get("up") else {})}
-        if (link.alias or "") != (original.get("alias") or ""):
-            attrs["ifalias"] = original.get("alias") or ""
+        attrs = {"ifname": original.name, **({"state": "up"} if original.up else {})}
+        if (link.alias or "") != original.alias:
+            attrs["ifalias"] = original.alias
         host_fd = netns.current_netns_fd()  # this thread never left the host netns
         try:
-            links.set_attrs(pod, link.index, f"return {link.name} to the host netns as {original['name']}", net_ns_fd=host_fd, **attrs)
+            links.set_attrs(pod, link.index, f"return {link.name} to the host netns as {original.name}", net_ns_fd=host_fd, **attrs)
         except CNIError:
             if links.link_by_index(pod, link.index) is not None:  # refused, so still in the pod
                 _as_the_pod_had_it(pod, link, renamed)
@@ -178,37 +159,6 @@ def _as_the_pod_had_it(pod, link: Link, renamed: bool) -> None:
         log.error("could not give %s back to the pod as it was after the host refused it: %s", link.name, exc.msg)
 
 
-def rescue_from_staging(staging_path: str, original: dict, index: Optional[int]) -> bool:
-    """Send home, as it was, the device a killed call of an earlier version left in the staging
-    netns pinned at ``staging_path`` (found at ``index`` or by its identity), then remove the
-    staging netns. True when the device was there. If the host refuses it (a link took its name
-    meanwhile) CNIError 100 says so and the staging netns is kept, the device in it, for the next call."""
-    try:
-        fd = netns.open_netns(staging_path)
-    except netns.NetnsGone:
-        _remove_staging(staging_path)  # nothing, or a plain file a call killed before the mount left
-        return False
-    try:
-        with links.rtnl_in_fd(fd) as staging:
-            link = links.link_by_index(staging, index) if index else None
-            if link is None or link.name == "lo" or not identify(link, original):
-                link = next((l for l in map(Link.from_msg, staging.get_links()) if l.name != "lo" and identify(l, original)), None)
-            if link is not None:
-                log.info("%s was left in the staging netns %s by an interrupted call: sending it home", original["name"], staging_path)
-                _send_home(staging, link.index, original)
-    finally:
-        os.close(fd)
-    _remove_staging(staging_path)
-    return link is not None
-
-
-def _remove_staging(path: str) -> None:
-    try:
-        netns.remove_pinned(path)
-    except OSError as exc:
-        raise CNIError(LINK_FAILURE, f"cannot remove the staging netns {path}: {exc}", "see the daemon log; DEL again") from None
-
-
 def _refuse_name_clash(ifname: str, name: str) -> None:
     with links.rtnl_in() as host:
         if links.find_link(host, name) is not None:
@@ -216,24 +166,7 @@ def _refuse_name_clash(ifname: str, name: str) -> None:
                            f"rename or remove the host's {name} (it is not the device this attachment took), then DEL again")
 
 
-def _send_home(staging, index: int, original: dict) -> None:
-    """From a staging netns: restore what we can, then always move to the host netns."""
-    try:
-        _restore(staging, index, original, up=False)
-    finally:
-        host_fd = netns.current_netns_fd()  # this thread never left the host netns
-        try:
-            links.set_attrs(staging, index, f"return {original['name']} to the host netns", net_ns_fd=host_fd)
-        finally:
-            os.close(host_fd)
-    if original.get("up"):
-        with links.rtnl_in() as host:
-            back = links.find_link(host, original["name"])
-            if back is not None:
-                links.set_up(host, back.index, original["name"])
-
-
-def restore_in_host(original: dict) -> bool:
+def restore_in_host(original: Original) -> bool:
     """For a device already in the host (its pod netns died, or ADD stopped before moving it):
     find it by its permanent MAC or bus device (a physical device), else by the alias ADD set,
     else by its original name (with its original MAC), and restore it. False when it is nowhere
@@ -241,44 +174,44 @@ def restore_in_host(original: dict) -> bool:
     (created after the device left) and is left alone."""
     with links.rtnl_in() as host:
         link = None
-        if strongly_identified(original):
+        if original.strongly_identified:
             link = next((l for l in map(links.Link.from_msg, host.get_links()) if identify(l, original)), None)
         if link is None:
-            link = links.find_by_alias(host, original["name"])
+            link = links.find_by_alias(host, original.name)
             if link is not None and not identify(link, original):
                 link = None
         if link is None:
-            by_name = links.find_link(host, original["name"])
-            if by_name is not None and identify(by_name, original) and (not original.get("mac") or by_name.mac == original["mac"]):
+            by_name = links.find_link(host, original.name)
+            if by_name is not None and identify(by_name, original) and (not original.mac or by_name.mac == original.mac):
                 link = by_name
         if link is None:
             return False
-        _restore(host, link.index, original, up=original.get("up", False))
+        _restore(host, link.index, original, up=original.up)
     return True
 
 
-def _restore(ipr, index: int, original: dict, *, up: bool, name: bool = True, current: Optional[Link] = None) -> None:
+def _restore(ipr, index: int, original: Original, *, up: bool, name: bool = True, current: Optional[Link] = None) -> None:
     """Give the link the original's MAC, MTU, alias and (unless ``name`` is False) name, then the
     up/down state ``up``. A link that already is as it was is left alone (no down/up flap of a
     host device that never left). ``current``: the link as just read, if the caller has it."""
     current = current or links.link_by_index(ipr, index)
     attrs = {}
-    if name and (current.alias or "") != (original.get("alias") or ""):
-        attrs["ifalias"] = original.get("alias") or ""
-    if name and current.name != original["name"]:
-        attrs["ifname"] = original["name"]
-    if original.get("mac") and current.mac != original["mac"]:
-        attrs["address"] = original["mac"]
-    if original.get("mtu") and current.mtu != original["mtu"]:
-        attrs["mtu"] = original["mtu"]
+    if name and (current.alias or "") != original.alias:
+        attrs["ifalias"] = original.alias
+    if name and current.name != original.name:
+        attrs["ifname"] = original.name
+    if original.mac and current.mac != original.mac:
+        attrs["address"] = original.mac
+    if original.mtu and current.mtu != original.mtu:
+        attrs["mtu"] = original.mtu
     if not attrs and current.up == up:
         return
     if current.up:
         links.set_attrs(ipr, index, f"set {current.name} down", state="down")
     if attrs:
-        links.set_attrs(ipr, index, f"restore {original['name']} ({', '.join(_WHAT[a] for a in attrs)})", **attrs)
+        links.set_attrs(ipr, index, f"restore {original.name} ({', '.join(_WHAT[a] for a in attrs)})", **attrs)
     if up:
-        links.set_up(ipr, index, original["name"])
+        links.set_up(ipr, index, original.name)
 
 
 _WHAT = {"ifalias": "alias", "ifname": "name", "address": "MAC", "mtu": "MTU"}

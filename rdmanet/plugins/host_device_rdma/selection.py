@@ -2,8 +2,8 @@
 
 The ways to name the device (host-device's, plus the device ID Multus hands over):
 
-- a **device ID**: top-level ``deviceID``, then ``pciBusID``, then ``runtimeConfig.deviceID``
-  (DESIGN.md). Multus sets ``deviceID`` and ``pciBusID`` to the same value (and the
+- a **device ID**: top-level ``deviceID``, then ``pciBusID``, then ``runtimeConfig.deviceID``.
+  Multus (pkg/types/conf.go) sets ``deviceID`` and ``pciBusID`` to the same value (and the
   ``deviceID`` capability to it too), so equal values are one selector; different values are an
   error naming both keys rather than a silent pick (host-device lets runtimeConfig win, a NAD's
   static ID would otherwise override the device plugin's allocation or the reverse). The ID is a

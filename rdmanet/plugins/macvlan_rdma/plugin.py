@@ -1,4 +1,5 @@
-"""macvlan-rdma verbs, as short steps over rdmanet.cni.core and rdmanet.cni.linux (cni-contract section 6).
+"""macvlan-rdma verbs, as short steps over rdmanet.cni.core and rdmanet.cni.linux (the keys and verbs of
+containernetworking/plugins' plugins/main/macvlan, plus RDMA).
 
 ADD: check RDMA policy, resolve the master, remove what a killed ADD of the same attachment
 left, create the macvlan inside the pod netns under a temporary name derived from the

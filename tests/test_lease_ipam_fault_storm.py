@@ -520,11 +520,16 @@ def test_another_node_claims_while_this_nodes_watch_is_broken(server, kubeconfig
 
 def node_b_store(conf):
     """Node B as the in-process plugin runs it: a store without a watch cache."""
+    return node_store(conf, "node-b")
+
+
+def node_store(conf, node):
+    """``node``'s in-process plugin's store: no watch cache."""
     from rdmanet.ipam.kube_config import connect, kube_settings
     from rdmanet.ipam.location import CLUSTER_DOMAIN
 
     conn = connect(kube_settings(conf))
-    return kube_store.KubeStore(conn.transport(), conn.namespace, CLUSTER_DOMAIN, node="node-b",
+    return kube_store.KubeStore(conn.transport(), conn.namespace, CLUSTER_DOMAIN, node=node,
                                 timeout=TIMEOUT, request_timeout=REQUEST_TIMEOUT)
 
 
@@ -547,3 +552,31 @@ def test_a_server_slower_than_the_budget(server, kubeconfig, request, mode):
     assert call("DEL", conf, "slow1", "node-a")[0] == 0
     assert gc(conf, "node-a", ["warm"] if mode == "daemon" else [])[0] == 0
     assert set(leases(server).values()) <= {"warm/net1"}
+
+
+def test_a_del_whose_cached_claim_is_gone_frees_the_claim_its_watch_has_not_delivered(server, kubeconfig,
+                                                                                      daemon_mode):
+    """Daemon mode, its watch lagging: while it shows c1's first claim, that claim is freed
+    and c1 is given another one by the node's in-process plugin (the daemon restarting; as
+    well a failed ADD whose rollback delete was served but not answered, and whose create
+    was served after it gave up). The DEL finds the claim it knew gone (404): its watch has
+    proven nothing, so the server's word decides, and c1 holds nothing after it."""
+    conf = netconf(kubeconfig)
+    assert call("ADD", conf, "warm", "node-a")[0] == 0  # the block's record: c1's claims are plain ones
+    code, out, _ = call("ADD", conf, "c1", "node-a")
+    assert code == 0, out
+    inf = lease_cache.informers()[0]
+    end = time.monotonic() + 10
+    while not (inf.usable() and [str(c.ip) for c in inf.claims_of(Attachment("c1", "net1"))] == [ip_of(out)]):
+        assert time.monotonic() < end, "the watch did not deliver c1's claim"
+        time.sleep(0.01)
+    server.pause_watches()
+    plugin = node_store(conf, "node-a")
+    rs = parse_ipam_config(conf).range_sets
+    plugin.allocate(Attachment("c0", "net1"), "net-a", rs, {})  # (the round-robin moves on)
+    assert [str(ip) for ip in plugin.release(Attachment("c1", "net1"))] == [ip_of(out)]
+    second = str(plugin.allocate(Attachment("c1", "net1"), "net-a", rs, {})[0])
+    assert second != ip_of(out) and leases(server)[second] == "c1/net1"
+    assert call("DEL", conf, "c1", "node-a")[0] == 0
+    assert set(leases(server).values()) == {"warm/net1", "c0/net1"}
+    server.resume_watches()

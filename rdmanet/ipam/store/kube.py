@@ -513,14 +513,17 @@ class KubeStore(Store):
     def _release_cached(self, cache: LeaseCache, attachment: Attachment, deadline: float) -> list[IPAddress]:
         """DEL from the watch cache: the claims it shows are deleted with their uid and
         resourceVersion as preconditions (a stale resourceVersion meets 409, is re-read and
-        deleted only while the Lease still names this attachment). When it shows none, the
-        label-selected List of the attachment decides, as without a cache. When it showed some,
-        the watch delivering our deletes means every earlier claim is in the cache: one this
-        attachment holds that the cache had not seen (made by another process) is freed too."""
+        deleted only while the Lease still names this attachment). When it shows none, or none
+        of those it shows was still there to delete (it lags), the label-selected List of the
+        attachment decides, as without a cache. When we deleted some, the watch delivering our
+        deletes means every earlier claim is in the cache: one this attachment holds that the
+        cache had not seen (made by another process) is freed too."""
         claims = sorted(cache.claims_of(attachment), key=lambda c: (c.ip.version, c.ip))
         if not claims:
             return self._release_listed(attachment, deadline)
         gone = [g for g in (self.leases.remove(c, deadline) for c in claims) if g is not None]
+        if not gone:  # no delete of ours whose echo would prove the cache caught up
+            return self._release_listed(attachment, deadline)
         freed = [g.ip for g in gone]
         budget = min(cache.settings.echo_budget, max(0.0, deadline - time.monotonic()))
         end = time.monotonic() + budget

@@ -1348,15 +1348,18 @@ class KubeAPIServer(FaultControls):
                     self._account(client, watch_events=g.events - start[0], watch_bytes=g.bytes - start[1])
                     self._drop_group_if_empty(g)
 
-    def restart_watches(self) -> int:
-        """An API server restart as its watchers see it: the watch history is gone (``compact``,
-        after one resourceVersion step: in a cluster other objects change meanwhile, so no
-        watcher's resourceVersion is current) and every open watch stream breaks (in-process and
-        HTTP), so a re-watch from the last resourceVersion seen is answered 410 and the client
-        Lists again. Held watches stay (they are
-        nobody's stream). Returns the number of streams broken."""
+    def restart_watches(self, others_changed: bool = False) -> int:
+        """An API server restart as its watchers see it: every open watch stream breaks
+        (in-process and HTTP) and the history is gone (``compact``): kube-apiserver's watch
+        cache starts anew at the newest resourceVersion, so a re-watch from an older one is
+        answered 410 and the client Lists again, while one from the newest (a watcher whose
+        last event or bookmark was the latest change) goes on without a 410, as on the tests'
+        real server, where nothing else changes. ``others_changed``: the resourceVersion
+        moves on first (a cluster's other objects change meanwhile), so every watcher meets
+        410. Held watches stay (they are nobody's stream). Returns the number of streams broken."""
         with self._cond:
-            self._bump()  # the cluster's other objects moved on meanwhile: no watcher is current
+            if others_changed:
+                self._bump()
             self.compact()
             live = [w for g in self._wgroups.values() for w in g.live]
         for w in live:

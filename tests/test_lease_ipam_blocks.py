@@ -322,6 +322,27 @@ def test_an_api_server_restart_mid_launch_loses_nothing_and_duplicates_nothing(s
     assert sorted(h for h in holders(server).values()) == ["warm-0/net1", "warm-1/net1", "warm-2/net1"]
 
 
+def test_a_409_on_another_nodes_record_is_not_kept_past_the_watch_it_was_met_in(server, kubeconfig, daemon):
+    """node-b's first ADD meets node-a's block record (409: taken, by whom node-b's node-scoped
+    watch will never tell) and borrows. The API server restarts; node-b's watch, whose
+    resourceVersion was the newest, may go on without a 410 (no re-List). Once it has re-opened,
+    node-b's view holds node-b's objects only: the 409 is not kept as a Lease its watch
+    cannot deliver, which would stay taken in node-b's view after node-a freed it."""
+    conf = netconf(kubeconfig, "10.9.17.0/28")  # one block of 16: node-a's
+    assert add(conf, "a0", "node-a") == "10.9.17.1"
+    assert add(conf, "b0", "node-b") not in (None, "10.9.17.1")  # borrowed
+    inf = informer_of("node-b")
+    record = lease_name(DHASH, ipaddress.ip_address("10.9.17.1"))
+    assert record in inf._entries  # (what the 409 told)
+    watches = inf.stats["watches"]
+    server.restart_watches()
+    wait_until(lambda: inf.stats["watches"] > watches and inf.usable(), "node-b's watch to re-open")
+    with inf._cond:
+        names = set(inf._entries)
+    assert names == {o["metadata"]["name"] for o in server.objects("leases", NS)
+                     if o["metadata"]["labels"].get(L_NODE) == "node-b"}
+
+
 def old_version_add(kubeconfig, cid, rng, node="node-old"):
     """A node of the previous version: no blocks. It Lists the domain's Leases, takes the lowest
     address no claim names and creates its per-address Lease (409: the next one)."""

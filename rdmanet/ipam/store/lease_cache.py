@@ -30,7 +30,9 @@ undoing each other:
 - an unconfirmed entry (our write) ignores events for *other* UIDs of its name: while the name
   holds our UID, another UID's event can only be older (a newer one would need our UID's
   DELETED first, which removes the entry);
-- a placeholder (a 409 told us the name is taken, not by whom) yields to any event of its name;
+- a placeholder (a 409 told us the name is taken, not by whom) yields to any event of its name,
+  and lasts until the watch (re)opens at most (a name the node-scoped watch does not select, such
+  as another node's block record, has no event to replace it);
 - a re-List replaces everything (dropping unconfirmed knowledge it does not contain is the
   safe direction: missing knowledge costs a 409 or a fallback request, never a wrong answer).
 
@@ -146,6 +148,7 @@ class LeaseCache:
         self._pending: set[tuple[int, int]] = set()  # (version, address) of this process's creates in flight
         self._choosing = threading.Lock()
         self._dead: OrderedDict[str, bool] = OrderedDict()  # uid -> the List/Watch confirmed it
+        self._placeholders: set[str] = set()  # names a 409 marked taken since the watch last (re)opened
         self.resource_version = ""
         self.synced = False  # a List applied and a watch stream open (or about to re-open)
         self._failing = False  # the last List/Watch attempt failed: do not wait for a sync
@@ -458,8 +461,20 @@ class LeaseCache:
         with self._cond:
             if name not in self._entries:
                 self._put(Entry(name, ip, None, "", False))
+                self._placeholders.add(name)
 
     # -- internals (call with the condition held) ------------------------------------------------
+
+    def _forget_placeholders(self) -> None:
+        """Drop what 409s marked taken: a name the watch does not select (another node's claim
+        or block record) never has an event to replace its placeholder, which would keep the
+        address taken in this view after it is freed. So a placeholder lasts until the watch
+        (re)opens; a name the watch selects comes back with its event."""
+        for name in self._placeholders:
+            e = self._entries.get(name)
+            if e is not None and not e.uid:
+                self._drop(name)
+        self._placeholders.clear()
 
     def _kill(self, uid: str, confirmed: bool) -> None:
         if not uid:
@@ -626,6 +641,7 @@ class LeaseCache:
                 if not confirmed and uid not in listed:
                     self._dead[uid] = True  # a fresh List without it: its deletion is confirmed
             self._entries.clear()
+            self._placeholders.clear()
             self._by_attachment.clear()
             self._blocks.clear()
             self._used = {4: [], 6: []}
@@ -784,6 +800,7 @@ class LeaseCache:
             raise Failed(stream.status, _message(stream.doc))
         opened = time.monotonic()
         with self._cond:
+            self._forget_placeholders()
             self._stream = stream
             self.synced = True
             self._failing = False

@@ -760,9 +760,14 @@ class RealServer:
         if code == 409:  # our own create, retried after its answer was lost (a kube-apiserver restart)
             _, pod = self._raw("GET", self._path("pods", namespace, name))
         status = {"phase": phase, **({"podIP": pod_ip} if pod_ip else {})}
-        pod["status"] = status
-        _, pod = self._raw("PUT", self._path("pods", namespace, name) + "/status", pod)
-        return pod
+        for _ in range(3):
+            pod["status"] = status
+            code, pod = self._raw("PUT", self._path("pods", namespace, name) + "/status", pod, ok=(200, 409))
+            if code == 200:
+                return pod
+            # our own update, retried after its answer was lost (a kube-apiserver restart): read it again
+            _, pod = self._raw("GET", self._path("pods", namespace, name))
+        raise ApiError(409, f"the status of pod {namespace}/{name} kept changing")
 
     def delete_pod(self, namespace: str, name: str | None = None, uid: str | None = None) -> bool:
         if name is None:

@@ -340,6 +340,9 @@ def settle_and_check(server, ledger, confs, seed, log, free_by):
     for cid, ip in live.items():
         assert held.get(ip) == f"{cid}/net1", f"{cid} was given {ip}, which the server shows held by {held.get(ip)} {about}"
     leftover = {ip: h for ip, h in held.items() if h.split("/")[0] not in live}
+    if POD_UIDS["server"] is not None:  # a real server's pods of the sandboxes that are gone (the fake has none)
+        for cid in set(POD_UIDS) - {"server"} - set(live):
+            server.delete_pod("default", cid)
     if free_by == "GC":  # whatever the DELs did not free, CNI GC of each node must (three misses each)
         for _ in range(3):
             for node, conf in confs.items():
@@ -353,15 +356,14 @@ def settle_and_check(server, ledger, confs, seed, log, free_by):
         for cid in live:
             if POD_UIDS["server"] is None:
                 server.add_pod("default", cid, uid=f"uid-{cid}")
-        for cid in set(POD_UIDS) - {"server"} - set(live):
-            server.delete_pod("default", cid)  # (a real server's pods of the sandboxes that are gone)
         conf = json.loads(json.dumps(next(iter(confs.values()))))
         conf["ipam"]["kubernetes"]["request_timeout_seconds"] = 5  # the storm is over: no tight budget (a real server after restarts may be slow)
         target = reconcile.KubeTarget.for_settings(kube_settings(conf))
         outcome = reconcile.reconcile_target(target, grace_seconds=0, misses=1)
         assert not outcome.errors and outcome.count(reconcile.FREED) == len(leftover), (outcome.to_json()["summary"], about)
-    held = leases(server)
-    assert {ip: h.split("/")[0] for ip, h in held.items()} == {ip: cid for cid, ip in live.items()}, about
+    held = {ip: h.split("/")[0] for ip, h in leases(server).items()}
+    odd = {ip: (cid, HISTORY.get(cid)) for ip, cid in held.items() ^ {ip: cid for cid, ip in live.items()}.items()}
+    assert held == {ip: cid for cid, ip in live.items()}, f"claims unlike the ledger's, with their calls: {odd} {about}"
     return leftover
 
 

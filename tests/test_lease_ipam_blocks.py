@@ -272,8 +272,6 @@ def test_nodes_racing_for_a_small_range_get_distinct_addresses_to_the_last_one(s
     assert len(block_leases(server, NS)) == 4  # each block held by one node, the other nodes borrowed
 
 
-@pytest.mark.real_xfail("on the real server an informer sometimes (1 run in 3 or 4) still holds a Lease the server "
-                        "deleted around the kube-apiserver restart (no 410, no re-List): under investigation")
 def test_an_api_server_restart_mid_launch_loses_nothing_and_duplicates_nothing(server, kubeconfig, daemon):
     """3 node daemons launch 20 pods each; halfway the API server restarts (every watch breaks;
     one behind the restarted server's newest resourceVersion meets 410 and re-Lists, one at it

@@ -2143,8 +2143,9 @@ class _Handler(BaseHTTPRequestHandler):
         head = ("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                 "Cache-Control: no-cache, private\r\nTransfer-Encoding: chunked\r\n"
                 f"Date: {_http_date()}\r\n\r\n")
-        self.wfile.write(head.encode())
         self._status = 200
+        self._record()  # an open watch is in request_log() from its first byte, as in-process
+        self.wfile.write(head.encode())
         with srv._stats_lock:
             srv._active_watches += 1
             srv._watch_sockets.add(self.connection)

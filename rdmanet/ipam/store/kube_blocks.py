@@ -1,5 +1,5 @@
 """How a node acquires, borrows from and releases its blocks of lease-ipam's Kubernetes store
-(docs/lease-ipam.md "Node blocks"); the records and their arithmetic are :mod:`.block_records`.
+(docs/lease-ipam-design.md "Node blocks"); the records and their arithmetic are :mod:`.block_records`.
 
 The ADD that needs a block creates the block's record as its own claim, so acquiring a block
 costs no request beyond that claim, and a 409 on it means "taken" (a record, or a borrower's

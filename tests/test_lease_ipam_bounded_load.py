@@ -196,7 +196,7 @@ def test_the_reconciler_lists_pods_once_per_namespace_and_writes_only_what_chang
     """3,000 claims over 4 namespaces, 100 of whose pods are gone. The run's requests are
     computed, not timed: the claims' List in pages of 500, one paginated pod List per namespace,
     a GET + PUT per miss recorded, and nothing per claim whose pod is there. At 100,000 claims
-    the same arithmetic gives 200 + pod pages + writes (docs/lease-ipam.md)."""
+    the same arithmetic gives 200 + pod pages + writes (docs/lease-ipam-design.md)."""
     from rdmanet.ipam import reconcile
 
     namespaces = ("ns-a", "ns-b", "ns-c", "ns-d")

@@ -374,8 +374,8 @@ class KubeStore(Store):
         the cursor); when they are full, the record of a block acquired now (the create of the
         block's first usable address, for this attachment: acquiring costs no request of its
         own); when no block is free, in another node's block (borrowing). Each candidate is
-        claimed by create (409: taken, by another node's borrowed claim, an old-version node, or
-        a second owner of the block: marked used, next candidate); a candidate that is this
+        claimed by create (409: taken, by another node's borrowed claim or a
+        second owner of the block: marked used, next candidate); a candidate that is this
         node's free block record is claimed by updating it (resourceVersion precondition)."""
         while True:
             candidate, own = self._search(rs, used, cursor, blocks, cache)

@@ -188,6 +188,7 @@ def test_defaults_without_a_policy_file(monkeypatch):
     assert policy.device_info_dir == "/var/run/k8s.cni.cncf.io/devinfo/cni"
     assert policy.host_device_state_dir == "/var/lib/cni/host-device-rdma"
     assert policy.lease_namespaces == ("rdmanet-system",)
+    assert policy.pool_namespaces == ("kube-system", "nvidia-network-operator")  # nv-ipam's, then the Network Operator's
     assert (policy.host_devices, policy.host_devices_from_device_id, policy.masters, policy.rdma_masters) == (
         (), True, (), True)
 
@@ -205,6 +206,8 @@ def test_policy_file_replaces_the_keys_it_names(tmp_path):
     ({"dataRoots": "/var/lib/cni"}, 0o600, "list"),
     ({"logRoot": ["/x"]}, 0o600, "unknown keys"),
     ({"leaseNamespaces": ["Not_A_Namespace"]}, 0o600, "namespace"),
+    ({"poolNamespaces": None}, 0o600, "poolNamespaces must be a list"),
+    ({"poolNamespaces": ["kube_system"]}, 0o600, "poolNamespaces must be a list"),
     ({"dataRoots": ["/x"]}, 0o666, "writable by nobody else"),
     ("not json", 0o600, "not valid JSON"),
 ])

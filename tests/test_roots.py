@@ -273,3 +273,24 @@ def test_lease_namespace_limit():
     limited.check_lease_namespace("rdmanet-system")
     err = refused(limited.check_lease_namespace, "kube-system")
     assert "kube-system" in err.msg and "rdmanet-system" in err.msg and "ipam.kubernetes.namespace" in err.msg
+
+
+def test_pool_namespaces_from_the_file_and_the_flag_bound_a_nads_pool_namespace(tmp_path, monkeypatch):
+    import argparse
+
+    from rdmanet.cli.node_policy import from_args, register
+
+    policy = roots.load_policy_file(str(write_policy(tmp_path / "p.json", poolNamespaces=["nv-ipam", "nv-ipam"])))
+    assert policy.pool_namespaces == ("nv-ipam",)
+    policy.check_pool_namespace("nv-ipam")
+    err = refused(policy.check_pool_namespace, "team-a")
+    assert "ipam.poolNamespace" in err.msg and "'team-a'" in err.msg and "(allowed: nv-ipam)" in err.msg
+    assert "(poolNamespaces)" in err.details
+    parser = argparse.ArgumentParser()
+    register(parser)
+    monkeypatch.delenv(roots.POLICY_ENV)
+    monkeypatch.setattr(roots, "DEFAULT_POLICY_FILE", "/nonexistent/node-policy.json")
+    flags = from_args(parser.parse_args(["--pool-namespace", "team-pools", "--pool-namespace", "kube-system"]))
+    assert flags.pool_namespaces == ("team-pools", "kube-system")  # in the order given: looked in in that order
+    with pytest.raises(roots.PolicyError):
+        from_args(parser.parse_args(["--pool-namespace", "Bad_NS"]))

@@ -735,7 +735,7 @@ class NodeBlocks:
                     self.leases.cache.done(rs.family, value)
             if claim is not None:
                 if claim.owner != self.node:
-                    log.info("node %s borrowed %s (no block of %s was free)", self.node, claim.ip, self.domain)
+                    self._log_borrowed(rs, claim.ip)
                 return claim, missed
             missed += 1
         return None, missed
@@ -766,10 +766,13 @@ class NodeBlocks:
                                 memo[1].insert(i, candidate)
             insort(used, candidate)
             if claim is not None:
-                log.info("node %s borrowed %s (no block of %s was free)", self.node, ip, self.domain)
+                self._log_borrowed(rs, ip)
                 return claim, missed
             missed += 1
             cursor, skip = ip, 0
+
+    def _log_borrowed(self, rs: RangeSet, ip: IPAddress) -> None:
+        log.info("node %s borrowed %s (no block of %s was free)", self.node, ip, self.domain)
 
     # -- release --------------------------------------------------------------------------------
 

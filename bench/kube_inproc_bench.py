@@ -97,6 +97,7 @@ def run(tmp: str, args) -> int:
     os.chmod(policy, 0o600)
     pki = make_pki(tmp)
     server = KubeAPIServer(token=TOKEN, tls=pki[1:] if pki else None)
+    server.add_namespace(NS)
     try:
         cluster = {"server": server.url}
         if pki:

@@ -128,12 +128,23 @@ __all__ = [
 
 class ResourceType:
     def __init__(self, plural: str, kind: str, group: str, version: str,
-                 fields: dict[str, Callable[[dict], str]]):
+                 fields: dict[str, Callable[[dict], str]], key: str | None = None,
+                 status_subresource: bool = False, subresource: str = ""):
         self.plural = plural
         self.kind = kind
         self.group = group
         self.version = version
         self.fields = fields  # supported fieldSelector fields
+        self.key = key or plural  # where its objects are kept (RESOURCES' key: two groups may share a plural)
+        # a custom resource with the status subresource: a create or update of the object keeps
+        # the status the server has, and only a write of ``<name>/status`` (``subresource``) changes it
+        self.status_subresource = status_subresource
+        self.subresource = subresource
+
+    def status(self) -> "ResourceType":
+        """The ``/status`` subresource of this type (same objects, same plural in the counts)."""
+        return ResourceType(self.plural, self.kind, self.group, self.version, self.fields, self.key,
+                            self.status_subresource, "status")
 
     @property
     def api_version(self) -> str:
@@ -202,11 +213,19 @@ for _plural, _kind in (("ippools", "IPPool"), ("overlappingrangeipreservations",
                                       {"metadata.name": _meta_field("name"),
                                        "metadata.namespace": _meta_field("namespace")})
 
+# nv-ipam's CRDs (lease-ipam reads a NAD's poolName from them): the same plural as whereabouts'
+# IPPool, another group; their status is a subresource (nv-ipam's controller writes it)
+for _plural, _kind in (("ippools", "IPPool"), ("cidrpools", "CIDRPool")):
+    RESOURCES[f"{_plural}.nv-ipam.nvidia.com"] = ResourceType(
+        _plural, _kind, "nv-ipam.nvidia.com", "v1alpha1",
+        {"metadata.name": _meta_field("name"), "metadata.namespace": _meta_field("namespace")},
+        key=f"{_plural}.nv-ipam.nvidia.com", status_subresource=True)
+
 # The namespaces a new server has: the system ones and those this project's tests use. An object
 # in any other namespace is refused (404, as the apiserver's NamespaceLifecycle admission) until a
 # test makes it (add_namespace()); add_pod() makes its own.
 NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease",
-              "ipam", "rdmanet-ipam", "rdmanet-system", "ns-a", "db", "ctx-ns")
+              "ipam", "rdmanet-ipam", "rdmanet-system", "ns-a", "db", "ctx-ns", "nvidia-network-operator")
 
 _MICROTIME_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}(Z|[+-]\d{2}:\d{2})$")
 
@@ -1265,9 +1284,11 @@ class KubeAPIServer(FaultControls):
         for rx, resource, namespaced in _ROUTES:
             m = rx.match(path)
             if m:
+                main, _, sub = resource.partition("/")
+                rt = RESOURCES[main].status() if sub == "status" else RESOURCES[main]
                 if namespaced is None:  # cluster-scoped, by name too (nodes)
-                    return RESOURCES[resource], "", m.group(1)
-                return RESOURCES[resource], (m.group(1) if namespaced else None), (m.group(2) if namespaced else None)
+                    return rt, "", m.group(1)
+                return rt, (m.group(1) if namespaced else None), (m.group(2) if namespaced else None)
         return None
 
     def _account(self, client: str, **amounts: int) -> None:
@@ -1368,14 +1389,14 @@ class KubeAPIServer(FaultControls):
 
     def _group(self, rt: ResourceType, ns: str | None, lstr: str, fstr: str, lsel: Matcher,
                fsel: Matcher) -> _WatchGroup:
-        key = (rt.plural, ns, lstr, fstr)
+        key = (rt.key, ns, lstr, fstr)
         g = self._wgroups.get(key)
         if g is not None:
             return g
         # index by the equality requirement fewest groups share (a node-scoped one, typically)
         best = None
         for k, v in _equalities(lstr):
-            ik = (rt.plural, k, v)
+            ik = (rt.key, k, v)
             if best is None or len(self._windex.get(ik, ())) <= len(self._windex.get(best, ())):
                 best = ik
         g = self._wgroups[key] = _WatchGroup(key, rt, ns, lsel, fsel, best)
@@ -1425,7 +1446,7 @@ class KubeAPIServer(FaultControls):
             w = InProcessWatch(self, client, g, timeout)
             lines: list[bytes] = []
             if rv_param in ("", "0") or send_initial:
-                lines = [self._event_line(rt, "ADDED", o) for _, o in sorted(self._store[rt.plural].items())
+                lines = [self._event_line(rt, "ADDED", o) for _, o in sorted(self._store[rt.key].items())
                          if self._matches(o, ns, lsel, fsel)]
                 if send_initial:
                     lines.append(self._event_line(rt, "BOOKMARK", {"metadata": {
@@ -1448,7 +1469,7 @@ class KubeAPIServer(FaultControls):
                     return w
                 i = bisect.bisect_right(self._events, last_rv, key=lambda e: e[0])
                 for _, resource, etype, obj, prev in self._events[i:]:
-                    if resource == rt.plural:
+                    if resource == rt.key:
                         ev = self._watch_event(rt, etype, obj, prev, ns, lsel, fsel)
                         if ev is not None:
                             lines.append(self._event_line(rt, ev[0], ev[1]))
@@ -1469,7 +1490,7 @@ class KubeAPIServer(FaultControls):
                     found = self._windex.get((resource, k, v))
                     if found:
                         groups |= found
-        groups |= {g for g in self._wscan if g.rt.plural == resource}
+        groups |= {g for g in self._wscan if g.rt.key == resource}
         lines: dict[tuple[str, int], bytes] = {}
         for g in groups:
             ev = self._watch_event(g.rt, etype, obj, prev, g.ns, g.lsel, g.fsel)
@@ -1599,13 +1620,18 @@ class KubeAPIServer(FaultControls):
         _validate(rt, obj)
         for k in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"):
             meta.pop(k, None)
+        if rt.subresource:
+            raise ApiError(405, "the server does not allow this method on the requested resource",
+                           details=_details(rt, meta.get("name")))
+        if rt.status_subresource:  # a custom resource's status is written through its subresource only
+            obj.pop("status", None)
         if rt.plural == "pods":
             # a pod's status is the kubelet's (the status subresource): what a create carries is dropped
             obj["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
             obj.setdefault("spec", {}).setdefault("terminationGracePeriodSeconds", 30)
         with self._cond:
             key = (ns, meta["name"])
-            if key in self._store[rt.plural] or (rt.plural == "namespaces" and meta["name"] in self._namespaces):
+            if key in self._store[rt.key] or (rt.plural == "namespaces" and meta["name"] in self._namespaces):
                 raise ApiError(409, f'{rt.qualified} "{meta["name"]}" already exists',
                                details=_details(rt, meta["name"]), reason="AlreadyExists")
             meta["uid"] = str(uuid.uuid4())
@@ -1613,14 +1639,14 @@ class KubeAPIServer(FaultControls):
             if dry_run:
                 meta["resourceVersion"] = str(self._rv)
             else:
-                self._put(rt.plural, obj, "ADDED", None)
+                self._put(rt.key, obj, "ADDED", None)
                 if rt.plural == "namespaces":
                     self._namespaces.add(meta["name"])
             return 201, self._with_kind(rt, copy.deepcopy(obj))
 
     def api_get(self, rt: ResourceType, ns: str, name: str) -> tuple[int, dict]:
         with self._cond:
-            obj = self._store[rt.plural].get((ns, name))
+            obj = self._store[rt.key].get((ns, name))
             if obj is None:
                 raise self._not_found(rt, name)
             return 200, self._with_kind(rt, copy.deepcopy(obj))
@@ -1637,7 +1663,7 @@ class KubeAPIServer(FaultControls):
 
     def _replace(self, rt: ResourceType, ns: str, name: str, new: dict, dry_run: bool) -> tuple[int, dict]:
         """Shared by update and patch; caller holds the lock; ``new`` is the desired object."""
-        cur = self._store[rt.plural].get((ns, name))
+        cur = self._store[rt.key].get((ns, name))
         if cur is None:
             raise self._not_found(rt, name)
         meta = new.setdefault("metadata", {})
@@ -1664,10 +1690,19 @@ class KubeAPIServer(FaultControls):
         new.pop("apiVersion", None)
         if rt.plural == "pods" and "status" not in new and "status" in cur:
             new["status"] = copy.deepcopy(cur["status"])
+        if rt.subresource == "status":  # only the status changes
+            new = {**copy.deepcopy(cur), "status": copy.deepcopy(new.get("status")),
+                   "metadata": {**copy.deepcopy(cur["metadata"]), "resourceVersion": cur["metadata"]["resourceVersion"]}}
+            if new["status"] is None:
+                del new["status"]
+        elif rt.status_subresource:  # the object's own update keeps the status the server has
+            new.pop("status", None)
+            if "status" in cur:
+                new["status"] = copy.deepcopy(cur["status"])
         if _without_rv(new) == _without_rv(cur) or dry_run:
             # no-op update: the apiserver neither bumps resourceVersion nor emits an event
             return 200, self._with_kind(rt, copy.deepcopy(new if dry_run else cur))
-        self._put(rt.plural, new, "MODIFIED", cur)
+        self._put(rt.key, new, "MODIFIED", cur)
         return 200, self._with_kind(rt, copy.deepcopy(new))
 
     def api_update(self, rt: ResourceType, ns: str, name: str, body: dict, dry_run: bool) -> tuple[int, dict]:
@@ -1680,7 +1715,7 @@ class KubeAPIServer(FaultControls):
     def api_patch(self, rt: ResourceType, ns: str, name: str, body: Any,
                   content_type: str, dry_run: bool) -> tuple[int, dict]:
         with self._cond:
-            cur = self._store[rt.plural].get((ns, name))
+            cur = self._store[rt.key].get((ns, name))
             if cur is None:
                 raise self._not_found(rt, name)
             base = self._with_kind(rt, copy.deepcopy(cur))
@@ -1708,7 +1743,7 @@ class KubeAPIServer(FaultControls):
         if isinstance(body, dict):
             pre = body.get("preconditions") or {}
         with self._cond:
-            cur = self._store[rt.plural].get((ns, name))
+            cur = self._store[rt.key].get((ns, name))
             if cur is None:
                 raise self._not_found(rt, name)
             uid, rv = pre.get("uid"), pre.get("resourceVersion")
@@ -1733,12 +1768,12 @@ class KubeAPIServer(FaultControls):
                     marked["metadata"]["deletionTimestamp"] = when.strftime("%Y-%m-%dT%H:%M:%SZ")
                     marked["metadata"]["deletionGracePeriodSeconds"] = int(grace)
                     if not dry_run and _without_rv(marked) != _without_rv(cur):
-                        self._put(rt.plural, marked, "MODIFIED", cur)
+                        self._put(rt.key, marked, "MODIFIED", cur)
                     return 200, self._with_kind(rt, copy.deepcopy(marked))
             if dry_run:
                 gone = copy.deepcopy(cur)
             else:
-                gone = self._remove(rt.plural, (ns, name))
+                gone = self._remove(rt.key, (ns, name))
             if rt.plural == "pods":
                 # the apiserver returns the (final state of the) deleted pod
                 return 200, self._with_kind(rt, gone)
@@ -1787,8 +1822,8 @@ class KubeAPIServer(FaultControls):
                 # No copies: a stored object is never changed in place (every write stores a new
                 # object, :meth:`_put`), and a List's items are only serialised. (Deep copies of
                 # every item were most of the scale simulation's time when a daemon read a domain.)
-                store = self._store[rt.plural]
-                items = [store[k] for k in self._selected_keys(rt.plural, q.get("labelSelector"))
+                store = self._store[rt.key]
+                items = [store[k] for k in self._selected_keys(rt.key, q.get("labelSelector"))
                          if self._matches(store[k], ns, lsel, fsel)]
                 sid, start, list_rv = None, 0, str(self._rv)
             page = items[start:start + limit] if limit else items[start:]
@@ -1809,11 +1844,11 @@ class KubeAPIServer(FaultControls):
     def api_deletecollection(self, rt: ResourceType, ns: str, q: dict, dry_run: bool) -> tuple[int, dict]:
         lsel, fsel = self._matchers(rt, q)
         with self._cond:
-            keys = [k for k, o in sorted(self._store[rt.plural].items())
+            keys = [k for k, o in sorted(self._store[rt.key].items())
                     if self._matches(o, ns, lsel, fsel)]
             if not dry_run:
                 for k in keys:
-                    self._remove(rt.plural, k)
+                    self._remove(rt.key, k)
         return 200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                      "details": _details(rt, None)}
 
@@ -1853,6 +1888,14 @@ _ROUTES = [
     (re.compile(r"^/apis/whereabouts\.cni\.cncf\.io/v1alpha1/namespaces/([^/]+)/ippools(?:/([^/]+))?/?$"), "ippools", True),
     (re.compile(r"^/apis/whereabouts\.cni\.cncf\.io/v1alpha1/namespaces/([^/]+)/overlappingrangeipreservations(?:/([^/]+))?/?$"),
      "overlappingrangeipreservations", True),
+    (re.compile(r"^/apis/nv-ipam\.nvidia\.com/v1alpha1/namespaces/([^/]+)/ippools(?:/([^/]+))?/?$"),
+     "ippools.nv-ipam.nvidia.com", True),
+    (re.compile(r"^/apis/nv-ipam\.nvidia\.com/v1alpha1/namespaces/([^/]+)/cidrpools(?:/([^/]+))?/?$"),
+     "cidrpools.nv-ipam.nvidia.com", True),
+    (re.compile(r"^/apis/nv-ipam\.nvidia\.com/v1alpha1/namespaces/([^/]+)/ippools/([^/]+)/status/?$"),
+     "ippools.nv-ipam.nvidia.com/status", True),
+    (re.compile(r"^/apis/nv-ipam\.nvidia\.com/v1alpha1/namespaces/([^/]+)/cidrpools/([^/]+)/status/?$"),
+     "cidrpools.nv-ipam.nvidia.com/status", True),
 ]
 
 _VERSION = {"major": "1", "minor": "30", "gitVersion": "v1.30.0-rdmanet-fake",
@@ -2132,7 +2175,7 @@ class _Handler(BaseHTTPRequestHandler):
         error: dict | None = None
         with srv._cond:
             if rv_param in ("", "0") or send_initial:
-                initial = [copy.deepcopy(o) for _, o in sorted(srv._store[rt.plural].items())
+                initial = [copy.deepcopy(o) for _, o in sorted(srv._store[rt.key].items())
                            if srv._matches(o, ns, lsel, fsel)]
                 last_rv = srv._rv
             else:
@@ -2146,8 +2189,9 @@ class _Handler(BaseHTTPRequestHandler):
         head = ("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                 "Cache-Control: no-cache, private\r\nTransfer-Encoding: chunked\r\n"
                 f"Date: {_http_date()}\r\n\r\n")
-        self.wfile.write(head.encode())
         self._status = 200
+        self._record()  # an open watch is in request_log() from its first byte, as in-process
+        self.wfile.write(head.encode())
         with srv._stats_lock:
             srv._active_watches += 1
             srv._watch_sockets.add(self.connection)
@@ -2193,7 +2237,7 @@ class _Handler(BaseHTTPRequestHandler):
                     return
                 for ev_rv, resource, etype, obj, prev in batch:
                     last_rv = ev_rv
-                    if resource != rt.plural:
+                    if resource != rt.key:
                         continue
                     ev = srv._watch_event(rt, etype, obj, prev, ns, lsel, fsel)
                     if ev is not None:

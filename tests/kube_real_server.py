@@ -294,7 +294,8 @@ class KubeCluster:
     def install_crds(self) -> None:
         """The CRDs the tests and the example manifests need, from their projects' documented
         schemas: whereabouts' IPPool and OverlappingRangeIPReservation (lease-ipam reads them
-        while a cluster migrates) and Multus' NetworkAttachmentDefinition."""
+        while a cluster migrates), Multus' NetworkAttachmentDefinition and nv-ipam's IPPool and
+        CIDRPool (lease-ipam reads a NAD's poolName from them)."""
         docs = [_crd("whereabouts.cni.cncf.io", "v1alpha1", "IPPool", "ippools", {
                     "range": {"type": "string"},
                     "allocations": {"type": "object", "additionalProperties": {
@@ -306,7 +307,8 @@ class KubeCluster:
                          "containerid": {"type": "string"}, "podref": {"type": "string"},
                          "ifname": {"type": "string"}}, required=["podref"]),
                 _crd("k8s.cni.cncf.io", "v1", "NetworkAttachmentDefinition", "network-attachment-definitions",
-                     {"config": {"type": "string"}}, short=["net-attach-def"])]
+                     {"config": {"type": "string"}}, short=["net-attach-def"]),
+                *nv_ipam_crds()]
         self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
         for d in docs:
             self.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{d['metadata']['name']}")
@@ -345,19 +347,53 @@ class KubeCluster:
 
 
 def _crd(group: str, version: str, kind: str, plural: str, spec: dict, required: list[str] | None = None,
-         short: list[str] | None = None) -> dict:
+         short: list[str] | None = None, status: dict | None = None) -> dict:
+    """A CRD; with ``status`` (its properties) the status is a subresource, as kubebuilder's
+    ``+kubebuilder:subresource:status`` makes it."""
     schema: dict[str, Any] = {"type": "object", "properties": spec}
     if required:
         schema["required"] = required
     names: dict[str, Any] = {"kind": kind, "listKind": f"{kind}List", "plural": plural, "singular": kind.lower()}
     if short:
         names["shortNames"] = short
+    properties = {"apiVersion": {"type": "string"}, "kind": {"type": "string"}, "metadata": {"type": "object"},
+                  "spec": schema}
+    served: dict[str, Any] = {"name": version, "served": True, "storage": True}
+    if status is not None:
+        properties["status"] = {"type": "object", "properties": status}
+        served["subresources"] = {"status": {}}
+    served["schema"] = {"openAPIV3Schema": {"type": "object", "properties": properties}}
     return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
             "metadata": {"name": f"{plural}.{group}"},
-            "spec": {"group": group, "scope": "Namespaced", "names": names,
-                     "versions": [{"name": version, "served": True, "storage": True, "schema": {"openAPIV3Schema": {
-                         "type": "object", "properties": {"apiVersion": {"type": "string"}, "kind": {"type": "string"},
-                                                          "metadata": {"type": "object"}, "spec": schema}}}}]}}
+            "spec": {"group": group, "scope": "Namespaced", "names": names, "versions": [served]}}
+
+
+def nv_ipam_crds() -> list[dict]:
+    """nv-ipam's IPPool and CIDRPool (``nv-ipam.nvidia.com/v1alpha1``), written from the fields its
+    README and API types document; the status (each node's block or prefix, written by nv-ipam's
+    controller) is a subresource."""
+    def objects(**props: str) -> dict:
+        return {"type": "array", "items": {"type": "object", "properties": {k: {"type": t} for k, t in props.items()}}}
+
+    requirement = {"type": "array", "items": {"type": "object", "required": ["key", "operator"], "properties": {
+        "key": {"type": "string"}, "operator": {"type": "string"},
+        "values": {"type": "array", "items": {"type": "string"}}}}}
+    node_selector = {"type": "object", "required": ["nodeSelectorTerms"], "properties": {"nodeSelectorTerms": {
+        "type": "array", "items": {"type": "object", "properties": {"matchExpressions": requirement,
+                                                                     "matchFields": requirement}}}}}
+    common = {"exclusions": objects(startIP="string", endIP="string"),
+              "perNodeExclusions": objects(startIndex="integer", endIndex="integer"),
+              "nodeSelector": node_selector, "defaultGateway": {"type": "boolean"}, "routes": objects(dst="string")}
+    return [_crd("nv-ipam.nvidia.com", "v1alpha1", "IPPool", "ippools",
+                 {"subnet": {"type": "string"}, "perNodeBlockSize": {"type": "integer"}, "gateway": {"type": "string"},
+                  **common}, required=["subnet", "perNodeBlockSize"],
+                 status={"allocations": objects(nodeName="string", startIP="string", endIP="string")}),
+            _crd("nv-ipam.nvidia.com", "v1alpha1", "CIDRPool", "cidrpools",
+                 {"cidr": {"type": "string"}, "gatewayIndex": {"type": "integer"},
+                  "perNodeNetworkPrefix": {"type": "integer"},
+                  "staticAllocations": objects(nodeName="string", gateway="string", prefix="string"), **common},
+                 required=["cidr", "perNodeNetworkPrefix"],
+                 status={"allocations": objects(nodeName="string", gateway="string", prefix="string")})]
 
 
 def audit_counts(events: list[dict], user: str | None = None) -> dict[tuple[str, str], int]:
@@ -466,7 +502,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         for rx, res, namespaced in _ROUTES:
             m = rx.match(split.path)
             if m:
-                resource, rt = res, RESOURCES[res]
+                rt = RESOURCES[res.partition("/")[0]]
+                resource = rt.plural  # counted by plural, as the audit log's objectRef names it
                 if namespaced is None:  # cluster-scoped, by name too (nodes, namespaces)
                     ns, name = "", m.group(1)
                 else:
@@ -571,9 +608,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
 # The fake server's controls on the real one
 # ------------------------------------------------------------------------------------------------
 
-_PATHS = {"leases": ("coordination.k8s.io", "v1"), "pods": ("", "v1"), "nodes": ("", "v1"),
-          "ippools": ("whereabouts.cni.cncf.io", "v1alpha1"),
-          "overlappingrangeipreservations": ("whereabouts.cni.cncf.io", "v1alpha1")}
+_CLEANED = ("ippools", "overlappingrangeipreservations", "ippools.nv-ipam.nvidia.com", "cidrpools.nv-ipam.nvidia.com")
 
 
 class RealServer:
@@ -609,7 +644,7 @@ class RealServer:
         self._raw("DELETE", "/api/v1/nodes", ok=(200,))
         if self._crds():
             for ns in [n.metadata.name for n in self.core.list_namespace().items]:
-                for res in ("ippools", "overlappingrangeipreservations"):
+                for res in _CLEANED:
                     self._raw("DELETE", self._path(res, ns), ok=(200, 404))
 
     def _crds(self) -> bool:
@@ -647,13 +682,15 @@ class RealServer:
         return r.status, doc
 
     @staticmethod
-    def _path(resource: str, namespace: str | None = None, name: str | None = None) -> str:
-        group, version = _PATHS[resource]
-        p = f"/apis/{group}/{version}" if group else f"/api/{version}"
+    def _path(resource: Any, namespace: str | None = None, name: str | None = None) -> str:
+        """The path of a resource (a key of RESOURCES, or a ResourceType: its subresource too)."""
+        rt = RESOURCES[resource] if isinstance(resource, str) else resource
+        p = f"/apis/{rt.group}/{rt.version}" if rt.group else f"/api/{rt.version}"
         if namespace:
             p += f"/namespaces/{namespace}"
-        p += f"/{resource}"
-        return p + (f"/{name}" if name else "")
+        p += f"/{rt.plural}"
+        p += f"/{name}" if name else ""
+        return p + (f"/{rt.subresource}" if rt.subresource and name else "")
 
     @staticmethod
     def advance_clock(seconds: float) -> None:
@@ -717,14 +754,14 @@ class RealServer:
 
     def api_create(self, rt, ns: str, body: dict, dry_run: bool) -> tuple[int, dict]:
         body = {"apiVersion": rt.api_version, "kind": rt.kind, **body}
-        return self._api("POST", self._path(rt.plural, ns) + ("?dryRun=All" if dry_run else ""), body)
+        return self._api("POST", self._path(rt, ns) + ("?dryRun=All" if dry_run else ""), body)
 
     def api_update(self, rt, ns: str, name: str, body: dict, dry_run: bool) -> tuple[int, dict]:
         body = {"apiVersion": rt.api_version, "kind": rt.kind, **body}
-        return self._api("PUT", self._path(rt.plural, ns, name) + ("?dryRun=All" if dry_run else ""), body)
+        return self._api("PUT", self._path(rt, ns, name) + ("?dryRun=All" if dry_run else ""), body)
 
     def api_delete(self, rt, ns: str, name: str, body: Any, dry_run: bool) -> tuple[int, dict]:
-        return self._api("DELETE", self._path(rt.plural, ns, name) + ("?dryRun=All" if dry_run else ""), body)
+        return self._api("DELETE", self._path(rt, ns, name) + ("?dryRun=All" if dry_run else ""), body)
 
     def objects(self, resource: str, namespace: str | None = None) -> list[dict]:
         _, doc = self._raw("GET", self._path(resource, namespace))

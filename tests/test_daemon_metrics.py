@@ -111,7 +111,7 @@ def test_metrics_move_with_real_calls(node):
     assert value(m, "rdmanet_kube_api_requests_total", method="POST", code="201") >= 3
 
     # the CNI GC verb frees a claim its runtime no longer lists that names no pod (the runtime's word
-    # is all there is); a pod's claim is judged by its pod (docs/lease-ipam.md, the liveness rule)
+    # is all there is); a pod's claim is judged by its pod (docs/lease-ipam-design.md, the liveness rule)
     assert call(root, "ADD", conf(kubeconfig), "c-bare", None).returncode == 0
     eventually(lambda: value(scrape(port), "rdmanet_ipam_addresses_in_use", **labels) == 4, "the ADD in the usage")
     gc = json.loads(conf(kubeconfig, gc_grace_seconds=0))

@@ -538,9 +538,13 @@ def test_probes_run_the_daemon_health_check(monkeypatch):
 LEASE_VERBS_USED = {"get", "list", "create", "update", "delete"}  # rdmanet/ipam/store/kube.py, rdmanet/ipam/reconcile.py
 
 
+NV_IPAM_POOLS = {"apiGroups": ["nv-ipam.nvidia.com"], "resources": ["ippools", "cidrpools"], "verbs": ["get"]}
+
+
 def test_rbac_grants_leases_in_our_namespace_pod_reads_and_node_lists_only():
     """The node daemon's token is on every node: it may get pods, never list them; only the
-    reconciler's identity lists pods."""
+    reconciler's identity lists pods. Of nv-ipam's pools the daemon may only get the two kinds
+    (a NAD's poolName), never list, watch or write them."""
     for path, role in objects("Role"):
         assert role["metadata"]["namespace"] == NAMESPACE, f"{rel(path)}: a Role outside {NAMESPACE}"
         for rule in role["rules"]:
@@ -551,6 +555,10 @@ def test_rbac_grants_leases_in_our_namespace_pod_reads_and_node_lists_only():
     for path, role in objects("ClusterRole"):
         for rule in role["rules"]:
             assert set(rule) == {"apiGroups", "resources", "verbs"}
+            if rule["apiGroups"] != [""]:
+                assert rule == NV_IPAM_POOLS, f"{rel(path)}: {rule}"
+                granted.add(("nv-ipam pools", "get"))
+                continue
             assert rule["apiGroups"] == [""] and rule["resources"] in (["pods"], ["nodes"], ["events"]), f"{rel(path)}: {rule}"
             if rule["resources"] == ["pods"]:
                 assert set(rule["verbs"]) <= {"get", "list"} and "get" in rule["verbs"]
@@ -561,8 +569,9 @@ def test_rbac_grants_leases_in_our_namespace_pod_reads_and_node_lists_only():
                 assert rule["verbs"] == ["get", "list"]
             granted.add((rule["resources"][0], *sorted(rule["verbs"])))
     assert objects("Role") and granted == {("pods", "get"), ("pods", "get", "list"), ("nodes", "get", "list"),
-                                           ("events", "create")}
-    assert cluster_grants(SERVICE_ACCOUNT) == {("pods", "get"), ("nodes", "get", "list"), ("events", "create")}
+                                           ("events", "create"), ("nv-ipam pools", "get")}
+    assert cluster_grants(SERVICE_ACCOUNT) == {("pods", "get"), ("nodes", "get", "list"), ("events", "create"),
+                                               ("ippools", "get")}
     assert cluster_grants(RECONCILER_ACCOUNT) == {("pods", "get", "list"), ("nodes", "get", "list"), ("events", "create")}
 
 

@@ -895,3 +895,48 @@ def test_daemon_absent_under_systemd_without_the_unit_says_reinstall(env, tmp_pa
     assert under_systemd.fix.startswith("re-run install.sh: under systemd it installs rdmanet.socket")
     without = one(run(env, systemd_root=str(tmp_path / "no-systemd")), "daemon")
     assert "rdmanet.socket" not in without.fix and "init system" in without.fix
+
+
+# =========================================================================== networks written for nv-ipam
+
+
+def test_nv_ipam_networks_are_recognised_and_their_pools_mode_is_named(env, server, tmp_path, monkeypatch):
+    from nv_ipam_objects import IPPOOL, OPERATOR_NS, ippool_blocks, put_pool
+
+    from rdmanet.ipam import nv_ipam_node_store
+
+    no_rdma_host(env["root"])
+    monkeypatch.setenv("RDMANET_NODE_NAME", "node-b")
+    monkeypatch.setattr(nv_ipam_node_store, "STORE_FILE", str(tmp_path / "no-nv-ipam-store"))
+    spec = {"subnet": "192.168.5.0/24", "perNodeBlockSize": 50, "gateway": "192.168.5.1"}
+    put_pool(server, IPPOOL, OPERATOR_NS, "ipoib-pool-a", spec, ippool_blocks(spec["subnet"], 50, ["node-a", "node-b"]))
+    put_pool(server, IPPOOL, OPERATOR_NS, "pool-free", spec, [], {"rdmanet.io/node-blocks": "lease-ipam"})
+    kc = write_kubeconfig(tmp_path / "kc", server.url, namespace="rdmanet-system")
+
+    def net(name, **ipam):
+        return {"cniVersion": "1.0.0", "name": name, "type": "macvlan-rdma", "master": "eno1", "ipam": ipam}
+
+    write_conf(env["conf"], "20-a.conf", net("still-nv", type="nv-ipam", poolName="ipoib-pool-a"))
+    write_conf(env["conf"], "21-b.conf", net("switched", type="lease-ipam", poolName="ipoib-pool-a",
+                                             kubernetes={"kubeconfig": str(kc)}))
+    write_conf(env["conf"], "22-c.conf", net("free", type="lease-ipam", poolName="pool-free",
+                                             kubernetes={"kubeconfig": str(kc)}))
+    write_conf(env["conf"], "23-d.conf", net("missing", type="lease-ipam", poolName="no-such-pool",
+                                             kubernetes={"kubeconfig": str(kc)}))
+    report = run(env)
+    still = one(report, "ipam", "still-nv")
+    assert still.severity == "info"
+    assert "uses nv-ipam (IPPool ipoib-pool-a): lease-ipam takes this ipam block as written, change ipam.type to " \
+           "lease-ipam and nothing else" in still.message
+    assert "not read from here" in still.message and "ipam.kubernetes.kubeconfig" in still.fix
+    switched = one(report, "ipam", "switched")
+    assert switched.severity == "ok"
+    assert ("node node-b's nv-ipam block 192.168.5.51-192.168.5.100 of 192.168.5.0/24, never left, no borrowing "
+            "(rdmanet.io/node-blocks=nv-ipam)") in switched.message
+    free = one(report, "ipam", "free")
+    assert free.severity == "ok"
+    assert "lease-ipam's node blocks and borrowing (rdmanet.io/node-blocks=lease-ipam)" in free.message
+    missing = one(report, "ipam", "missing")
+    assert missing.severity == "error" and "IPPool 'no-such-pool' is not in namespace" in missing.message
+    assert report.inventory["nv_ipam_pools"][1]["modes"] == ["nv-ipam"]
+    assert not [e for e in server.request_log() if e["verb"] not in ("get", "list")]  # read-only

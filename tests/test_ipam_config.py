@@ -167,3 +167,31 @@ def test_missing_ipam_block():
     with pytest.raises(CNIError) as info:
         parse_ipam_config({"name": "n", "type": "macvlan"})
     assert info.value.code == INVALID_CONFIG and "ipam" in info.value.msg
+
+
+@pytest.mark.parametrize("ipam, field, fix_word", [
+    ({"poolName": "a,b,c"}, "ipam.poolName", "pool-v4,pool-v6"),
+    ({"poolName": "Pool_A"}, "ipam.poolName", "ipoib-pool-a"),
+    ({"poolName": "a,a"}, "ipam.poolName", "once"),
+    ({"poolName": 7}, "ipam.poolName", "pool-v4,pool-v6"),
+    ({"poolName": "a", "poolType": "spiderpool"}, "ipam.poolType", "cidrpool"),
+    ({"poolName": "a", "poolNamespace": "Kube_System"}, "ipam.poolNamespace", "kube-system"),
+    ({"poolNamespace": "kube-system", "range": "10.1.1.0/24"}, "ipam.poolNamespace", "poolName"),
+    ({"poolName": "a", "range": "10.1.1.0/24"}, "ipam.range", "remove range"),
+    ({"poolName": "a", "datastore": "local"}, "ipam.datastore", '"kubernetes"'),
+])
+def test_nv_ipam_pool_keys_are_checked_before_any_request(ipam, field, fix_word):
+    err = error(ipam)
+    assert f"invalid network config: {field}" in err.msg, err.msg
+    assert fix_word in err.details
+
+
+def test_nv_ipam_pool_names_select_the_cluster_store_and_need_no_range():
+    from rdmanet.ipam.pool_ref import PoolRef
+
+    c = parse_ipam_config(conf({"poolName": "pool-v4, pool-v6", "poolType": "CIDRPool"}))
+    assert c.pools == PoolRef("cidrpool", ("pool-v4", "pool-v6")) and c.range_sets == ()
+    assert parse_ipam_config(conf({"poolType": "ippool"}, name="ipoib-pool-a")).pools.names == ("ipoib-pool-a",)
+    # with enable_overlapping_ranges false the domain is keyed by the pools (the network's name by default)
+    assert store_location(conf({"poolType": "ippool", "enable_overlapping_ranges": False}, name="pool-x"))[1].endswith(
+        "@ranges:ippool/pool-x")

@@ -4,7 +4,8 @@ alike (``[fake]``/``[real]``): each assertion is the real server's answer, so th
 Create of an existing name, delete and update preconditions, label selectors (``in``, ``notin``,
 ``!``), ``limit``/``continue`` paging, watch from a resourceVersion, bookmarks, a too-old
 resourceVersion, ``fieldSelector=spec.nodeName`` on pods, server-set metadata, a pod's status on
-create, a pod's deletion, objects in a namespace that does not exist.
+create, a pod's deletion, objects in a namespace that does not exist, a custom resource's status
+subresource (nv-ipam's pools) and two groups' kinds of one plural.
 """
 
 from __future__ import annotations
@@ -223,3 +224,36 @@ def test_time_fields_are_rfc3339_micro(server):
     body["spec"]["acquireTime"] = "2024-01-02T03:04:05Z"  # a MicroTime needs its 6 digits
     code, status = request(server, "POST", LEASES, body)
     assert code == 400 and status["reason"] == "BadRequest"
+
+
+NV_IPPOOLS = f"/apis/nv-ipam.nvidia.com/v1alpha1/namespaces/{NS}/ippools"
+SPEC = {"subnet": "192.168.5.0/24", "perNodeBlockSize": 50}
+BLOCKS = {"allocations": [{"nodeName": "node-a", "startIP": "192.168.5.1", "endIP": "192.168.5.50"}]}
+
+
+def test_a_custom_resources_status_is_written_through_its_subresource_only(server):
+    """nv-ipam's controller writes a pool's status.allocations with the status subresource: a create
+    or an update of the object keeps the status the server has, an update of ``/status`` changes
+    the status alone."""
+    pool = {"apiVersion": "nv-ipam.nvidia.com/v1alpha1", "kind": "IPPool", "metadata": {"name": "p"},
+            "spec": SPEC, "status": BLOCKS}
+    code, made = request(server, "POST", NV_IPPOOLS, pool)
+    assert code == 201 and "status" not in made
+    changed = {**made, "spec": {**SPEC, "perNodeBlockSize": 10}, "status": BLOCKS}
+    code, updated = request(server, "PUT", f"{NV_IPPOOLS}/p/status", changed)
+    assert code == 200 and updated["status"] == BLOCKS and updated["spec"] == SPEC
+    code, updated = request(server, "PUT", f"{NV_IPPOOLS}/p", {**changed, "metadata": updated["metadata"], "status": {}})
+    assert code == 200 and updated["status"] == BLOCKS and updated["spec"]["perNodeBlockSize"] == 10
+
+
+def test_two_groups_kinds_of_one_plural_are_apart(server):
+    """whereabouts' and nv-ipam's IPPool share the plural ``ippools``."""
+    whereabouts = f"/apis/whereabouts.cni.cncf.io/v1alpha1/namespaces/{NS}/ippools"
+    assert request(server, "POST", whereabouts, {"apiVersion": "whereabouts.cni.cncf.io/v1alpha1", "kind": "IPPool",
+                                                 "metadata": {"name": "p"},
+                                                 "spec": {"range": "10.0.0.0/24", "allocations": {}}})[0] == 201
+    assert request(server, "GET", f"{NV_IPPOOLS}/p")[0] == 404
+    assert request(server, "POST", NV_IPPOOLS, {"apiVersion": "nv-ipam.nvidia.com/v1alpha1", "kind": "IPPool",
+                                                "metadata": {"name": "p"}, "spec": SPEC})[0] == 201
+    assert [o["metadata"]["name"] for o in request(server, "GET", NV_IPPOOLS)[1]["items"]] == ["p"]
+    assert request(server, "GET", f"{whereabouts}/p")[1]["spec"]["range"] == "10.0.0.0/24"

@@ -281,7 +281,7 @@ def test_claims_of_other_nodes_are_never_delivered_and_never_double_allocated(se
     rs = range_sets(conf)
     theirs = [str(others.allocate(Attachment(f"o{i}", "net1"), "net-a", rs, {})[0]) for i in range(10)]
     free_mine = sorted(set(f"10.0.0.{n}" for n in range(1, 31)) - set(theirs), key=ipaddress.ip_address)
-    posted = free_mine[-1]  # a claim by a bare POST (an old-version node), labelled for node-b
+    posted = free_mine[-1]  # a claim by a bare POST (as node-b would make), labelled for node-b
     body = others.leases.body(ipaddress.ip_address(posted), Attachment("posted", "net1"), "net-a", rs[0])
     assert raw(kubeconfig, "POST", body=body).status == 201
     time.sleep(0.2)

@@ -1,8 +1,8 @@
 """lease-ipam's node blocks against the fake API server over real HTTP.
 
 What a user would see: addresses are never handed out twice, whatever the nodes believe about
-their blocks (two owners after a partition, racing nodes, an API server restart mid-launch, a
-node of the old version that knows no blocks); small ranges are usable to the last address
+their blocks (two owners after a partition, racing nodes, an API server restart mid-launch);
+small ranges are usable to the last address
 (borrowing); empty blocks go back after their grace period; ``rdmanet ipam ls`` shows them.
 """
 
@@ -20,15 +20,13 @@ import pytest
 
 from rdmanet.cni.core.errors import POOL_EXHAUSTED, CNIError
 from rdmanet.ipam.config import parse_ipam_config
-from rdmanet.ipam.kube_config import connect, kube_settings
+from rdmanet.ipam.kube_config import kube_settings
 from rdmanet.ipam.location import CLUSTER_DOMAIN
 from rdmanet.ipam.store import kube_blocks, lease_cache
 from rdmanet.ipam.store.base import Attachment
 from rdmanet.ipam.store.kube import (
     L_DOMAIN,
     L_NODE,
-    LEASES_PATH,
-    ApiClientTransport,
     domain_hash,
     lease_name,
     use_watch_cache,
@@ -101,9 +99,8 @@ def test_a_nodes_first_add_acquires_its_block_by_its_own_claim_and_the_first_add
                                                                                                 daemon):
     """One create per ADD: acquiring a block costs no request of its own. The node's first ADD
     creates one Lease: its claim on the block's first usable address, which is the block's
-    record. A DEL of that address updates the record (the block stays held); an old-version node
-    sees it as a claim and never hands it out; the node's next ADD that reaches it takes it back
-    by one update."""
+    record. A DEL of that address updates the record (the block stays held); the node's next ADD
+    that reaches it takes it back by one update."""
     conf = netconf(kubeconfig, "10.9.13.0/24")
     assert add(conf, "w", "node-a") == "10.9.13.1"  # starts the node's informer: its first ADD
     server.reset_counts()
@@ -119,19 +116,14 @@ def test_a_nodes_first_add_acquires_its_block_by_its_own_claim_and_the_first_add
     assert server.counts() == {("update", "leases"): 1}  # the record freed, not deleted
     [blk] = block_leases(server, NS)
     assert "holderIdentity" not in blk["spec"] and "10.9.13.1" not in holders(server)
-    old = old_version_add(kubeconfig, "old-0", "10.9.13.0/24")  # the record is a claim to an old node
-    assert old not in ("10.9.13.1", *got)
     server.reset_counts()
     rest = [add(conf, f"q{i}", "node-a") for i in range(16)]  # round-robin over the block reaches 10.9.13.1
     assert "10.9.13.1" in rest
-    # 15 creates and the update: no List, no block create; at most one 409 (the old node's claim
-    # inside node-a's block, which node-a's view cannot show)
-    c = server.counts()
-    assert set(c) == {("create", "leases"), ("update", "leases")} and c[("update", "leases")] == 1, c
-    assert c[("create", "leases")] in (15, 16), c
+    # 15 creates and the update: no List, no block create
+    assert server.counts() == {("create", "leases"): 15, ("update", "leases"): 1}
     [blk] = [b for b in block_leases(server, NS) if b["metadata"]["name"].endswith("-10.9.13.1")]
     assert block_owner(blk) == "node-a" and blk["spec"]["holderIdentity"].startswith("q")
-    assert_each_address_once(got + rest + [old], server)
+    assert_each_address_once(got + rest, server)
 
 
 def test_a_borrower_takes_a_free_record_by_update_and_frees_it_the_same_way(server, kubeconfig):
@@ -179,25 +171,25 @@ def test_a_block_record_deleted_by_a_gc_costs_its_owner_only_the_block(server, k
 
 
 def test_an_acquisition_that_meets_a_claim_on_a_first_address_takes_another_block(server, kubeconfig, daemon):
-    """A 409 on a record's create means taken, whoever holds the name (another node's record, a
-    borrower's or an old-version node's claim of that address): the node tries the next block."""
+    """A 409 on a record's create means taken, whoever holds the name (another node's record or a
+    borrower's claim of that address): the node tries the next block."""
     conf = netconf(kubeconfig, "10.9.15.0/24")
     firsts = {f"10.9.15.{16 * k + (1 if k == 0 else 0)}" for k in range(16)}
     for k, ip in enumerate(sorted(firsts, key=ipaddress.ip_address)):
-        if k % 2 == 0 and k < 8:  # four blocks' first addresses claimed by an old-version node
+        if k % 2 == 0 and k < 8:  # four blocks' first addresses claimed by a borrower on node-z
             body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                     "metadata": {"name": lease_name(DHASH, ipaddress.ip_address(ip)), "namespace": NS,
-                                 "labels": {L_DOMAIN: DHASH, L_NODE: "node-old"},
+                                 "labels": {L_DOMAIN: DHASH, L_NODE: "node-z"},
                                  "annotations": {"rdmanet.io/ip": ip}},
-                    "spec": {"holderIdentity": f"old-{k}/net1"}}
+                    "spec": {"holderIdentity": f"z-{k}/net1"}}
             assert server.api_create(RESOURCES["leases"], NS, body, False)[0] == 201
     got = [add(conf, f"n{n}-0", f"node-{n}") for n in range(6)]
     assert None not in got and set(got) <= firsts  # each node's first ADD is the record of a block of its own
-    assert_each_address_once(got + [ip for ip, h in holders(server).items() if h.startswith("old-")], server)
+    assert_each_address_once(got + [ip for ip, h in holders(server).items() if h.startswith("z-")], server)
     assert all(block_owner(o) for o in block_leases(server, NS))
-    assert len(block_leases(server, NS)) == 6  # each node holds one block, none where the old node claimed
+    assert len(block_leases(server, NS)) == 6  # each node holds one block, none where the borrower claimed
     assert not {o["metadata"]["name"] for o in block_leases(server, NS)} & {
-        lease_name(DHASH, ipaddress.ip_address(ip)) for ip, h in holders(server).items() if h.startswith("old-")}
+        lease_name(DHASH, ipaddress.ip_address(ip)) for ip, h in holders(server).items() if h.startswith("z-")}
 
 
 def test_two_nodes_that_both_own_one_block_never_hand_out_an_address_twice(server, kubeconfig, daemon):
@@ -341,67 +333,6 @@ def test_a_409_on_another_nodes_record_is_not_kept_past_the_watch_it_was_met_in(
         names = set(inf._entries)
     assert names == {o["metadata"]["name"] for o in server.objects("leases", NS)
                      if o["metadata"]["labels"].get(L_NODE) == "node-b"}
-
-
-def old_version_add(kubeconfig, cid, rng, node="node-old"):
-    """A node of the previous version: no blocks. It Lists the domain's Leases, takes the lowest
-    address no claim names and creates its per-address Lease (409: the next one)."""
-    conn = connect(kube_settings(netconf(kubeconfig)))
-    t = ApiClientTransport(conn.api_client, conn.host)
-    path = LEASES_PATH.format(namespace=NS)
-    while True:
-        listed = t.request("GET", path, [("labelSelector", f"{L_DOMAIN}={DHASH}")], None, 5.0).doc["items"]
-        taken = {o["metadata"]["name"] for o in listed}
-        free = [ip for ip in sorted(usable(rng), key=ipaddress.ip_address)
-                if lease_name(DHASH, ipaddress.ip_address(ip)) not in taken]
-        if not free:
-            return None
-        for ip in free:
-            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": lease_name(DHASH, ipaddress.ip_address(ip)), "namespace": NS,
-                                 "labels": {L_DOMAIN: DHASH, "rdmanet.io/network": "net-a", L_NODE: node},
-                                 "annotations": {"rdmanet.io/ip": ip, "rdmanet.io/node": node}},
-                    "spec": {"holderIdentity": f"{cid}/net1"}}
-            status = t.request("POST", path, [], body, 5.0).status
-            if status == 201:
-                return ip
-            assert status == 409
-        # every candidate was taken meanwhile: list again
-
-
-def test_a_mixed_cluster_with_an_old_version_node_never_hands_out_an_address_twice(server, kubeconfig, daemon):
-    """During an upgrade an old node (per-address Leases, no blocks, no block label) allocates
-    in the same /27 as a new node's daemon and a new in-process node, at the same time. Its
-    claims land inside the new nodes' blocks, where their node-scoped views cannot see them: the
-    create's 409 tells them. 30 addresses, 30 distinct holders, no duplicate."""
-    rng = "10.9.3.0/27"
-    conf = netconf(kubeconfig, rng)
-    got, lock = [], threading.Lock()
-    start = threading.Barrier(3)
-
-    def run(fn, n):
-        start.wait()
-        for i in range(n):
-            ip = fn(i)
-            with lock:
-                got.append(ip)
-
-    new_b = store(kubeconfig, "node-b", conf)
-    threads = [threading.Thread(target=run, args=(lambda i: old_version_add(kubeconfig, f"old-{i}", rng), 15)),
-               threading.Thread(target=run, args=(lambda i: add(conf, f"a-{i}", "node-a"), 12)),
-               threading.Thread(target=run, args=(lambda i: store_add(new_b, conf, f"b-{i}"), 12))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    ok = [ip for ip in got if ip]
-    assert len(ok) == 30 and set(ok) == usable(rng)  # the pool is used to its last address
-    assert_each_address_once(got, server)
-    kinds = collections.Counter(h.split("-")[0] for h in holders(server).values())
-    assert kinds["old"] >= 1 and kinds["a"] >= 1 and kinds["b"] >= 1, kinds
-    # a block's record is the claim of its first address: the old node's List saw it as taken
-    assert block_leases(server, NS)
-    assert all(o["metadata"]["name"].startswith(f"lip-{DHASH}-") for o in block_leases(server, NS))
 
 
 # -- target 5: small networks -------------------------------------------------------------------------
@@ -643,30 +574,6 @@ def test_cni_gc_and_the_node_gc_release_an_empty_acquired_block_but_never_a_plan
     assert node_gc.release_blocks(target, "node-a", grace=0, now=1000.0) == []
     assert node_gc.release_blocks(target, "node-a", grace=0, now=2000.0) == []
     assert planned(server) == ["10.9.41.4"]
-
-
-def test_claims_made_before_the_upgrade_stay_their_attachments(server, kubeconfig, daemon):
-    """A node upgraded in place: the claims its old version made (same names, no block label, no
-    block) are its node's, so the new daemon sees them: a repeat ADD of such an attachment gets
-    its address back, new ADDs never take one of them, and DEL frees them."""
-    conf = netconf(kubeconfig, "10.9.12.0/24")
-    old = store(kubeconfig, "node-a", conf)
-    rs = parse_ipam_config(conf).range_sets[0]
-    conn = connect(kube_settings(conf))
-    t = ApiClientTransport(conn.api_client, conn.host)
-    before = {}
-    for n in (5, 6, 7, 20, 21):  # spread over two would-be blocks
-        ip = ipaddress.ip_address(f"10.9.12.{n}")
-        body = old.leases.body(ip, Attachment(f"old{n}", "net1"), "net-a", rs)
-        del body["metadata"]["labels"]["rdmanet.io/block"]  # the old version had no blocks
-        assert t.request("POST", LEASES_PATH.format(namespace=NS), [], body, 5.0).status == 201
-        before[f"old{n}"] = str(ip)
-    assert add(conf, "old6", "node-a") == before["old6"]  # a repeat ADD after the upgrade
-    new = [add(conf, f"new{i}", "node-a") for i in range(30)]
-    assert not set(new) & set(before.values())
-    assert_each_address_once(new + list(before.values()), server)
-    assert call("DEL", conf, "old20", "node-a") == (0, None)
-    assert before["old20"] not in holders(server)
 
 
 def fill_blocks(server, filler, rs, wanted, size=4):

@@ -101,8 +101,8 @@ def test_a_borrowed_block_record_is_never_freed_by_the_lenders_cleaners_while_it
 
 
 def test_a_claim_labelled_with_another_node_is_kept_while_its_pod_lives_elsewhere(cluster):
-    """A claim whose node label is wrong (an older version labelled a borrowed claim with the
-    lender's node) is judged by its pod, looked up by name: node A's GC never frees it while the
+    """A claim whose node label is wrong (edited by hand, or by a tool that labelled a borrowed
+    claim with the lender's node) is judged by its pod, looked up by name: node A's GC never frees it while the
     pod runs on node B, and frees it once the pod is gone."""
     conf = netconf(cluster, "10.7.2.0/24")
     cluster.node("node-a"), cluster.node("node-b")

@@ -188,6 +188,7 @@ def test_defaults_without_a_policy_file(monkeypatch):
     assert policy.device_info_dir == "/var/run/k8s.cni.cncf.io/devinfo/cni"
     assert policy.host_device_state_dir == "/var/lib/cni/host-device-rdma"
     assert policy.lease_namespaces == ("rdmanet-system",)
+    assert policy.pool_namespaces == ("kube-system", "nvidia-network-operator")  # nv-ipam's, then the Network Operator's
     assert (policy.host_devices, policy.host_devices_from_device_id, policy.masters, policy.rdma_masters) == (
         (), True, (), True)
 
@@ -205,6 +206,8 @@ def test_policy_file_replaces_the_keys_it_names(tmp_path):
     ({"dataRoots": "/var/lib/cni"}, 0o600, "list"),
     ({"logRoot": ["/x"]}, 0o600, "unknown keys"),
     ({"leaseNamespaces": ["Not_A_Namespace"]}, 0o600, "namespace"),
+    ({"poolNamespaces": None}, 0o600, "poolNamespaces must be a list"),
+    ({"poolNamespaces": ["kube_system"]}, 0o600, "poolNamespaces must be a list"),
     ({"dataRoots": ["/x"]}, 0o666, "writable by nobody else"),
     ("not json", 0o600, "not valid JSON"),
 ])
@@ -270,3 +273,24 @@ def test_lease_namespace_limit():
     limited.check_lease_namespace("rdmanet-system")
     err = refused(limited.check_lease_namespace, "kube-system")
     assert "kube-system" in err.msg and "rdmanet-system" in err.msg and "ipam.kubernetes.namespace" in err.msg
+
+
+def test_pool_namespaces_from_the_file_and_the_flag_bound_a_nads_pool_namespace(tmp_path, monkeypatch):
+    import argparse
+
+    from rdmanet.cli.node_policy import from_args, register
+
+    policy = roots.load_policy_file(str(write_policy(tmp_path / "p.json", poolNamespaces=["nv-ipam", "nv-ipam"])))
+    assert policy.pool_namespaces == ("nv-ipam",)
+    policy.check_pool_namespace("nv-ipam")
+    err = refused(policy.check_pool_namespace, "team-a")
+    assert "ipam.poolNamespace" in err.msg and "'team-a'" in err.msg and "(allowed: nv-ipam)" in err.msg
+    assert "(poolNamespaces)" in err.details
+    parser = argparse.ArgumentParser()
+    register(parser)
+    monkeypatch.delenv(roots.POLICY_ENV)
+    monkeypatch.setattr(roots, "DEFAULT_POLICY_FILE", "/nonexistent/node-policy.json")
+    flags = from_args(parser.parse_args(["--pool-namespace", "team-pools", "--pool-namespace", "kube-system"]))
+    assert flags.pool_namespaces == ("team-pools", "kube-system")  # in the order given: looked in in that order
+    with pytest.raises(roots.PolicyError):
+        from_args(parser.parse_args(["--pool-namespace", "Bad_NS"]))

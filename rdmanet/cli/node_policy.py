@@ -2,7 +2,8 @@
 
 ``rdmanet daemon --node-policy FILE`` loads a policy file (rdmanet.cni.linux.roots); ``--allow-root
 KIND=DIR`` adds a root, ``--allow-kubeconfig FILE`` a kubeconfig, ``--host-device-state-dir``, ``--device-info-dir`` and
-``--lease-namespace`` set the node's directories and the allowed Lease namespaces. A call whose
+``--lease-namespace`` set the node's directories and the allowed Lease namespaces, ``--pool-namespace``
+the namespaces nv-ipam pools are read from (in order). A call whose
 environment names a policy file (RDMANET_NODE_POLICY, set by the runtime) uses that file instead.
 """
 
@@ -30,13 +31,16 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="where device-info files may be written (default /var/run/k8s.cni.cncf.io/devinfo/cni)")
     parser.add_argument("--lease-namespace", metavar="NS", action="append", default=None,
                         help="a namespace lease-ipam may keep Leases in (repeatable; default: any the credentials allow)")
+    parser.add_argument("--pool-namespace", metavar="NS", action="append", default=None,
+                        help="a namespace lease-ipam reads nv-ipam pools from, in the order given (repeatable; "
+                             "default: kube-system, nvidia-network-operator)")
 
 
 def from_args(args: argparse.Namespace) -> Optional[roots.NodePolicy]:
     """The policy the flags describe, or None when no flag is given (then each call reads the
     policy file anew, so an edited file applies without a restart). Raises roots.PolicyError."""
     given = (args.node_policy, args.allow_root, args.allow_kubeconfig, args.host_device_state_dir, args.device_info_dir,
-             args.lease_namespace)
+             args.lease_namespace, args.pool_namespace)
     if not any(given):
         return None
     path = args.node_policy or os.environ.get(roots.POLICY_ENV)
@@ -62,4 +66,7 @@ def from_args(args: argparse.Namespace) -> Optional[roots.NodePolicy]:
     if args.lease_namespace is not None:
         changes["lease_namespaces"] = roots.policy_from_dict({"leaseNamespaces": args.lease_namespace},
                                                              "--lease-namespace").lease_namespaces
+    if args.pool_namespace is not None:
+        changes["pool_namespaces"] = roots.policy_from_dict({"poolNamespaces": args.pool_namespace},
+                                                            "--pool-namespace").pool_namespaces
     return dataclasses.replace(policy, **changes)

@@ -2,8 +2,8 @@
 blocks to give which node, and which planned records of gone nodes to take back. No I/O.
 
 Why: at 20 addresses per node (5,000 nodes on 100,000 addresses) a node that learns only from its
-own objects cannot find a free block without spending requests (docs/lease-ipam.md, "Where a
-node-local design cannot reach one request per ADD"). A plan written before the ADDs hands each
+own objects cannot find a free block without spending requests (docs/lease-ipam-design.md, "Where
+a node-local design cannot reach one request per ADD"). A plan written before the ADDs hands each
 node its blocks for free, as NV-IPAM's controller does with ``perNodeBlockSize``: a planned
 record is a free block record labelled ``rdmanet.io/planned=true`` that its node's watch shows.
 

@@ -33,7 +33,8 @@ from rdmanet.cni.core.netconf import Model, load
 from rdmanet.cni.core.result import DNS, IPConfig, Route
 
 from . import intervals
-from .location import bad, ipam_block, store_location
+from .location import LOCAL, bad, ipam_block, store_kind, store_location
+from .pool_ref import PoolRef, pool_ref
 from .ranges import IPAddress, IPNetwork, Range, RangeSet, usable_bounds
 
 _CIDR = 'a CIDR such as "10.1.1.0/24", or "10.1.1.10-10.1.1.20/24" for part of a subnet'
@@ -101,6 +102,10 @@ class IPAMConf(Model):
     node_slice_size: Any = None  # refused below: lease-ipam has no node slices
     whereabouts_check: Optional[bool] = Field(None, description="whereabouts_check is true or false (default: while whereabouts' flat file exists)")
     whereabouts_namespace: Optional[str] = Field(None, description="whereabouts_namespace is the namespace of whereabouts' IPPools (default: the Leases')")
+    # nv-ipam's keys: the ranges come from its IPPool / CIDRPool objects (pool_ref.py, nv_ipam_pools.py).
+    poolName: Optional[str] = Field(None, description='poolName names an nv-ipam pool, e.g. "ipoib-pool-a", or "pool-v4,pool-v6"')
+    poolType: Optional[str] = Field(None, description='poolType is "ippool" (the default) or "cidrpool"')
+    poolNamespace: Optional[str] = Field(None, description="poolNamespace is the namespace of the pools (one the node policy allows)")
     # whereabouts' leader election: lease-ipam has none (a create is the claim); accepted, not used.
     leader_lease_duration: Any = None
     leader_renew_deadline: Any = None
@@ -119,6 +124,7 @@ class LeaseIPAMConfig:
     static: tuple[IPConfig, ...] = ()  # whereabouts' ``addresses``
     log_file: str = ""
     log_level: str = ""
+    pools: Optional[PoolRef] = None  # nv-ipam's pools: range_sets come from them, per node (pool_ranges.py)
 
     def range_set_of(self, ip: IPAddress) -> Optional[RangeSet]:
         for rs in self.range_sets:
@@ -265,7 +271,7 @@ def _host_local_sets(conf: IPAMConf) -> list[tuple[str, list[Range]]]:
     return out
 
 
-def _check_overlaps(sets: list[tuple[str, list[Range]]]) -> None:
+def check_overlaps(sets: list[tuple[str, list[Range]]]) -> None:
     spans = sorted(((r.family, r.start, r.end, where) for where, members in sets for r in members))
     for (fam_a, _, end_a, where_a), (fam_b, start_b, _, where_b) in zip(spans, spans[1:]):
         if fam_a == fam_b and start_b <= end_a:
@@ -309,12 +315,13 @@ def parse_ipam_config(config: dict) -> LeaseIPAMConfig:
                   "remove node_slice_size: every node claims single addresses from the whole range (one Lease "
                   "each, no leader election), so there is no slice to size; while whereabouts' node slices still "
                   "hold addresses, see the migration steps in docs/lease-ipam.md")
+    pools = _pools(ipam_block(config), config)
     sets: list[tuple[str, list[Range]]] = [(where, [r]) for where, r in _attach_gateway(conf, _whereabouts_ranges(conf))]
     sets += _host_local_sets(conf)
-    if not sets:
+    if not sets and pools is None:
         raise bad("ipam.range", "no range configured",
                   'set "range": "10.1.1.0/24" (or "ipRanges": [{"range": ...}] for several, or host-local "ranges")')
-    _check_overlaps(sets)
+    check_overlaps(sets)
     data_dir, domain = store_location(config)
     dns = DNS(**conf.dns.model_dump(include={"nameservers", "domain", "search", "options"})) if conf.dns else DNS()
     return LeaseIPAMConfig(
@@ -326,4 +333,20 @@ def parse_ipam_config(config: dict) -> LeaseIPAMConfig:
         static=_static(conf),
         log_file=conf.log_file or "",
         log_level=conf.log_level or "",
+        pools=pools,
     )
+
+
+def _pools(raw: dict, config: dict) -> Optional[PoolRef]:
+    """The nv-ipam pools the block names: they replace the ranges, and live in the cluster."""
+    pools = pool_ref(raw, config.get("name", ""))
+    if pools is None:
+        return None
+    for key in ("range", "ipRanges", "ranges"):
+        if raw.get(key) is not None:
+            raise bad(f"ipam.{key}", "is set, and so is poolName: the pool's subnet is the range",
+                      f"remove {key} (the pool gives range, gateway and exclusions), or remove poolName")
+    if store_kind(raw) == LOCAL:
+        raise bad("ipam.datastore", '"local" cannot read nv-ipam\'s pools, which are Kubernetes objects',
+                  'remove "datastore" (poolName selects the Kubernetes store) or set it to "kubernetes"')
+    return pools

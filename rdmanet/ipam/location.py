@@ -42,6 +42,8 @@ from rdmanet.cni.core.errors import INVALID_CONFIG, CNIError
 from rdmanet.cni.core.invocation import NAME_RE
 from rdmanet.cni.linux import roots
 
+from .pool_ref import names_pools, pool_ref
+
 DEFAULT_DATA_DIR = "/var/lib/cni/lease-ipam"
 # whereabouts' flat-file search path, in its order (after configuration_path).
 FLAT_FILES = (
@@ -168,8 +170,8 @@ def store_kind(raw: Mapping[str, Any]) -> Optional[str]:
                   '"kubernetes" (one Lease per address, for clusters) or "local" (a file store on this node)')
     if datastore == LOCAL:
         return LOCAL
-    if raw.get("kubernetes") is not None or datastore == KUBERNETES:
-        return KUBERNETES
+    if raw.get("kubernetes") is not None or datastore == KUBERNETES or names_pools(raw):
+        return KUBERNETES  # nv-ipam's pools are Kubernetes objects
     return None
 
 
@@ -216,12 +218,13 @@ def lease_domain(raw: Mapping[str, Any], config: Mapping[str, Any]) -> str:
         raise bad("ipam.enable_overlapping_ranges", f"{overlapping!r} is not a boolean", "use true (the default) or false")
     domain = name or CLUSTER_DOMAIN
     if not overlapping:
-        domain += "@ranges:" + ",".join(range_keys(raw))
+        domain += "@ranges:" + ",".join(range_keys(raw, config.get("name", "")))
     return domain
 
 
-def range_keys(raw: Mapping[str, Any]) -> list[str]:
-    """The subnets of the block's ranges, normalised and sorted (lenient: DEL must not fail on them)."""
+def range_keys(raw: Mapping[str, Any], network: str = "") -> list[str]:
+    """The subnets of the block's ranges, normalised and sorted, and the nv-ipam pools it names
+    (``poolName`` defaults to the network's name); lenient: DEL must not fail on them."""
     texts = []
     if isinstance(raw.get("range"), str):
         texts.append(raw["range"])
@@ -239,7 +242,11 @@ def range_keys(raw: Mapping[str, Any]) -> list[str]:
             out.add(str(ipaddress.ip_network(text, strict=False)))
         except ValueError:
             out.add(text)
-    return sorted(out)
+    try:
+        pools = pool_ref(raw, network if isinstance(network, str) else "")
+    except CNIError:
+        pools = None
+    return sorted(out | set(pools.keys() if pools is not None else ()))
 
 
 def store_location(config: dict) -> tuple[str, str]:

@@ -23,7 +23,7 @@ import threading
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
-from rdmanet.cni.core.errors import CHECK_FAILED, NOT_AVAILABLE, CNIError
+from rdmanet.cni.core.errors import CHECK_FAILED, IO_FAILURE, NOT_AVAILABLE, TRY_AGAIN_LATER, CNIError
 from rdmanet.cni.core.gc import VALID_KEY
 from rdmanet.cni.core.gc import valid_attachments as core_valid_attachments
 from rdmanet.cni.core.invocation import Invocation
@@ -198,12 +198,23 @@ class LeaseIPAM:
         data_dir, domain = store_location(inv.config)
         return self._store_factory(data_dir, domain, inv)
 
+    def _configured(self, inv: Invocation) -> tuple["LeaseIPAMConfig", Store]:
+        """The validated config and its store; a config naming nv-ipam's pools gets the range sets
+        they give this node (read from the API: :mod:`rdmanet.ipam.pool_ranges`)."""
+        config = parse_ipam_config(inv.config)
+        store = self._store(inv)
+        if config.pools is not None:
+            from .pool_ranges import resolve
+
+            config = resolve(config, inv, store)
+        return config, store
+
     @_logged
     def add(self, inv: Invocation) -> Result:
-        config = parse_ipam_config(inv.config)
+        config, store = self._configured(inv)
         requested = assign(config, requested_addresses(inv))
         attachment = Attachment(inv.container_id, inv.ifname)
-        addresses = self._store(inv).allocate(attachment, inv.network_name, config.range_sets, requested)
+        addresses = store.allocate(attachment, inv.network_name, config.range_sets, requested)
         log.info("ADD %s in %s: %s", attachment, config.domain, ", ".join(map(str, addresses)))
         return render(config, addresses)
 
@@ -215,9 +226,9 @@ class LeaseIPAM:
 
     @_logged
     def check(self, inv: Invocation) -> None:
-        config = parse_ipam_config(inv.config)
+        config, store = self._configured(inv)
         attachment = Attachment(inv.container_id, inv.ifname)
-        found = self._store(inv).find(attachment)
+        found = store.find(attachment)
         if found is None:
             raise CNIError(CHECK_FAILED, f"no reservation for {attachment} in {config.domain}",
                            "the addresses were released (DEL or GC) or never reserved: re-create the attachment")
@@ -248,8 +259,13 @@ class LeaseIPAM:
 
     @_logged
     def status(self, inv: Invocation) -> None:
-        config = parse_ipam_config(inv.config)
-        free = self._store(inv).status(config.range_sets)
+        try:
+            config, store = self._configured(inv)
+        except CNIError as err:
+            if err.code not in (IO_FAILURE, TRY_AGAIN_LATER):
+                raise
+            raise CNIError(NOT_AVAILABLE, err.msg, err.details) from None  # a pool not readable, or no block yet
+        free = store.status(config.range_sets)
         for rs, count in zip(config.range_sets, free):
             if count == 0:
                 raise CNIError(NOT_AVAILABLE, f"no free address in range {rs.describe()}",

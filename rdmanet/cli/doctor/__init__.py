@@ -5,12 +5,13 @@ read-only (``lsmod | grep mlx``, ``rdma link``, ``rdma system``, ``lspci -nn | g
 It never writes, loads modules or changes links: it reads sysfs, /proc and /dev, lists the CNI
 dirs, execs the shims with ``CNI_COMMAND=VERSION``, sends the daemon a health request (under
 systemd's rdmanet.socket that request starts the daemon, as any call does) and, for a Kubernetes
-lease-ipam store, GETs one Lease.
+lease-ipam store, GETs one Lease (and each nv-ipam pool a network names).
 
 Modules: ``host_facts`` (reading the host) and ``host_checks`` (judging it), ``cni_checks`` (bin
 dir, conf dir, the networks that use our plugins), ``service_checks`` (daemon, lease-ipam stores),
 ``policy_checks`` (the node policy's roots: files others may write there; paths networks name),
 ``node_checks`` (whether the daemon's node GC runs: a Node name the API confirms),
+``pool_checks`` (networks written for nv-ipam: their pools' mode and this node's range),
 ``nic_models`` (PCI ids), ``findings`` (the Finding record and the table / JSON output).
 """
 
@@ -69,7 +70,7 @@ def _guarded(findings: list[Finding], what: str, fn, *args, default=None):
 def diagnose(options: Options) -> Report:
     from rdmanet.node.launcher import DEFAULT_SOCKET, SOCKET_ENV
 
-    from . import cni_checks, host_checks, host_facts, node_checks, policy_checks, service_checks
+    from . import cni_checks, host_checks, host_facts, node_checks, policy_checks, pool_checks, service_checks
 
     socket_path = options.socket or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
     out: list[Finding] = []
@@ -127,6 +128,10 @@ def diagnose(options: Options) -> Report:
         kinds = {s.kind for s in bin_facts.shims.values() if s.exists} if bin_facts is not None else set()
         out += _guarded(out, "daemon", service_checks.check_daemon, daemon, kinds, options.euid, default=[])
         inventory["daemon"] = asdict(daemon)
+    pools = _guarded(out, "ipam", pool_checks.gather, uses, options.timeout)
+    if pools is not None:
+        out += pool_checks.check(pools)
+        inventory["nv_ipam_pools"] = [asdict(p) for p in pools]
     stores = _guarded(out, "ipam", service_checks.gather_stores, uses, options.timeout)
     if stores is not None:
         out += _guarded(out, "ipam", service_checks.check_stores, stores, default=[])

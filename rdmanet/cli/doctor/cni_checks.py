@@ -215,7 +215,8 @@ def check_bin_dir(facts: BinFacts, daemon_socket: str) -> list[Finding]:
 
 @dataclass
 class NetworkUse:
-    """One plugin config that uses our plugins (as the plugin, or lease-ipam as its ipam)."""
+    """One plugin config that uses our plugins (as the plugin, or lease-ipam as its ipam), or nv-ipam (whose
+    NADs lease-ipam takes)."""
 
     source: str
     network: str
@@ -286,7 +287,7 @@ def network_uses(doc: Any, where: str) -> tuple[list[str], list[NetworkUse]]:
             types.append(ptype)
         ipam = conf.get("ipam") if isinstance(conf.get("ipam"), dict) else {}
         itype = ipam.get("type") if isinstance(ipam.get("type"), str) else None
-        if ptype in OUR_PLUGINS or itype == "lease-ipam":
+        if ptype in OUR_PLUGINS or itype in ("lease-ipam", "nv-ipam"):  # nv-ipam: lease-ipam takes its NADs
             uses.append(NetworkUse(source, name or "?", str(ptype), itype, conf))
     return types, uses
 
@@ -551,7 +552,7 @@ def check_networks(uses: list[NetworkUse], facts: list[NetworkFacts], host: Host
         if use.plugin in ("macvlan-rdma", "host-device-rdma", "ipoib-rdma"):
             out.append(_plugin_finding(use, nf, host))
         elif use.plugin != "lease-ipam":
-            out.append(info("network", use.network, f"{use.plugin} in {use.source} uses lease-ipam"))
+            out.append(info("network", use.network, f"{use.plugin} in {use.source} uses {use.ipam}"))
         for needed in (use.plugin, use.ipam):
             if needed and needed not in present and needed not in OUR_PLUGINS:
                 out.append(error("network", use.network, f"{use.source} needs the plugin {needed}, which is not in {bin_dir}: ADD fails",

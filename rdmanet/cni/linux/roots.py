@@ -25,7 +25,7 @@ replace the defaults they name::
      "kubeconfigs": ["/etc/cni/net.d/rdmanet.d/rdmanet.kubeconfig"], "configRoots": ["/etc/cni/net.d"],
      "deviceInfoDir": "/var/run/k8s.cni.cncf.io/devinfo/cni",
      "hostDeviceStateDir": "/var/lib/cni/host-device-rdma",
-     "leaseNamespaces": ["rdmanet-system"],
+     "leaseNamespaces": ["rdmanet-system"], "poolNamespaces": ["kube-system", "nvidia-network-operator"],
      "hostDevices": [{"name": "ens2f1"}], "masters": [{"name": "ens1f*"}]}
 
 Kubeconfigs are listed by file, not by root: a directory of CNI configs also holds credentials a
@@ -81,6 +81,10 @@ class NodePolicy:
     host_device_state_dir: str = "/var/lib/cni/host-device-rdma"
     # the namespaces a config's ipam.kubernetes.namespace may name (None: any the credentials' RBAC grants)
     lease_namespaces: Optional[tuple[str, ...]] = ("rdmanet-system",)
+    # the namespaces nv-ipam pools are read from (lease-ipam's poolName): a config's
+    # ipam.poolNamespace must be one of them; without it they are looked in, in this order
+    # (nv-ipam's default, then the NVIDIA Network Operator's)
+    pool_namespaces: tuple[str, ...] = ("kube-system", "nvidia-network-operator")
     api_roots: tuple[str, ...] = ()  # API servers a config's k8s_api_root may name besides its kubeconfig's own
     host_devices: tuple[Rule, ...] = ()  # devices host-device-rdma may move besides the device plugin's
     host_devices_from_device_id: bool = True  # the device a deviceID / pciBusID / runtimeConfig.deviceID names
@@ -118,6 +122,14 @@ class NodePolicy:
                            f"allowed on this node (allowed: {', '.join(self.lease_namespaces) or 'none'})",
                            f"set ipam.kubernetes.namespace to one of them; {HOW_TO_WIDEN} (leaseNamespaces)")
 
+    def check_pool_namespace(self, namespace: str) -> None:
+        if namespace not in self.pool_namespaces:
+            raise CNIError(INVALID_CONFIG,
+                           f"invalid network config: ipam.poolNamespace: nv-ipam pools in namespace {namespace!r} are not "
+                           f"read on this node (allowed: {', '.join(self.pool_namespaces) or 'none'})",
+                           f"remove poolNamespace (the allowed namespaces are looked in, in order) or set it to one of "
+                           f"them; {HOW_TO_WIDEN} (poolNamespaces)")
+
     def check_api_root(self, api_root: str, server: str) -> None:
         """A config's ``k8s_api_root`` would receive the node's credentials: it must be the server
         the kubeconfig (or the in-cluster config) already names, or one the node owner listed."""
@@ -134,6 +146,7 @@ class NodePolicy:
 _FILE_KEYS = {"logRoots": "log_roots", "dataRoots": "data_roots", "kubeconfigs": "kubeconfigs",
               "configRoots": "config_roots", "deviceInfoDir": "device_info_dir",
               "hostDeviceStateDir": "host_device_state_dir", "leaseNamespaces": "lease_namespaces",
+              "poolNamespaces": "pool_namespaces",
               "apiRoots": "api_roots", "hostDevices": "host_devices",
               "hostDevicesFromDeviceID": "host_devices_from_device_id", "masters": "masters",
               "rdmaMasters": "rdma_masters"}
@@ -198,6 +211,10 @@ def policy_from_dict(doc: object, source: str) -> NodePolicy:
                 raise PolicyError(f"{source}: leaseNamespaces must be null or a list of namespace names")
             else:
                 values[attr] = tuple(value)
+        elif key == "poolNamespaces":
+            if not isinstance(value, list) or not all(isinstance(v, str) and _DNS_LABEL.match(v) for v in value):
+                raise PolicyError(f"{source}: poolNamespaces must be a list of namespace names")
+            values[attr] = tuple(dict.fromkeys(value))
         else:
             values[attr] = absolute_path(value, f"{source}: {key}")
     return NodePolicy(**values)

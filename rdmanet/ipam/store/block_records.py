@@ -21,7 +21,7 @@ from .lease_names import (GROUP, L_BLOCK, L_BLOCK_GROUP, L_BLOCK_OWNER, L_DOMAIN
                           block_id, domain_hash, label_value, lease_name, parse_block_id)
 
 A_TAKEN = f"{GROUP}/taken-by-update"  # a claim made by taking a free record: its creation time is not the claim's
-DEFAULT_BLOCK_SIZE = {4: 16, 6: 64}  # addresses per block (docs/lease-ipam.md: how to size blocks)
+DEFAULT_BLOCK_SIZE = {4: 16, 6: 64}  # addresses per block (docs/lease-ipam-design.md: how to size blocks)
 
 
 @dataclass(frozen=True)

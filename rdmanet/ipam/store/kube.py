@@ -100,6 +100,7 @@ from ..location import whereabouts_check
 from ..ranges import IPAddress, RangeSet
 from . import lease_cache
 from .base import Attachment, Reservation, Store, Usage, place_held, refuse_other_request
+from .assigned_blocks import AssignedBlocks
 from .block_records import Block  # noqa: F401  (re-exported)
 from .candidates import next_candidate, round_robin_start
 from .claims import (  # noqa: F401  (parse_claim, latest_by_range ... re-exported: tests and tools use them from here)
@@ -202,6 +203,14 @@ class KubeStore(Store):
                    cache=source, whereabouts=wb_name if whereabouts_check(nad) else None,
                    whereabouts_namespace=wb_namespace, block_size=getattr(settings, "block_size", None),
                    block_release=getattr(settings, "block_release", 300.0))
+
+    def place(self, assigned: frozenset[int], block_size: Optional[int]) -> None:
+        """The range sets (by index) that are blocks another allocator assigned this node (nv-ipam's:
+        :mod:`.assigned_blocks`), and the block size of lease-ipam's own blocks when the config
+        sets none (a pool's hint). Called before the verb, by :mod:`rdmanet.ipam.pool_ranges`."""
+        size = self.blocks.block_size if self.blocks.block_size is not None else block_size
+        self.leases.block_size = size
+        self.blocks = AssignedBlocks(self.leases, self.node, assigned, size, self.blocks.block_release)
 
     # -- allocate -------------------------------------------------------------------------------
 
@@ -374,8 +383,8 @@ class KubeStore(Store):
         the cursor); when they are full, the record of a block acquired now (the create of the
         block's first usable address, for this attachment: acquiring costs no request of its
         own); when no block is free, in another node's block (borrowing). Each candidate is
-        claimed by create (409: taken, by another node's borrowed claim, an old-version node, or
-        a second owner of the block: marked used, next candidate); a candidate that is this
+        claimed by create (409: taken, by another node's borrowed claim or a
+        second owner of the block: marked used, next candidate); a candidate that is this
         node's free block record is claimed by updating it (resourceVersion precondition)."""
         while True:
             candidate, own = self._search(rs, used, cursor, blocks, cache)

@@ -1,13 +1,13 @@
 """How a node acquires, borrows from and releases its blocks of lease-ipam's Kubernetes store
-(docs/lease-ipam.md "Node blocks"); the records and their arithmetic are :mod:`.block_records`.
+(docs/lease-ipam-design.md "Node blocks"); the records and their arithmetic are :mod:`.block_records`.
 
 The ADD that needs a block creates the block's record as its own claim, so acquiring a block
-costs no request beyond that claim, and a 409 on it means "taken" (a record, or a claim of that
-address by a borrower or an old-version node). A DEL of that address updates the record to name
-no attachment ("free, block held"); an ADD takes it back by an update; both carry the
-resourceVersion as precondition. Only an empty block's release deletes it. Every other address
-is claimed by its own Lease, whose create is the only arbiter, so two nodes that both believe
-they hold a block never share an address.
+costs no request beyond that claim, and a 409 on it means "taken" (a record, or a borrower's
+claim of that address). A DEL of that address updates the record to name no attachment ("free,
+block held"); an ADD takes it back by an update; both carry the resourceVersion as precondition.
+Only an empty block's release deletes it. Every other address is claimed by its own Lease, whose
+create is the only arbiter, so two nodes that both believe they hold a block never share an
+address.
 
 :class:`NodeBlocks` is the store's collaborator for one node's blocks of one domain: it tells the
 node's blocks in a range set apart (:meth:`NodeBlocks.own`), acquires one (the block after its
@@ -735,7 +735,7 @@ class NodeBlocks:
                     self.leases.cache.done(rs.family, value)
             if claim is not None:
                 if claim.owner != self.node:
-                    log.info("node %s borrowed %s (no block of %s was free)", self.node, claim.ip, self.domain)
+                    self._log_borrowed(rs, claim.ip)
                 return claim, missed
             missed += 1
         return None, missed
@@ -766,10 +766,13 @@ class NodeBlocks:
                                 memo[1].insert(i, candidate)
             insort(used, candidate)
             if claim is not None:
-                log.info("node %s borrowed %s (no block of %s was free)", self.node, ip, self.domain)
+                self._log_borrowed(rs, ip)
                 return claim, missed
             missed += 1
             cursor, skip = ip, 0
+
+    def _log_borrowed(self, rs: RangeSet, ip: IPAddress) -> None:
+        log.info("node %s borrowed %s (no block of %s was free)", self.node, ip, self.domain)
 
     # -- release --------------------------------------------------------------------------------
 
@@ -777,8 +780,8 @@ class NodeBlocks:
         """In the daemon, after a DEL: a block of this node that holds none of its claims (nor a
         create in flight; its record free) is noted empty; one noted empty ``block_release``
         seconds ago and still empty is released (its record deleted with uid/resourceVersion
-        preconditions). Another node's claim in it (borrowed, or an old-version node's) is
-        invisible here and does not need to be seen: claims, not blocks, are what keep an address."""
+        preconditions). Another node's claim in it (a borrowed address) is invisible here and
+        does not need to be seen: claims, not blocks, are what keep an address."""
         now = time.monotonic()
         with cache.acquire_lock:
             # the cache's index: O(empty blocks); a plan's blocks stay with their node while empty

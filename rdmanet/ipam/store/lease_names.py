@@ -2,8 +2,8 @@
 claim of a block's first usable address is also the block's record, labelled ``block-owner``),
 and the holder string of an attachment.
 
-The names are derived from what they stand for, so any node (and an old-version node) computes
-the same name for the same address: the API server's create of that name is the arbiter.
+The names are derived from what they stand for, so any node computes the same name for the same
+address: the API server's create of that name is the arbiter.
 """
 
 from __future__ import annotations

@@ -85,8 +85,7 @@ log = logging.getLogger("rdmanet.ipam")
 # overloaded node (200 concurrent ADD execs on 2 busy cores) waits of 12 s were measured; kubelet
 # gives a whole ADD 4 minutes and whereabouts 2.
 LOCK_TIMEOUT = 60.0
-# Bytes of a cursor file: an IPv6 address (at most 39 characters) and its newline, padded; also
-# more than any cursor an earlier version wrote (the address and a newline, replaced by rename).
+# Bytes of a cursor file: an IPv6 address (at most 39 characters) and its newline, padded.
 CURSOR_WIDTH = 48
 
 

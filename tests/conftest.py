@@ -49,7 +49,6 @@ def _session_node_policy(tmp_path_factory) -> None:
 def pytest_configure(config) -> None:
     config.addinivalue_line("markers", "both_servers: the module's tests run on the fake and on a real kube-apiserver")
     config.addinivalue_line("markers", "fake_only(reason): runs on the fake API server only (says why)")
-    config.addinivalue_line("markers", "real_xfail(reason): a known failure on the real server (runs, reported as xfail)")
 
 
 def pytest_generate_tests(metafunc) -> None:
@@ -58,11 +57,7 @@ def pytest_generate_tests(metafunc) -> None:
     fake_only = metafunc.definition.get_closest_marker("fake_only")
     if fake_only is not None and not (fake_only.args or fake_only.kwargs.get("reason")):
         raise pytest.UsageError(f"{metafunc.definition.nodeid}: fake_only needs the reason")
-    real = "real"
-    known = metafunc.definition.get_closest_marker("real_xfail")
-    if known is not None:
-        real = pytest.param("real", marks=pytest.mark.xfail(reason=known.args[0], strict=False))
-    metafunc.parametrize("server", ["fake"] if fake_only else ["fake", real], indirect=True)
+    metafunc.parametrize("server", ["fake"] if fake_only else ["fake", "real"], indirect=True)
 
 
 @pytest.fixture(scope="session")

@@ -214,15 +214,18 @@ def test_two_nodes_that_both_own_one_block_never_hand_out_an_address_twice(serve
 
     got = {"a": [], "b": [first_b]}
     start = threading.Barrier(4)
+    a_served = threading.Event()  # node-b waits for node-a's first address: both then fill the block at once
 
     def node_a(k):
         start.wait()
         for i in range(8):
             got["a"].append(add(conf, f"a-{k}-{i}", "node-a"))
+            a_served.set()
 
     def node_b(k):
         mine = store(kubeconfig, "node-b", conf)
         start.wait()
+        assert a_served.wait(60), "node-a's first ADD did not answer"
         for i in range(8):
             got["b"].append(store_add(mine, conf, f"b-{k}-{i}"))
 

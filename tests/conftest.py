@@ -21,6 +21,7 @@ import pytest
 
 from rdmanet.cni.linux import roots
 from kube_api_server import write_kubeconfig
+from kube_real_nodes import Objects
 from kube_real_server import KubeCluster
 from kube_servers import api_server
 from policy_file import write_policy
@@ -69,6 +70,15 @@ def real_apiserver():
         cluster.apply_rbac()
         cluster.install_crds()
         yield cluster
+
+
+@pytest.fixture
+def real_objects(real_apiserver):
+    """The real server's pods, Nodes and claims as the admin sees them, none before the test or after it."""
+    o = Objects(real_apiserver)
+    o.clean()
+    yield o
+    o.clean()
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kube_real_nodes import Node, Objects  # noqa: E402
+from kube_real_nodes import Node  # noqa: E402
 from kube_real_server import audit_counts  # noqa: E402
 
 NODES = 8
@@ -29,15 +29,7 @@ SUBNET = "10.70.0.0/22"
 SA_USER = "system:serviceaccount:rdmanet-system:rdmanet"
 
 
-@pytest.fixture
-def objects(real_apiserver):
-    o = Objects(real_apiserver)
-    o.clean()
-    yield o
-    o.clean()
-
-
-def test_8_node_daemons_start_and_delete_1000_pods_on_a_22(real_apiserver, objects, tmp_path):
+def test_8_node_daemons_start_and_delete_1000_pods_on_a_22(real_apiserver, real_objects, tmp_path):
     token = real_apiserver.token()
     nodes = [Node(real_apiserver, tmp_path / f"node-{n}", token, network="race", subnet=SUBNET, node=f"node-{n}")
              for n in range(NODES)]
@@ -66,12 +58,12 @@ def test_8_node_daemons_start_and_delete_1000_pods_on_a_22(real_apiserver, objec
         dupes = [ip for ip, n in collections.Counter(got).items() if n > 1]
         assert dupes == [] and len(got) == PODS
         assert all(ipaddress.ip_address(ip) in ipaddress.ip_network(SUBNET) for ip in got)
-        held = objects.holders()
+        held = real_objects.holders()
         assert sorted(held) == sorted(f"{cid}/net1" for _, cid in pods)
 
         dels, t_del, del_requests = run("DEL")
         assert [(cid, out) for cid, code, out, _ in dels if code != 0] == []
-        assert objects.holders() == []  # no claim left
+        assert real_objects.holders() == []  # no claim left
 
         per_add = sum(add_requests.values()) / PODS
         per_del = sum(del_requests.values()) / PODS

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kube_real_nodes import NS, Node, Objects  # noqa: E402
+from kube_real_nodes import NS, Node  # noqa: E402
 from kube_real_server import REPO  # noqa: E402
 
 SA, RECONCILER_SA = "rdmanet", "rdmanet-reconciler"  # deploy/daemonset.yaml's and deploy/reconciler.yaml's
@@ -33,24 +33,16 @@ RECONCILER_USER = f"system:serviceaccount:{NS}:{RECONCILER_SA}"
 LEASE_VERBS = ("get", "list", "watch", "create", "update", "delete")
 
 
-@pytest.fixture
-def objects(real_apiserver):
-    o = Objects(real_apiserver)
-    o.clean()
-    yield o
-    o.clean()
-
-
 class _Failed(Exception):
     pass
 
 
-def lifecycle(node, objects, reconciler_token) -> list[str]:
+def lifecycle(node, real_objects, reconciler_token) -> list[str]:
     """A node's day through its daemon, then the reconciler with its own token: what went wrong
     first (empty: nothing)."""
     wrong: list[str] = []
     try:
-        _lifecycle(node, objects, reconciler_token, wrong)
+        _lifecycle(node, real_objects, reconciler_token, wrong)
     except _Failed:
         pass
     finally:
@@ -58,7 +50,7 @@ def lifecycle(node, objects, reconciler_token) -> list[str]:
     return wrong
 
 
-def _lifecycle(node, objects, reconciler_token, wrong) -> None:
+def _lifecycle(node, real_objects, reconciler_token, wrong) -> None:
     def fail(what):
         wrong.append(what)
         raise _Failed(what)
@@ -67,8 +59,8 @@ def _lifecycle(node, objects, reconciler_token, wrong) -> None:
         if got[0] != want:
             fail(f"{what}: exit {got[0]} {got[1][:300]}")
 
-    objects.node("node-a")  # the daemon confirms its Node before its node GC runs
-    uids = {name: objects.pod(name) for name in ("live", "gone", "short")}
+    real_objects.node("node-a")  # the daemon confirms its Node before its node GC runs
+    uids = {name: real_objects.pod(name) for name in ("live", "gone", "short")}
     live = uids["live"]
     node.daemon(RDMANET_NODE_GC_SECONDS="0.3", RDMANET_NODE_GC_GRACE_SECONDS="0", RDMANET_NODE_GC_MISSES="2")
     for name, uid in uids.items():
@@ -81,27 +73,27 @@ def _lifecycle(node, objects, reconciler_token, wrong) -> None:
     # the runtime's GC: bare's attachment is not in its keep-list (claims of pods are judged by their pods)
     keep = [{"containerID": c, "ifname": "net1"} for c in ("live", "gone")]
     expect("GC", node.cni("GC", "", stdin={**node.conf, "cni.dev/valid-attachments": keep}))
-    if objects.holders() != ["gone/net1", "live/net1"]:
-        fail(f"GC: claims {objects.holders()}")
+    if real_objects.holders() != ["gone/net1", "live/net1"]:
+        fail(f"GC: claims {real_objects.holders()}")
     # gone's pod is deleted and its DEL never comes: the node GC frees it
-    objects.delete_pod("gone")
+    real_objects.delete_pod("gone")
     deadline = time.monotonic() + 10  # (a GC round every 0.3 s, two misses)
-    while objects.holders() != ["live/net1"] and time.monotonic() < deadline:
+    while real_objects.holders() != ["live/net1"] and time.monotonic() < deadline:
         time.sleep(0.1)
-    if objects.holders() != ["live/net1"]:
-        fail(f"node GC: claims {objects.holders()}")
+    if real_objects.holders() != ["live/net1"]:
+        fail(f"node GC: claims {real_objects.holders()}")
     node.stop()
     # the reconciler, with a claim whose pod is gone (the node is down: its GC cannot run)
-    orphan = objects.pod("orphan")
+    orphan = real_objects.pod("orphan")
     node.daemon()
     expect("ADD orphan", node.cni("ADD", "orphan", orphan))
     node.stop()
-    objects.delete_pod("orphan")
+    real_objects.delete_pod("orphan")
     for run in range(2):  # a miss recorded (GET + PUT), then freed
         r = node.reconcile(reconciler_token, "--misses", "2")
         expect(f"reconcile {run}", (r.returncode, r.stdout + r.stderr))
-    if objects.holders() != ["live/net1"]:
-        fail(f"reconcile: claims {objects.holders()}")
+    if real_objects.holders() != ["live/net1"]:
+        fail(f"reconcile: claims {real_objects.holders()}")
     node.daemon()
     expect("DEL live", node.cni("DEL", "live", live))
 
@@ -138,10 +130,10 @@ def rbac_docs() -> list[dict]:
     return [d for d in yaml.safe_load_all((REPO / "deploy" / "rbac.yaml").read_text()) if d]
 
 
-def test_the_daemonset_identity_serves_add_del_gc_and_the_reconciler(real_apiserver, objects, tmp_path):
+def test_the_daemonset_identity_serves_add_del_gc_and_the_reconciler(real_apiserver, real_objects, tmp_path):
     since = real_apiserver.audit_offset()
     node = Node(real_apiserver, tmp_path, real_apiserver.token(SA))
-    assert lifecycle(node, objects, real_apiserver.token(RECONCILER_SA)) == []
+    assert lifecycle(node, real_objects, real_apiserver.token(RECONCILER_SA)) == []
     assert refused(real_apiserver, since, (RECONCILER_USER,)) == []
     # deploy/rbac.yaml lets the daemon get pods but not list them: its node GC tries a List of its
     # node's pods first, is refused, and GETs each claim's pod (rdmanet/ipam/reconcile.py). That
@@ -177,7 +169,7 @@ def _without(docs: list[dict], verb: str, suffix: str) -> list[dict]:
 
 
 @pytest.mark.parametrize("verb", LEASE_VERBS)
-def test_a_lease_verb_missing_from_the_role_fails_the_run(real_apiserver, objects, tmp_path, verb):
+def test_a_lease_verb_missing_from_the_role_fails_the_run(real_apiserver, real_objects, tmp_path, verb):
     """deploy/rbac.yaml with one verb taken out of the Lease Role, bound to ServiceAccounts of its
     own: the same run fails, or the server refuses one of them that verb on Leases (and nothing else)."""
     suffix = f"-minus-{verb}"
@@ -186,7 +178,7 @@ def test_a_lease_verb_missing_from_the_role_fails_the_run(real_apiserver, object
     since = real_apiserver.audit_offset()
     node = Node(real_apiserver, tmp_path, real_apiserver.token(SA + suffix))
     try:
-        wrong = lifecycle(node, objects, real_apiserver.token(RECONCILER_SA + suffix))
+        wrong = lifecycle(node, real_objects, real_apiserver.token(RECONCILER_SA + suffix))
     finally:
         real_apiserver.kubectl("delete", "-f", "-", input=manifest)
     denied = refused(real_apiserver, since, (f"system:serviceaccount:{NS}:{SA}{suffix}",
@@ -195,7 +187,7 @@ def test_a_lease_verb_missing_from_the_role_fails_the_run(real_apiserver, object
     assert all(d.startswith(f"{verb} leases") or d == "list pods: 403" for d in denied), denied
 
 
-def test_a_rotated_token_is_taken_and_the_revoked_one_never_used_again(real_apiserver, objects, tmp_path):
+def test_a_rotated_token_is_taken_and_the_revoked_one_never_used_again(real_apiserver, real_objects, tmp_path):
     """The kubelet rotates a projected ServiceAccount token in place; here the old token is bound to
     a Secret that is then deleted, so the server refuses it from that moment on. The daemon keeps
     serving (its watch re-opens with the new token after the server breaks it)."""
@@ -209,7 +201,7 @@ def test_a_rotated_token_is_taken_and_the_revoked_one_never_used_again(real_apis
         tokens[n] = core.create_namespaced_service_account_token("rdmanet", NS, req).status.token
     node = Node(real_apiserver, tmp_path, tokens["old"])
     try:
-        live = objects.pod("live")
+        live = real_objects.pod("live")
         node.daemon()
         assert node.cni("ADD", "a", live)[0] == 0
         real_apiserver.write_kubeconfig(node.kubeconfig, namespace=NS, token=tokens["new"])
@@ -219,7 +211,7 @@ def test_a_rotated_token_is_taken_and_the_revoked_one_never_used_again(real_apis
         assert node.cni("DEL", "a", live)[0] == 0
         real_apiserver.restart_apiserver()  # every connection and watch breaks
         assert node.cni("ADD", "c", live)[0] == 0
-        assert objects.holders() == ["b/net1", "c/net1"]
+        assert real_objects.holders() == ["b/net1", "c/net1"]
         # the revoked token was never sent again: a refused token is a 401 (a kube-apiserver that
         # is starting answers 403 to anyone until its RBAC cache is filled: a watch re-opened
         # that early is refused and retried, whichever token it carries)

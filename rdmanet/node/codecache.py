@@ -31,13 +31,6 @@ def seal(head, body):
     return head + b"%08x" % binascii.crc32(body) + body
 
 
-def unseal(data, head):
-    """The body of ``data`` made by :func:`seal` behind ``head``, or None (another head, cut short
-    or altered)."""
-    body = memoryview(data)[len(head) + 8:]
-    return body if data[:len(head) + 8] == head + b"%08x" % binascii.crc32(body) else None
-
-
 def save(path, data):
     """``data`` at ``path`` by write + rename from ``<path>.<pid>.<random>.tmp``: a kill at any
     instant leaves the old file or the new one, and at worst a temporary that nothing reads (the

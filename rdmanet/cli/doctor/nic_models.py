@@ -104,16 +104,6 @@ def is_mellanox(vendor: Optional[str]) -> bool:
     return _hex4(vendor) == MELLANOX
 
 
-def link_layer_of_class(pci_class: Optional[str]) -> Optional[str]:
-    """``Ethernet`` for PCI class 0x0200xx, ``InfiniBand`` for 0x0207xx, else None."""
-    text = _hex4(pci_class)
-    if text.startswith("0200"):
-        return "Ethernet"
-    if text.startswith("0207"):
-        return "InfiniBand"
-    return None
-
-
 def is_network_class(pci_class: Optional[str]) -> bool:
     """PCI base class 0x02 (network controller)."""
     return _hex4(pci_class).startswith("02")

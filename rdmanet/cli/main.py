@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.nice is not None and not -20 <= args.nice <= 19:
             parser.error("--nice must be between -20 and 19")
         from rdmanet.node.metrics import address_and_port
+        from rdmanet.node.pod_events import KUBECONFIG_ENV
 
         try:
             metrics = address_and_port(args.metrics_port, args.metrics_address)
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_daemon(path, allowed_uids=args.allow_uid or (0,), workers=args.workers or WORKERS,
                           call_timeout=args.call_timeout or DEFAULT_SECONDS, policy=policy,
                           nice=NICE if args.nice is None else args.nice, metrics_endpoint=metrics,
-                          kubeconfig=args.kubeconfig or os.environ.get("RDMANET_KUBECONFIG") or None)
+                          kubeconfig=args.kubeconfig or os.environ.get(KUBECONFIG_ENV) or None)
     if args.command == "doctor":
         from .doctor import run as run_doctor
 

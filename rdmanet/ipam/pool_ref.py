@@ -25,7 +25,6 @@ from typing import Any, Mapping, Optional
 
 IPPOOL, CIDRPOOL = "ippool", "cidrpool"
 KINDS = {IPPOOL: ("IPPool", "ippools"), CIDRPOOL: ("CIDRPool", "cidrpools")}
-POOL_KEYS = ("poolName", "poolType", "poolNamespace")
 MAX_POOLS = 2  # nv-ipam: one IPv4 and one IPv6 pool
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")

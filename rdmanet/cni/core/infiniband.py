@@ -21,7 +21,6 @@ from typing import Union
 
 PKEY_FULL_MEMBER = 0x8000
 PKEY_MASK = 0x7FFF
-DEFAULT_PKEY = 0xFFFF  # the default partition, full member
 MODES = ("datagram", "connected")
 IPOIB_MODE = {"datagram": 0, "connected": 1}  # IPOIB_MODE_DATAGRAM / _CONNECTED (if_link.h)
 IPOIB_HWADDR_LEN = 20

@@ -31,7 +31,6 @@ if TYPE_CHECKING:  # the annotations' type; importing it costs a plugin exec ~30
 
 IFA_F_TENTATIVE = 0x40
 IFA_F_DADFAILED = 0x08
-MACVLAN_MODES = ("private", "vepa", "bridge", "passthru")
 
 
 @contextmanager

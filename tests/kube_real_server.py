@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import http.client
 import json
 import os
 import random
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -34,6 +36,7 @@ import tempfile
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -46,6 +49,7 @@ from kube_api_server import _ROUTES, NAMESPACES, RESOURCES, ApiError, FaultContr
 
 REPO = Path(__file__).resolve().parent.parent
 BUILD = REPO / "scripts" / "build-kube-apiserver.sh"
+PR_SET_PDEATHSIG = 1  # prctl(2)
 CONTROL_AGENT = "rdmanet-test-control"  # the fixture's own requests: left out of counts()
 ADMIN = "rdmanet-test-admin"
 
@@ -104,6 +108,12 @@ AUDIT_POLICY = {
 }
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the thread that forked it dies (PR_SET_PDEATHSIG)."""
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+        os._exit(127)
+
+
 class KubeCluster:
     """etcd + kube-apiserver, started by :meth:`start`, always stopped (and its directory removed)
     by :meth:`stop`, also when starting failed."""
@@ -116,6 +126,7 @@ class KubeCluster:
         self.admin_kubeconfig = self.dir / "admin.kubeconfig"
         self.audit_log = self.dir / "audit.log"
         self._marks = 0
+        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kube-cluster-spawner")
         atexit.register(self.stop)  # also when the test process exits without the fixture's teardown
 
     # -- processes -----------------------------------------------------------------------------
@@ -129,10 +140,17 @@ class KubeCluster:
         return self
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+        """Start ``argv`` from the cluster's one spawning thread, with SIGKILL as its parent-death
+        signal: a test process killed outright (SIGKILL, a CI timeout) leaves no etcd or
+        kube-apiserver behind. The signal follows the thread that forked, so every start, also a
+        restart a test thread asks for, comes from that thread, which lives until :meth:`stop`."""
         log = open(self.dir / f"{name}.log", "wb")
-        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             start_new_session=True)
-        log.close()
+        try:
+            p = self._spawner.submit(subprocess.Popen, argv, stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True,
+                                     preexec_fn=_die_with_parent).result()
+        finally:
+            log.close()
         self.procs.append(p)
         return p
 
@@ -231,6 +249,7 @@ class KubeCluster:
                     p.kill()
                     p.wait()
         self.procs.clear()
+        self._spawner.shutdown()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> KubeCluster:
